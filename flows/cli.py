@@ -1,0 +1,96 @@
+"""`rhymerl` command line: run training, build the built-in model, query the lake.
+
+Heavy imports (Prefect, Ray, vLLM, torch) happen inside the subcommands so `rhymerl --help`
+answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_CONFIG = "configs/default.toml"
+
+
+def _project_env() -> None:
+    """Keep Prefect's and vLLM's state inside the project unless the user chose otherwise."""
+    cwd = Path.cwd()
+    os.environ.setdefault("PREFECT_HOME", str(cwd / ".prefect"))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cwd / ".cache" / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cwd / ".cache" / "inductor"))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rhymerl.config import ConfigError, config_to_dict, load_config
+
+    overrides = list(args.set or [])
+    if args.lake:
+        overrides.append(f'lake.url="{args.lake}"')
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(json.dumps(config_to_dict(cfg), indent=2))
+        return 0
+    _project_env()
+    from flows.run import run_flow
+    from rhymerl.report import format_summary
+
+    t0 = time.perf_counter()
+    result = run_flow(config=config_to_dict(cfg))
+    print(format_summary(result["epochs"], result["run_id"], result["lake"], cfg.tracking.uri,
+                         result["mlflow_run_id"], result["skipped_prompts"]))
+    print(f"total wall time {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+def cmd_model_build(args: argparse.Namespace) -> int:
+    from rhymerl.model_build import ensure_builtin_model
+
+    path = ensure_builtin_model(Path(args.cache_dir))
+    print(f"built-in model ready: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rhymerl",
+        description="RL training for language models with history-drafted rollouts. "
+                    "Start with `rhymerl run` (the built-in tiny model and task).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run RL training (a Prefect flow; rollouts and training on Ray)",
+                         description="Run GRPO training. Settings come from a TOML file and --set overrides.")
+    run.add_argument("--config", default=DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None,
+                     help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in defaults)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a setting, e.g. --set rollout.n=8 --set train.lr=1e-4 (repeatable)")
+    run.add_argument("--lake", help="lake URL (local folder or s3://bucket/prefix); same as --set lake.url=...")
+    run.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    run.set_defaults(func=cmd_run)
+
+    model = sub.add_parser("model", help="the built-in tiny model")
+    msub = model.add_subparsers(dest="model_command", required=True)
+    build = msub.add_parser("build", help="build (or reuse the cached) built-in model")
+    build.add_argument("--cache-dir", default=".cache/rhymerl", help="where built models are cached")
+    build.set_defaults(func=cmd_model_build)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

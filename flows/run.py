@@ -1,0 +1,104 @@
+"""The training run as Prefect flows: a run flow that runs one epoch flow per epoch.
+
+Reads like a recipe: each step is rollout -> reward -> lake write -> train -> weight sync,
+with the work itself in Ray actors (see `tasks/`). The flow's parameters are plain values (the
+config as a nested dict) so the Prefect UI can show and edit them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from rhymerl.config import RunConfig, config_from_dict
+from rhymerl.engine import SamplingSpec
+from rhymerl.rollout import epoch_order, step_batches, step_stats
+from rhymerl.report import epoch_summary, format_summary
+from tasks.report import log_step_task, plot_task
+from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
+                         prepare_prompts_task, start_actors_task, start_tracking_task)
+from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
+
+_RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflows
+
+
+@flow(name="rhymerl-epoch", flow_run_name="{run_id}-epoch-{epoch}")
+def epoch_flow(run_id: str, epoch: int) -> list[dict]:
+    """Every prompt once, in steps of `rollout.prompts_per_step`; returns each step's record."""
+    rt = _RUNTIMES[run_id]
+    cfg = rt.cfg
+    spec = SamplingSpec(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+                        top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
+    records = []
+    for step, batch in enumerate(step_batches(epoch_order(rt.prompts, epoch, cfg.seed),
+                                              cfg.rollout.prompts_per_step)):
+        records.append(run_step(rt, epoch, step, batch, spec))
+    return records
+
+
+def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> dict:
+    """One on-policy step: every sample comes from the weights after the previous step."""
+    cfg = rt.cfg
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    samples = rollout_task(rt.workers, batch, spec)
+    timings["rollout_s"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    scores = reward_task(batch, samples)
+    timings["reward_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, samples, scores, rt.policy_version)
+    timings["lake_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    train = train_task(rt.trainer, batch, samples, scores, cfg.train.scale_rewards, cfg.train.adv_eps)
+    timings["train_s"] = time.perf_counter() - t
+    sync = sync_task(rt.trainer, rt.workers)
+    rt.policy_version += 1
+    timings["sync_s"] = sync["sync_s"]
+    timings["step_s"] = time.perf_counter() - t0
+    stats = step_stats(samples, [r for r, _, _ in scores], [c for _, c, _ in scores], [f for _, _, f in scores])
+    record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
+              "policy_version": rt.policy_version, **stats.as_metrics(), **timings,
+              "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
+              "engine_fingerprint": sync["engine_fingerprint"],
+              **{f"train_{k}": v for k, v in train.items()}}
+    rt.history.append(record)
+    log_step_task(rt, record)
+    return record
+
+
+@flow(name="rhymerl-run", flow_run_name="{config[name]}")
+def run_flow(config: dict[str, Any], run_id: str | None = None) -> dict:
+    """Train for `epochs` epochs; returns the run id, MLflow run id, lake URL and per-epoch summary."""
+    cfg: RunConfig = config_from_dict(config)
+    log = get_run_logger()
+    run_id = run_id or new_run_id(cfg.name)
+    model_dir = prepare_model_task(cfg)
+    prompts, skipped = prepare_prompts_task(cfg, model_dir)
+    if skipped:
+        log.warning("skipped %d prompts longer than the engine allows", skipped)
+    rt = Runtime(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=prompts, skipped=skipped)
+    _RUNTIMES[run_id] = rt
+    status = "FAILED"
+    try:
+        rt.started_ray = init_ray(cfg.rollout.num_workers)
+        rt.workers, rt.trainer, rt.initial_fingerprint = start_actors_task(cfg, model_dir)
+        start_tracking_task(rt)
+        log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
+                 run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
+                 cfg.epochs, cfg.lake.url)
+        for epoch in range(cfg.epochs):
+            epoch_flow(run_id, epoch)
+        plot_task(rt)
+        status = "FINISHED"
+    finally:
+        finish_run_task(rt, status)
+        _RUNTIMES.pop(run_id, None)
+    summary = epoch_summary(rt.history)
+    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri,
+                                      rt.mlflow_run_id, skipped))
+    return {"run_id": run_id, "mlflow_run_id": rt.mlflow_run_id, "lake": cfg.lake.url,
+            "skipped_prompts": skipped, "initial_engine_fingerprint": rt.initial_fingerprint,
+            "epochs": summary, "history": rt.history}

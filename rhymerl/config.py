@@ -1,0 +1,253 @@
+"""Typed, frozen run configuration: one dataclass per component, composed into `RunConfig`.
+
+Configs come from a TOML file plus `key.sub=value` overrides. Every value is checked at
+construction; errors name the offending key and what it accepts, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names the key and the fix."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key '{key}': {msg}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Policy model. An empty `path` means the built-in tiny model (built on first use)."""
+
+    path: str = ""  # local Hugging Face causal-LM directory; "" = built-in model
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_model_len: int = 512  # prompt + response tokens the engine accepts
+
+    def __post_init__(self) -> None:
+        _check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training prompts: the built-in task or a GSM8K-format file (JSONL or Parquet)."""
+
+    dataset: str = "builtin"  # "builtin" or a path to .jsonl / .parquet with question, answer
+    num_prompts: int = 64  # prompts used per epoch (the first N after a seeded shuffle)
+    prompt_template: str = "{question}\n"  # must contain {question}
+    seed: int = 0
+    on_long_prompt: Literal["skip", "error"] = "skip"  # prompts longer than the engine allows
+
+    def __post_init__(self) -> None:
+        _check(self.num_prompts >= 1, "data.num_prompts", "must be >= 1")
+        _check("{question}" in self.prompt_template, "data.prompt_template",
+               "must contain the placeholder {question}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling and the rollout workers (one vLLM engine each)."""
+
+    num_workers: int = 2
+    prompts_per_step: int = 32
+    n: int = 8  # samples per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 160
+    kv_cache_gib: float = 0.5  # VLLM_CPU_KVCACHE_SPACE per engine on CPU
+    gpu_memory_utilization: float = 0.85  # used on GPUs only
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 1, "rollout.num_workers", "must be >= 1")
+        _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+        _check(self.n >= 2, "rollout.n", "must be >= 2 (GRPO needs a group to normalise over)")
+        _check(self.temperature >= 0.0, "rollout.temperature", "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
+        _check(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+        _check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """GRPO trainer hyperparameters."""
+
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 64  # sequences per forward/backward (gradient accumulation)
+    updates_per_step: int = 1  # optimizer steps per rollout batch (> 1 makes ratio clipping matter)
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # DAPO's asymmetric "clip-higher"
+    loss_agg: Literal["token", "sequence"] = "token"
+    kl_coef: float = 0.0  # > 0 adds a k3 KL penalty to a frozen reference policy
+    adv_eps: float = 1e-6
+    scale_rewards: bool = True  # divide advantages by the group's reward std
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "train.lr", "must be > 0")
+        _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
+        _check(self.updates_per_step >= 1, "train.updates_per_step", "must be >= 1")
+        _check(self.clip_low > 0 and self.clip_high > 0, "train.clip_low/clip_high", "must be > 0")
+        _check(self.kl_coef >= 0, "train.kl_coef", "must be >= 0")
+        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
+
+
+@dataclass(frozen=True)
+class LakeConfig:
+    """Where responses are written: a local folder or any fsspec URL (s3://bucket/prefix)."""
+
+    url: str = "lake"
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow tracking."""
+
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "rhymerl"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole training run."""
+
+    name: str = "rhymerl"
+    seed: int = 0
+    epochs: int = 4
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    lake: LakeConfig = field(default_factory=LakeConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 1, "epochs", "must be >= 1")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps needed to cover every prompt once (the last step may be smaller)."""
+        return -(-self.data.num_prompts // self.rollout.prompts_per_step)
+
+
+# ---------------------------------------------------------------- building from dicts
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting only lossless cases (int -> float)."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        allowed = get_args(tp)
+        _check(value in allowed, key, f"got {value!r}; allowed values: {', '.join(map(repr, allowed))}")
+        return value
+    if origin is tuple:
+        args = get_args(tp)
+        _check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
+               f"expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
+               f"expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key,
+               f"expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"config key '{key}': unsupported type {tp}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key '{full}'; allowed keys here: {', '.join(names)}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            _check(isinstance(value, dict), full, "expected a table of settings")
+            kwargs[key] = _build(tp, value, f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, tp, full)
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value the way TOML would (numbers, booleans, lists), else a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `data` with each `a.b=value` override set (values parsed as TOML)."""
+    out = _deep_copy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        dotted, text = item.split("=", 1)
+        parts = dotted.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: '{p}' is not a table of settings")
+        node[parts[-1]] = _parse_scalar(text.strip())
+    return out
+
+
+def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from nested dicts (the TOML layout)."""
+    return _build(RunConfig, data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a TOML config file (optional) and apply `key=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist; pass an existing TOML file to --config")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    return config_from_dict(apply_overrides(data, overrides or []))
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Nested plain dict of a config (for logging and saving)."""
+    return dataclasses.asdict(cfg)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts into dotted keys (MLflow params)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

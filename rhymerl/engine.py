@@ -1,0 +1,150 @@
+"""The rollout engine interface and its vLLM implementation.
+
+The rest of RhymeRL talks to an `Engine`: give it tokenized prompts and sampling settings, get
+back `Sample` records (token ids, per-token log-probs, finish reason, per-request timings).
+`VllmEngine` drives vLLM's own engine loop (no home-made decode loop) and receives new policy
+weights in place through a worker extension (`rhymerl.vllm_ext`), so the engine starts once per run.
+
+vLLM is imported lazily: importing this module costs nothing and the interface can be tested
+with a fake engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+import torch
+
+from rhymerl.records import Prompt, Sample
+
+WEIGHT_SYNC_EXTENSION = "rhymerl.vllm_ext.WeightSyncExtension"
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How to sample a group of responses per prompt."""
+
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 160
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine loads and how (resource settings; the same fields work on CPU and GPU)."""
+
+    model_dir: str
+    dtype: str = "float32"
+    max_model_len: int = 512
+    seed: int = 0
+    enforce_eager: bool = True
+    kv_cache_gib: float = 0.5  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float = 0.85  # GPU only
+    cpu_core: int | None = None  # CPU only: pin the engine's threads to this core
+    cache_dir: str = ".cache"
+
+
+class Engine(Protocol):
+    """A text-generation engine holding one copy of the policy."""
+
+    def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
+        """Sample `spec.n` responses per prompt; returns len(prompts) * n samples, grouped by prompt."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the policy weights in place (HF parameter names)."""
+        ...
+
+    def weights_fingerprint(self) -> float:
+        """A number that changes whenever the engine's weights change (sum of all parameters)."""
+        ...
+
+
+def configure_cpu_env(spec: EngineSpec) -> None:
+    """Set vLLM's CPU environment before the engine starts (it reads these at start-up).
+
+    Caches go inside the project, not $HOME; the KV cache is sized explicitly because vLLM's
+    default can exceed what a small machine has; pinning lets two engines share two cores.
+    """
+    cache = Path(spec.cache_dir).absolute()
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(spec.kv_cache_gib)))
+    if spec.cpu_core is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(spec.cpu_core)
+    # Weights travel to the engine process as tensors inside collective_rpc arguments.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+
+class VllmEngine:
+    """`Engine` backed by `vllm.LLM`; one instance per rollout worker process."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        if not torch.cuda.is_available():
+            configure_cpu_env(spec)
+        from vllm import LLM  # lazy: heavy import, and absent in pure-core test environments
+
+        kwargs = dict(
+            model=spec.model_dir,
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            enforce_eager=spec.enforce_eager,
+            seed=spec.seed,
+            worker_extension_cls=WEIGHT_SYNC_EXTENSION,
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
+        self.spec = spec
+        self.llm = LLM(**kwargs)
+        self._next_id = 0
+
+    def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
+        """Run all prompts through vLLM's engine loop, stamping each response's finish time."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        params = SamplingParams(
+            n=spec.n, temperature=spec.temperature, top_p=spec.top_p,
+            max_tokens=spec.max_tokens, logprobs=0,
+        )
+        by_req: dict[str, Prompt] = {}
+        t_start = time.time()
+        for p in prompts:
+            rid = f"r{self._next_id}"
+            self._next_id += 1
+            by_req[rid] = p
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p.token_ids)), params)
+        finished: dict[str, list[Sample]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = _samples_of(out, by_req[out.request_id], worker_id, t_start)
+        return [s for rid in by_req for s in finished[rid]]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        payload = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
+        self.llm.collective_rpc("rhymerl_load_weights", args=(payload,))
+
+    def weights_fingerprint(self) -> float:
+        return float(self.llm.collective_rpc("rhymerl_weights_fingerprint")[0])
+
+
+def _samples_of(out, prompt: Prompt, worker_id: int, t_start: float) -> list[Sample]:
+    """Convert one finished vLLM RequestOutput (n completions) into Sample records."""
+    t_end = time.time()
+    samples = []
+    for comp in sorted(out.outputs, key=lambda c: c.index):
+        ids = tuple(int(t) for t in comp.token_ids)
+        lps = tuple(float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids))
+        samples.append(Sample(
+            prompt_id=prompt.prompt_id, sample_idx=int(comp.index), token_ids=ids, logprobs=lps,
+            text=comp.text, finish_reason=str(comp.finish_reason or "length"),
+            worker_id=worker_id, t_start=t_start, t_end=t_end,
+        ))
+    return samples

@@ -1,0 +1,59 @@
+"""Plain-text reporting of a run: per-step lines and the end-of-run per-epoch summary table."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+SUMMARY_COLUMNS = ("reward_mean", "accuracy", "length_mean", "rollout_s", "reward_s", "lake_s",
+                   "train_s", "sync_s", "step_s", "rollout_tokens_per_s")
+_SUMS = {"rollout_s", "reward_s", "lake_s", "train_s", "sync_s", "step_s"}  # seconds add up per epoch
+
+
+def step_line(rec: dict) -> str:
+    """One human-readable line per step."""
+    return (f"epoch {rec['epoch']} step {rec['step']}: reward {rec['reward_mean']:.3f} "
+            f"acc {rec['accuracy']:.3f} len {rec['length_mean']:.1f} (max {rec['length_max']:.0f}) | "
+            f"rollout {rec['rollout_s']:.1f}s ({rec['rollout_tokens_per_s']:.0f} tok/s) "
+            f"train {rec['train_s']:.1f}s sync {rec['sync_s']:.1f}s step {rec['step_s']:.1f}s")
+
+
+def epoch_summary(history: Sequence[dict]) -> list[dict]:
+    """Per epoch: sample-weighted means of quality metrics, sums of stage seconds."""
+    epochs: dict[int, list[dict]] = {}
+    for rec in history:
+        epochs.setdefault(int(rec["epoch"]), []).append(rec)
+    out = []
+    for epoch, recs in sorted(epochs.items()):
+        weights = [r["tokens"] / max(r["length_mean"], 1e-9) for r in recs]  # samples per step
+        total = sum(weights)
+        row: dict = {"epoch": epoch, "steps": len(recs)}
+        for col in SUMMARY_COLUMNS:
+            if col in _SUMS:
+                row[col] = sum(r[col] for r in recs)
+            else:
+                row[col] = sum(r[col] * w for r, w in zip(recs, weights)) / total
+        out.append(row)
+    return out
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """A fixed-width text table (numbers to 3 significant decimals)."""
+    def cell(v) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    body = [[cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def format_summary(rows: Sequence[dict], run_id: str, lake: str, tracking: str, mlflow_run_id: str,
+                   skipped: int) -> str:
+    """The end-of-run report: the per-epoch table and where the data went."""
+    table = format_table(rows, ("epoch", "steps") + SUMMARY_COLUMNS)
+    return (f"Run {run_id} finished.\n{table}\n"
+            f"prompts skipped (too long): {skipped}\n"
+            f"lake: {lake}   (rhymerl lake sql \"SELECT epoch, count(*), avg(reward) FROM rollouts GROUP BY epoch\")\n"
+            f"MLflow: {tracking}  run {mlflow_run_id}")

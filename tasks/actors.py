@@ -1,0 +1,97 @@
+"""Ray actors that hold the run's long-lived state: one vLLM engine per rollout worker, one trainer.
+
+Engines and the trainer start once per run (engine start-up costs tens of seconds); Prefect tasks
+call their methods each step. Weights move trainer -> engines through Ray's object store, never
+through the flow process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import ray
+
+from rhymerl.config import RunConfig
+from rhymerl.engine import EngineSpec, SamplingSpec
+from rhymerl.records import Prompt, Sample
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Ray resources for the actors (logical CPUs on a laptop, GPUs on a cluster)."""
+
+    worker_cpus: float
+    worker_gpus: float
+    trainer_cpus: float
+    trainer_gpus: float
+
+
+def placement_for(cfg: RunConfig, gpus_available: float) -> Placement:
+    """GPUs when the cluster has them (one per engine and one for the trainer), else CPUs.
+
+    On CPU the trainer takes no logical CPU: it works while the engines are idle between
+    rollouts, and reserving a core for it would leave the engines one core short.
+    """
+    if gpus_available >= 1:
+        return Placement(worker_cpus=1, worker_gpus=1, trainer_cpus=1, trainer_gpus=1)
+    return Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
+
+
+@ray.remote
+class RolloutWorker:
+    """Holds one vLLM engine; generates a step's responses and takes new weights in place."""
+
+    def __init__(self, worker_id: int, spec: EngineSpec) -> None:
+        from rhymerl.engine import VllmEngine
+
+        self.worker_id = worker_id
+        self.engine = VllmEngine(spec)
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def generate(self, prompts: list[Prompt], spec: SamplingSpec) -> list[Sample]:
+        if not prompts:
+            return []
+        return self.engine.generate(prompts, spec, worker_id=self.worker_id)
+
+    def load_weights(self, state: dict) -> float:
+        """Install new weights; returns the engine's weight fingerprint afterwards."""
+        self.engine.load_weights(state.items())
+        return self.engine.weights_fingerprint()
+
+    def weights_fingerprint(self) -> float:
+        return self.engine.weights_fingerprint()
+
+    def info(self) -> dict:
+        return {"worker_id": self.worker_id, "node_id": self.node_id, "pid": os.getpid()}
+
+
+@ray.remote
+class TrainerWorker:
+    """Holds the torch policy and optimizer; one GRPO update per step."""
+
+    def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:
+        from rhymerl.trainer import Trainer
+
+        self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.model.dtype, threads=threads)
+
+    def train_step(self, batch: list) -> dict:
+        return self.trainer.train_step(batch)
+
+    def state_for_engine(self) -> dict:
+        return self.trainer.state_dict_for_engine()
+
+    def policy_version(self) -> int:
+        return self.trainer.policy_version
+
+    def save(self, out_dir: str) -> str:
+        self.trainer.save(out_dir)
+        return out_dir
+
+
+@ray.remote
+def score_remote(texts: list[str], golds: list[str]) -> list[tuple[float, bool, bool]]:
+    """Verifiable reward on a Ray worker: (reward, correct, formatted) per response."""
+    from rhymerl.reward import score_batch
+
+    return [(r.reward, r.correct, r.formatted) for r in score_batch(texts, golds)]

@@ -1,0 +1,141 @@
+"""Prefect tasks that start and stop a run: model, prompts, Ray actors, lake and MLflow.
+
+`Runtime` is what a run holds while it lives in the flow process: the config, the tokenized
+prompts and the actor handles. It stays in the flow process (flows look it up by run id) so that
+Prefect parameters shown in the UI remain plain values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rhymerl.config import RunConfig, config_to_dict, flatten
+from rhymerl.data import load_problems, render_prompts
+from rhymerl.engine import EngineSpec
+from rhymerl.model_build import ensure_builtin_model, validate_model_dir
+from rhymerl.records import Prompt
+from storage.lake import LakeWriter
+from storage.tracking import MlflowTracker
+from tasks.actors import RolloutWorker, TrainerWorker, placement_for
+
+
+@dataclass
+class Runtime:
+    """Live state of one run in the flow process."""
+
+    cfg: RunConfig
+    run_id: str
+    model_dir: str
+    prompts: list[Prompt]
+    skipped: int
+    workers: list = field(default_factory=list)
+    trainer: object = None
+    tracker: MlflowTracker | None = None
+    mlflow_run_id: str = ""
+    history: list[dict] = field(default_factory=list)
+    started_ray: bool = False
+    policy_version: int = 0
+    initial_fingerprint: float = 0.0
+
+
+def new_run_id(name: str) -> str:
+    """Sortable, unique run id: name, UTC time and a random suffix."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+
+
+@task(name="prepare-model", cache_policy=NO_CACHE)
+def prepare_model_task(cfg: RunConfig) -> str:
+    """The policy's HF directory: the user's checkpoint (validated) or the built-in model."""
+    if cfg.model.path:
+        validate_model_dir(cfg.model.path)
+        return str(Path(cfg.model.path).absolute())
+    return str(ensure_builtin_model().absolute())
+
+
+@task(name="prepare-prompts", cache_policy=NO_CACHE)
+def prepare_prompts_task(cfg: RunConfig, model_dir: str) -> tuple[list[Prompt], int]:
+    """Load and tokenize the dataset; prompts too long for the engine are skipped or rejected."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    problems = load_problems(cfg.data)
+    budget = cfg.model.max_model_len - cfg.rollout.max_tokens
+    prompts, skipped = render_prompts(
+        problems, cfg.data.prompt_template, lambda s: tok.encode(s, add_special_tokens=False),
+        max_prompt_tokens=budget, on_long=cfg.data.on_long_prompt,
+    )
+    if not prompts:
+        raise ValueError(f"no prompt fits the engine: all {len(problems)} exceed {budget} tokens "
+                         "(model.max_model_len - rollout.max_tokens); raise model.max_model_len")
+    return prompts, len(skipped)
+
+
+def init_ray(num_workers: int) -> bool:
+    """Join RAY_ADDRESS's cluster if set, else start a local Ray; True if we started it."""
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        # Logical CPUs: one per engine; the trainer takes none (see tasks.actors.placement_for).
+        ray.init(num_cpus=max(num_workers, 1), include_dashboard=False, log_to_driver=True)
+    return True
+
+
+@task(name="start-actors", cache_policy=NO_CACHE)
+def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, float]:
+    """Start the trainer and one engine per rollout worker, wait until all are up; also returns
+    the first engine's initial weight fingerprint (to show later that weight sync reached it)."""
+    place = placement_for(cfg, ray.cluster_resources().get("GPU", 0))
+    cores = os.cpu_count() or 1
+    trainer = TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus).remote(
+        model_dir, cfg, threads=cores)
+    workers = []
+    for w in range(cfg.rollout.num_workers):
+        spec = EngineSpec(
+            model_dir=model_dir, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
+            seed=cfg.seed + w, enforce_eager=cfg.rollout.enforce_eager,
+            kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            cpu_core=w % cores, cache_dir=str(Path(".cache").absolute()),
+        )
+        workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus)
+                       .remote(w, spec))
+    ray.get([w.info.remote() for w in workers] + [trainer.policy_version.remote()])
+    return workers, trainer, ray.get(workers[0].weights_fingerprint.remote())
+
+
+@task(name="start-tracking", cache_policy=NO_CACHE)
+def start_tracking_task(rt: Runtime) -> str:
+    """Open the MLflow run (whole config as params) and record the run in the lake."""
+    cfg = rt.cfg
+    rt.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)
+    params = flatten(config_to_dict(cfg))
+    params.update({"run_id": rt.run_id, "model_dir": rt.model_dir, "prompts": len(rt.prompts),
+                   "prompts_skipped": rt.skipped})
+    rt.mlflow_run_id = rt.tracker.start(rt.run_id, params, tags={"rhymerl.run_id": rt.run_id,
+                                                                  "rhymerl.lake": cfg.lake.url})
+    rt.tracker.log_dict(config_to_dict(cfg), "config.json")
+    LakeWriter(cfg.lake.url).write_run(rt.run_id, cfg.name, json.dumps(config_to_dict(cfg)))
+    return rt.mlflow_run_id
+
+
+@task(name="finish-run", cache_policy=NO_CACHE)
+def finish_run_task(rt: Runtime, status: str) -> None:
+    """Close the MLflow run and the lake's run record; stop the actors."""
+    if rt.tracker is not None:
+        rt.tracker.finish(status)
+    LakeWriter(rt.cfg.lake.url).finish_run(rt.run_id, status)
+    for actor in rt.workers + ([rt.trainer] if rt.trainer is not None else []):
+        ray.kill(actor)
+    if rt.started_ray:
+        ray.shutdown()

@@ -1,0 +1,72 @@
+"""Prefect tasks of one RL step. Each wraps one I/O step around one core call.
+
+Heavy work runs in Ray actors (`tasks.actors`); these tasks only dispatch it and wait, so Prefect
+shows every stage with its duration and retries a failed stage. Caching is off: inputs are live
+actor handles and a step must never be skipped because it looks like an earlier one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run
+
+from rhymerl.engine import SamplingSpec
+from rhymerl.records import Prompt, Sample
+from rhymerl.rollout import advantages_for, check_groups, rollout_rows, split_even
+from rhymerl.trainer import TrainExample
+from storage.lake import LakeWriter, rows_to_table
+from tasks.actors import score_remote
+
+
+@task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def rollout_task(workers: list, prompts: list[Prompt], spec: SamplingSpec) -> list[Sample]:
+    """Generate n responses per prompt across the rollout workers; exactly prompts x n come back."""
+    chunks = split_even(prompts, len(workers))
+    refs = [w.generate.remote(chunk, spec) for w, chunk in zip(workers, chunks)]
+    samples = [s for part in ray.get(refs) for s in part]
+    check_groups(prompts, samples, spec.n)
+    return samples
+
+
+@task(name="reward", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def reward_task(prompts: list[Prompt], samples: list[Sample]) -> list[tuple[float, bool, bool]]:
+    """Score every response on a Ray worker: (reward, correct, formatted)."""
+    gold = {p.prompt_id: p.answer for p in prompts}
+    return ray.get(score_remote.remote([s.text for s in samples], [gold[s.prompt_id] for s in samples]))
+
+
+@task(name="lake-write", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2)
+def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
+                    samples: list[Sample], scores: list[tuple[float, bool, bool]], policy_version: int) -> int:
+    """Write the step's responses and commit them; a retried attempt never duplicates rows."""
+    writer = LakeWriter(lake_url)
+    if writer.is_committed(run_id, epoch, step):
+        return 0
+    rows = rollout_rows(run_id, epoch, step, prompts, samples, scores, policy_version)
+    attempt = task_run.run_count or 1
+    path = writer.write_rollouts(run_id, epoch, step, worker=0, attempt=attempt, table=rows_to_table(rows))
+    writer.commit_step(run_id, epoch, step, files=[path], stats={"rows": len(rows)})
+    return len(rows)
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
+               scores: list[tuple[float, bool, bool]], scale: bool, eps: float) -> dict:
+    """One GRPO update on the trainer actor from the step's samples and rewards."""
+    adv = advantages_for(samples, [r for r, _, _ in scores], scale=scale, eps=eps)
+    by_id = {p.prompt_id: p for p in prompts}
+    batch = [TrainExample(by_id[s.prompt_id].token_ids, s.token_ids, a) for s, a in zip(samples, adv)]
+    return ray.get(trainer.train_step.remote(batch))
+
+
+@task(name="weight-sync", cache_policy=NO_CACHE)
+def sync_task(trainer, workers: list) -> dict:
+    """Send the trainer's new weights to every engine in place (no engine restart)."""
+    t0 = time.perf_counter()
+    state_ref = trainer.state_for_engine.remote()
+    fingerprints = ray.get([w.load_weights.remote(state_ref) for w in workers])
+    return {"sync_s": time.perf_counter() - t0, "engine_fingerprint": float(fingerprints[0])}

@@ -1,0 +1,60 @@
+"""Config loading: TOML + overrides, validated with errors that name the key."""
+
+import pytest
+
+from rhymerl.config import ConfigError, RunConfig, flatten, config_to_dict, load_config
+
+
+def test_defaults_and_overrides(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('epochs = 2\n[rollout]\nn = 4\n')
+    cfg = load_config(f, ["rollout.temperature=0.7", "train.loss_agg=sequence", 'lake.url="s3://b/p"'])
+    assert (cfg.epochs, cfg.rollout.n, cfg.rollout.temperature) == (2, 4, 0.7)
+    assert cfg.train.loss_agg == "sequence"  # bare words parse as strings
+    assert cfg.lake.url == "s3://b/p"
+    assert cfg.rollout.prompts_per_step == RunConfig().rollout.prompts_per_step
+
+
+def test_int_becomes_float_but_not_reverse():
+    assert load_config(None, ["train.lr=1"]).train.lr == 1.0
+    with pytest.raises(ConfigError, match="'rollout.n'.*integer"):
+        load_config(None, ["rollout.n=2.5"])
+
+
+def test_unknown_key_lists_allowed():
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.nn'.*allowed keys here: .*\bn\b"):
+        load_config(None, ["rollout.nn=3"])
+
+
+def test_literal_names_allowed_values():
+    with pytest.raises(ConfigError, match=r"'train.loss_agg'.*'token', 'sequence'"):
+        load_config(None, ["train.loss_agg=mean"])
+
+
+def test_range_checks_name_field():
+    with pytest.raises(ConfigError, match="'rollout.n'.*>= 2"):
+        load_config(None, ["rollout.n=1"])
+    with pytest.raises(ConfigError, match="'data.prompt_template'"):
+        load_config(None, ['data.prompt_template="no placeholder"'])
+
+
+def test_bad_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("epochs = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        load_config(None, ["epochs"])
+
+
+def test_flatten_for_params():
+    flat = flatten(config_to_dict(RunConfig()))
+    assert flat["rollout.n"] == RunConfig().rollout.n and "train.lr" in flat
+
+
+def test_default_config_file_loads():
+    from pathlib import Path
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.toml")
+    assert cfg.epochs >= 3 and cfg.data.num_prompts >= 32 and cfg.rollout.n >= 4
