@@ -81,7 +81,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None) -> dict:
         log.warning("skipped %d prompts longer than the engine allows", skipped)
     rt = Runtime(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=prompts, skipped=skipped)
     _RUNTIMES[run_id] = rt
-    status = "FAILED"
+    status = "failed"
     try:
         rt.started_ray = init_ray(cfg.rollout.num_workers)
         rt.workers, rt.trainer, rt.initial_fingerprint = start_actors_task(cfg, model_dir)
@@ -92,7 +92,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None) -> dict:
         for epoch in range(cfg.epochs):
             epoch_flow(run_id, epoch)
         plot_task(rt)
-        status = "FINISHED"
+        status = "finished"
     finally:
         finish_run_task(rt, status)
         _RUNTIMES.pop(run_id, None)

@@ -77,8 +77,6 @@ def configure_cpu_env(spec: EngineSpec) -> None:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(spec.kv_cache_gib)))
     if spec.cpu_core is not None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(spec.cpu_core)
-    # Weights travel to the engine process as tensors inside collective_rpc arguments.
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
 class VllmEngine:
@@ -104,47 +102,56 @@ class VllmEngine:
         self._next_id = 0
 
     def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
-        """Run all prompts through vLLM's engine loop, stamping each response's finish time."""
+        """Run all prompts through vLLM's engine loop, stamping each response's finish time.
+
+        Each of a prompt's n samples is its own request (n=1) so every response gets its own
+        finish time; vLLM's prefix cache shares the prompt's KV blocks among them.
+        """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
         params = SamplingParams(
-            n=spec.n, temperature=spec.temperature, top_p=spec.top_p,
-            max_tokens=spec.max_tokens, logprobs=0,
+            n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
+            logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        by_req: dict[str, Prompt] = {}
+        pending: dict[str, tuple[Prompt, int]] = {}  # by our request id and vLLM's internal id
+        order: list[str] = []
         t_start = time.time()
         for p in prompts:
-            rid = f"r{self._next_id}"
-            self._next_id += 1
-            by_req[rid] = p
-            engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p.token_ids)), params)
-        finished: dict[str, list[Sample]] = {}
+            for k in range(spec.n):
+                self._next_id += 1
+                rid = f"r{self._next_id}"
+                internal = engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p.token_ids)), params)
+                pending[rid] = pending[internal] = (p, k)
+                order.append(rid)
+        done: dict[str, Sample] = {}
         while engine.has_unfinished_requests():
             for out in engine.step():
-                if out.finished:
-                    finished[out.request_id] = _samples_of(out, by_req[out.request_id], worker_id, t_start)
-        return [s for rid in by_req for s in finished[rid]]
+                if out.finished and out.request_id in pending:
+                    prompt, k = pending[out.request_id]
+                    done[(prompt.prompt_id, k)] = _sample_of(out, prompt, k, worker_id, t_start)
+        return [done[(pending[rid][0].prompt_id, pending[rid][1])] for rid in order]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        payload = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        self.llm.collective_rpc("rhymerl_load_weights", args=(payload,))
+        from safetensors.torch import save as save_safetensors
+
+        # Tied weights share storage; safetensors refuses shared tensors, so each gets a copy.
+        payload = {name: t.detach().to("cpu").clone().contiguous() for name, t in named_tensors}
+        self.llm.collective_rpc("rhymerl_load_weights", args=(save_safetensors(payload),))
 
     def weights_fingerprint(self) -> float:
         return float(self.llm.collective_rpc("rhymerl_weights_fingerprint")[0])
 
 
-def _samples_of(out, prompt: Prompt, worker_id: int, t_start: float) -> list[Sample]:
-    """Convert one finished vLLM RequestOutput (n completions) into Sample records."""
-    t_end = time.time()
-    samples = []
-    for comp in sorted(out.outputs, key=lambda c: c.index):
-        ids = tuple(int(t) for t in comp.token_ids)
-        lps = tuple(float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids))
-        samples.append(Sample(
-            prompt_id=prompt.prompt_id, sample_idx=int(comp.index), token_ids=ids, logprobs=lps,
-            text=comp.text, finish_reason=str(comp.finish_reason or "length"),
-            worker_id=worker_id, t_start=t_start, t_end=t_end,
-        ))
-    return samples
+def _sample_of(out, prompt: Prompt, sample_idx: int, worker_id: int, t_start: float) -> Sample:
+    """Convert one finished single-completion vLLM RequestOutput into a Sample record."""
+    comp = out.outputs[0]
+    ids = tuple(int(t) for t in comp.token_ids)
+    lps = tuple(float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids))
+    return Sample(
+        prompt_id=prompt.prompt_id, sample_idx=sample_idx, token_ids=ids, logprobs=lps,
+        text=comp.text, finish_reason=str(comp.finish_reason or "length"),
+        worker_id=worker_id, t_start=t_start, t_end=time.time(),
+    )

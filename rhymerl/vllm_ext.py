@@ -8,16 +8,21 @@ which handles vLLM's packed/fused parameter layouts (a direct `model.load_weight
 
 from __future__ import annotations
 
-import torch
+from safetensors.torch import load as load_safetensors
 
 
 class WeightSyncExtension:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's model runner."""
 
-    def rhymerl_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named weights in place; returns how many tensors were given."""
-        self.model_runner.reload_weights(weights_iterator=iter(named_tensors))
-        return len(named_tensors)
+    def rhymerl_load_weights(self, blob: bytes) -> int:
+        """Load HF-named weights (a safetensors blob) in place; returns how many tensors.
+
+        Weights travel as safetensors bytes because vLLM's RPC serializer turns raw tensors
+        nested in argument lists into Python lists.
+        """
+        tensors = load_safetensors(blob)
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))
+        return len(tensors)
 
     def rhymerl_weights_fingerprint(self) -> float:
         """Sum of all parameters in float64: changes whenever any weight changes."""

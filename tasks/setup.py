@@ -87,8 +87,9 @@ def init_ray(num_workers: int) -> bool:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        # Logical CPUs: one per engine; the trainer takes none (see tasks.actors.placement_for).
-        ray.init(num_cpus=max(num_workers, 1), include_dashboard=False, log_to_driver=True)
+        # Logical CPUs: one per engine plus one for reward tasks; the trainer takes none
+        # (see tasks.actors.placement_for). Without the spare CPU reward tasks never schedule.
+        ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
     return True
 
 

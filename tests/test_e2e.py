@@ -13,7 +13,7 @@ def tiny_model(tmp_path_factory):
     return build_model(out, BuildSpec(**TINY_BUILD), progress=False)
 
 
-TINY_BUILD = {"sft_steps": 30}
+TINY_BUILD = {"steps": 30}
 
 
 def test_two_epoch_run(tiny_model, tmp_path, monkeypatch):
@@ -48,4 +48,4 @@ def test_two_epoch_run(tiny_model, tmp_path, monkeypatch):
     run = client.get_run(result["mlflow_run_id"])
     assert run.data.params["rollout.n"] == str(n)
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 4
-    assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["FINISHED"]
+    assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]

@@ -1,0 +1,252 @@
+"""GRPO trainer: a Hugging Face causal LM, AdamW, and the clipped loss from `rhymerl.grpo`.
+
+Pure torch + transformers; it knows nothing about rollouts, Ray or tracking. A batch is a list
+of `TrainExample`s (token ids plus one advantage each); the trainer returns plain metrics and
+hands its weights out as CPU tensors for the inference engines.
+
+Dropout is kept off (the model stays in eval mode) so that the policy's log-probs are a
+deterministic function of the weights: the first update of each step then sees ratio == 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM
+
+from rhymerl import grpo
+from rhymerl.config import TrainConfig
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+# Files a tokenizer may need; `save` copies whichever exist so the output loads on its own.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    """One response to train on: its prompt, its tokens, and its (group-normalised) advantage."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    advantage: float
+
+
+@dataclass(frozen=True)
+class _Padded:
+    """A micro-batch laid out for one forward pass, and where its response tokens sit."""
+
+    input_ids: Tensor  # (B, L) prompt + response, right-padded
+    attention_mask: Tensor  # (B, L)
+    positions: Tensor  # (B, T) index into the (B, L-1) next-token log-probs of response token t
+    mask: Tensor  # (B, T) 1.0 on real response tokens
+    advantages: Tensor  # (B,)
+
+
+def _pad(batch: list[TrainExample], vocab_size: int, device: torch.device) -> _Padded:
+    """Right-pad prompt + response; with right padding the default positions 0..L-1 are right."""
+    for i, ex in enumerate(batch):
+        if not ex.prompt_ids:
+            raise ValueError(f"example {i} has an empty prompt; every response needs at least "
+                             f"one prompt token to be conditioned on")
+        ids = ex.prompt_ids + ex.response_ids
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise ValueError(f"example {i} has token ids outside [0, {vocab_size}); the ids "
+                             f"must come from the tokenizer of the model being trained")
+    lengths = [len(ex.prompt_ids) + len(ex.response_ids) for ex in batch]
+    L = max(lengths)
+    T = max(1, max(len(ex.response_ids) for ex in batch))
+    input_ids = torch.zeros(len(batch), L, dtype=torch.long)
+    attention_mask = torch.zeros(len(batch), L, dtype=torch.long)
+    positions = torch.zeros(len(batch), T, dtype=torch.long)
+    mask = torch.zeros(len(batch), T)
+    for i, ex in enumerate(batch):
+        p, r = len(ex.prompt_ids), len(ex.response_ids)
+        input_ids[i, : p + r] = torch.tensor(ex.prompt_ids + ex.response_ids)
+        attention_mask[i, : p + r] = 1
+        # the log-prob of token p+t is read from the logits at position p+t-1
+        positions[i, :r] = torch.arange(p - 1, p - 1 + r)
+        mask[i, :r] = 1.0
+    advantages = torch.tensor([ex.advantage for ex in batch], dtype=torch.float32)
+    return _Padded(input_ids.to(device), attention_mask.to(device), positions.to(device),
+                   mask.to(device), advantages.to(device))
+
+
+def _response_logprobs(model: torch.nn.Module, padded: _Padded) -> Tensor:
+    """Log-prob (float32) of each response token under `model`, (B, T); 0 on padding."""
+    logits = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits
+    logits = logits[:, :-1].float()  # (B, L-1, V): position j predicts token j+1
+    targets = padded.input_ids[:, 1:]
+    token_logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return token_logp.gather(1, padded.positions) * padded.mask  # (B, T)
+
+
+class Trainer:
+    """Holds the policy (and, when cfg.kl_coef > 0, a frozen reference) and runs GRPO steps.
+
+    `threads`, when given, sets torch's intra-op thread count for the whole process.
+    """
+
+    def __init__(self, model_dir: str, cfg: TrainConfig, seed: int = 0,
+                 dtype: str = "float32", threads: int | None = None) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.cfg = cfg
+        self.model_dir = str(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[dtype])
+        self.model.eval()
+        self.device = next(self.model.parameters()).device
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+        self.ref_model: torch.nn.Module | None = None
+        if cfg.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.aggregation = grpo.get_aggregation(cfg.loss_agg)
+        self.policy_version = 0
+
+    # ------------------------------------------------------------ log-probs
+
+    def _micro_batches(self, batch: list[TrainExample]) -> Iterator[_Padded]:
+        size = self.cfg.micro_batch_size
+        for start in range(0, len(batch), size):
+            yield _pad(batch[start: start + size], self.vocab_size, self.device)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, batch: list[TrainExample]) -> list[list[float]]:
+        """Log-prob of each response token given the prompt and the tokens before it."""
+        out: list[list[float]] = []
+        for padded in self._micro_batches(batch):
+            logp = _response_logprobs(self.model, padded).cpu()
+            lengths = padded.mask.sum(dim=1).long().tolist()
+            out.extend(row[:n].tolist() for row, n in zip(logp, lengths))
+        return out
+
+    # ------------------------------------------------------------ training
+
+    def train_step(self, batch: list[TrainExample]) -> dict[str, float]:
+        """`cfg.updates_per_step` AdamW updates on `batch`; returns metrics.
+
+        The "old" policy of the ratio is the weights at the start of this call. Each update runs
+        over the whole batch in micro-batches with gradient accumulation; the loss normaliser is
+        counted over the whole batch (see `rhymerl.grpo`), so micro-batch size does not change
+        the update. Examples with advantage 0 add no gradient but still count in that
+        normaliser, as they do in DAPO's token-level loss.
+
+        Metrics (loss, grad_norm before clipping, clip_frac, ratio_mean, kl) are means over the
+        updates; tokens is the number of response tokens in the batch, tokens_per_s that number
+        over the wall time of the whole step.
+        """
+        if not batch:
+            raise ValueError("train_step got an empty batch; pass at least one TrainExample")
+        start = time.perf_counter()
+        micro = list(self._micro_batches(batch))
+        with torch.no_grad():
+            old = [_response_logprobs(self.model, mb) for mb in micro]
+            ref = ([_response_logprobs(self.ref_model, mb) for mb in micro]
+                   if self.ref_model is not None else None)
+        denominator = sum(self.aggregation.count(mb.mask) for mb in micro)
+        totals: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
+                                    "ratio_mean": 0.0, "kl": 0.0}
+        for _ in range(self.cfg.updates_per_step):
+            update = self._update(micro, old, ref, denominator)
+            for key in totals:
+                totals[key] += update[key] / self.cfg.updates_per_step
+        self.policy_version += 1
+        seconds = time.perf_counter() - start
+        tokens = float(sum(len(ex.response_ids) for ex in batch))
+        return {**totals, "tokens": tokens, "seconds": seconds,
+                "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+    def _update(self, micro: list[_Padded], old: list[Tensor], ref: list[Tensor] | None,
+                denominator: float) -> dict[str, float]:
+        """One optimizer update accumulated over all micro-batches."""
+        cfg = self.cfg
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = kl_sum = clip_sum = ratio_sum = token_sum = 0.0
+        for i, mb in enumerate(micro):
+            logp = _response_logprobs(self.model, mb)
+            loss, stats = grpo.policy_loss(logp, old[i], mb.advantages, mb.mask, cfg.clip_low,
+                                           cfg.clip_high, agg=cfg.loss_agg, denominator=denominator)
+            if ref is not None:
+                kl = self.aggregation.reduce(grpo.kl_k3(logp, ref[i], mb.mask), mb.mask, denominator)
+                loss = loss + cfg.kl_coef * kl
+                kl_sum += kl.item()
+            loss.backward()
+            loss_sum += loss.item()
+            clip_sum += stats["clip_frac"] * stats["tokens"]
+            ratio_sum += stats["ratio_mean"] * stats["tokens"]
+            token_sum += stats["tokens"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        n = max(token_sum, 1.0)
+        return {"loss": loss_sum, "grad_norm": float(grad_norm), "clip_frac": clip_sum / n,
+                "ratio_mean": ratio_sum / n, "kl": kl_sum}
+
+    # ------------------------------------------------------------ weights out
+
+    @torch.no_grad()
+    def state_dict_for_engine(self) -> dict[str, Tensor]:
+        """A snapshot of the weights under their HF names: detached, contiguous CPU tensors.
+
+        Names that share storage in the model (tied embeddings: lm_head.weight and
+        model.embed_tokens.weight) share one copied tensor here too, so they cannot disagree.
+        """
+        copies: dict[tuple[int, torch.Size, torch.Size], Tensor] = {}
+        out: dict[str, Tensor] = {}
+        for name, tensor in self.model.state_dict().items():
+            key = (tensor.data_ptr(), tensor.shape, tensor.stride())
+            if key not in copies:
+                copies[key] = tensor.detach().to("cpu", copy=True).contiguous()
+            out[name] = copies[key]
+        return out
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write a loadable HF directory: safetensors weights, config, and the source tokenizer
+        files that exist (none is fine: a model dir without a tokenizer is saved as such)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        for name in TOKENIZER_FILES:
+            src = Path(self.model_dir) / name
+            if src.is_file():
+                shutil.copyfile(src, out / name)
+        return out
+
+    # ------------------------------------------------------------ checkpoint state
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to resume: weights, optimizer, policy version and torch RNG."""
+        return {
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "policy_version": self.policy_version,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what `state()` returned (the reference model is not part of it: it is frozen)."""
+        missing = {"model", "optimizer", "policy_version", "torch_rng"} - set(state)
+        if missing:
+            raise ValueError(f"trainer state lacks {sorted(missing)}; pass what Trainer.state() returned")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.policy_version = int(state["policy_version"])
+        torch.set_rng_state(state["torch_rng"])

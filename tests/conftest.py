@@ -1,0 +1,50 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+S3_BUCKET = "rhymerl-test"
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """A running S3-compatible HTTP server on the loopback interface, with one bucket."""
+
+    url: str  # http://127.0.0.1:PORT
+    bucket: str
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Endpoint]:
+    """moto's S3 server on a free local port for the whole session (real HTTP, no AWS)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=S3_BUCKET)
+    yield S3Endpoint(url, S3_BUCKET)
+    server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh `s3://bucket/prefix` on the test server, with the AWS env pointing at it only."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.url)
+    # Never pick up a developer's own AWS profile, config or endpoint override.
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    return f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
