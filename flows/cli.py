@@ -45,9 +45,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     _project_env()
     from flows.run import run_flow
+    from rhymerl.data import DatasetError
+    from storage.lake import LakeError
 
     t0 = time.perf_counter()
-    result = run_flow(config=config_to_dict(cfg))  # the flow logs the per-epoch summary table
+    try:
+        result = run_flow(config=config_to_dict(cfg))  # the flow logs the per-epoch summary table
+    except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
+        # Bad input (dataset, model directory, lake URL): the flow's log has the traceback;
+        # the user needs the one line that names the problem and the fix.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"run {result['run_id']} done in {time.perf_counter() - t0:.0f}s wall time")
     return 0
 

@@ -16,7 +16,7 @@ from rhymerl.config import RunConfig, config_from_dict
 from rhymerl.engine import SamplingSpec
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.report import epoch_summary, format_summary
-from tasks.report import log_step_task, plot_task
+from tasks.report import lake_step_task, log_step_task, plot_task
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
@@ -63,9 +63,11 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
               "policy_version": rt.policy_version, **stats.as_metrics(), **timings,
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
+              "trainer_fingerprint": sync["trainer_fingerprint"],
               **{f"train_{k}": v for k, v in train.items()}}
     rt.history.append(record)
     log_step_task(rt, record)
+    lake_step_task(cfg.lake.url, rt.run_id, record)
     return record
 
 

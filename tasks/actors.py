@@ -84,6 +84,10 @@ class TrainerWorker:
     def policy_version(self) -> int:
         return self.trainer.policy_version
 
+    def weights_fingerprint(self) -> float:
+        """Sum of all parameters in float64 (comparable with the engines' fingerprint)."""
+        return float(sum(p.detach().double().sum().item() for p in self.trainer.model.parameters()))
+
     def save(self, out_dir: str) -> str:
         self.trainer.save(out_dir)
         return out_dir

@@ -69,4 +69,6 @@ def sync_task(trainer, workers: list) -> dict:
     t0 = time.perf_counter()
     state_ref = trainer.state_for_engine.remote()
     fingerprints = ray.get([w.load_weights.remote(state_ref) for w in workers])
-    return {"sync_s": time.perf_counter() - t0, "engine_fingerprint": float(fingerprints[0])}
+    trainer_print = ray.get(trainer.weights_fingerprint.remote())
+    return {"sync_s": time.perf_counter() - t0, "engine_fingerprint": float(fingerprints[0]),
+            "trainer_fingerprint": trainer_print}

@@ -31,6 +31,9 @@ def test_two_epoch_run(tiny_model, tmp_path, monkeypatch):
         f"rollout.prompts_per_step={per_step}", f"rollout.n={n}", "rollout.num_workers=1",
         "rollout.max_tokens=48", f'lake.url="{tmp_path / "lake"}"',
         f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"', "train.lr=1e-2",
+        # A barely trained model may score 0 on every sample (zero advantages, zero gradient);
+        # decoupled weight decay still moves the weights each step, so the sync path is exercised.
+        "train.weight_decay=0.5",
     ])
     with prefect_test_harness():
         result = run_flow(config=config_to_dict(cfg))
@@ -39,11 +42,14 @@ def test_two_epoch_run(tiny_model, tmp_path, monkeypatch):
     counts = lake.sql("SELECT epoch, step, count(*) AS n FROM rollouts GROUP BY ALL ORDER BY ALL").to_pylist()
     # Every step of every epoch has exactly prompts_per_step x n rows.
     assert counts == [{"epoch": e, "step": s, "n": per_step * n} for e in range(2) for s in range(2)]
+    assert lake.sql("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 4}]
     hist = result["history"]
     assert len(hist) == 4
     # The engine's weights change after every step (weight sync reached vLLM).
     prints = [result["initial_engine_fingerprint"]] + [h["engine_fingerprint"] for h in hist]
     assert all(a != b for a, b in zip(prints, prints[1:]))
+    # ...and the engine holds exactly the trainer's weights (same sum up to summation order).
+    assert all(h["engine_fingerprint"] == pytest.approx(h["trainer_fingerprint"], rel=1e-6) for h in hist)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(result["mlflow_run_id"])
     assert run.data.params["rollout.n"] == str(n)
