@@ -4,11 +4,59 @@ vLLM mixes this class into its GPU/CPU worker when the engine is built with
 `worker_extension_cls="rhymerl.vllm_ext.WeightSyncExtension"`; the methods are invoked with
 `LLM.collective_rpc(name, args=...)`. Weight updates go through `model_runner.reload_weights`,
 which handles vLLM's packed/fused parameter layouts (a direct `model.load_weights` fails on CPU).
+With speculation on, `rhymerl_install_exact_verifier` swaps RhymeRL's exact rejection-sampler
+kernels in (why: `rhymerl.spec_verify`) and `rhymerl_spec_self_check` runs `rhymerl.spec_guard`.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
+from typing import Iterable
+
+import torch
 from safetensors.torch import load as load_safetensors
+
+# Parameters that hold the same values in the engine as in the Hugging Face model. vLLM fuses
+# q/k/v and gate/up, and on CPU repacks every linear layer's weight into its own kernel layout
+# (leaving the parameter empty); norms keep their layout, and the embedding is only padded with
+# zero rows, which leaves its sum unchanged.
+_COMPARABLE_SUFFIXES = ("norm.weight", "embed_tokens.weight")
+
+
+def weights_fingerprint(named_params: Iterable[tuple[str, torch.Tensor]]) -> float:
+    """Float64 sum of the parameters that engine and trainer store identically.
+
+    It changes whenever a training step changes those weights, and is equal (up to summation
+    order) in an engine and a trainer that hold the same policy.
+    """
+    return float(sum(p.detach().double().sum().item() for name, p in named_params
+                     if name.endswith(_COMPARABLE_SUFFIXES)))
+
+from rhymerl.spec_guard import GuardReport, self_check, vllm_version
+from rhymerl.spec_verify import KERNELS
+
+
+def install_exact_verifier() -> None:
+    """Register `rhymerl.spec_verify.KERNELS` through vLLM's kernel-override registry (this process).
+
+    The registry is the plug-in point vLLM's platforms use for these very kernels; registering
+    again replaces the CPU platform's versions (vLLM logs "already registered. Overwriting.").
+    Each kernel's argument names are checked first, so a vLLM that changed a kernel's contract
+    fails here, by name, instead of sampling wrongly.
+    """
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    for name, impl in KERNELS.items():
+        module, attr = name.rsplit(".", 1)
+        kernel = getattr(importlib.import_module(module), attr)
+        have = getattr(kernel, "arg_names", None) or tuple(inspect.signature(getattr(kernel, "func", kernel)).parameters)
+        want = tuple(inspect.signature(impl).parameters)
+        if tuple(have) != want:
+            raise RuntimeError(f"vLLM {vllm_version()} changed {name}'s arguments to {tuple(have)}; "
+                               f"rhymerl.spec_verify implements {want}: update it before speculating")
+    register_kernels(KERNELS)
 
 
 class WeightSyncExtension:
@@ -25,6 +73,18 @@ class WeightSyncExtension:
         return len(tensors)
 
     def rhymerl_weights_fingerprint(self) -> float:
-        """Sum of all parameters in float64: changes whenever any weight changes."""
-        model = self.model_runner.model
-        return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+        """`weights_fingerprint` of the engine's model (comparable with the trainer's)."""
+        return weights_fingerprint(self.model_runner.model.named_parameters())
+
+    def rhymerl_install_exact_verifier(self) -> int:
+        """Install RhymeRL's exact verifier in this worker; returns how many kernels were replaced."""
+        install_exact_verifier()
+        return len(KERNELS)
+
+    def rhymerl_spec_self_check(self, rows: int, alpha: float) -> dict:
+        """Run the lossless self-check on this worker's rejection sampler; a `GuardReport` as a dict."""
+        sampler = getattr(self.model_runner, "rejection_sampler", None)
+        if sampler is None:
+            return GuardReport(passed=False, vllm_version=vllm_version(),
+                               error="the model runner has no rejection sampler (speculation is off)").to_dict()
+        return self_check(sampler, rows, alpha, device=self.model_runner.device).to_dict()

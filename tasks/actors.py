@@ -85,8 +85,10 @@ class TrainerWorker:
         return self.trainer.policy_version
 
     def weights_fingerprint(self) -> float:
-        """Sum of all parameters in float64 (comparable with the engines' fingerprint)."""
-        return float(sum(p.detach().double().sum().item() for p in self.trainer.model.parameters()))
+        """Comparable with the engines' fingerprint (see rhymerl.vllm_ext.weights_fingerprint)."""
+        from rhymerl.vllm_ext import weights_fingerprint
+
+        return weights_fingerprint(self.trainer.model.named_parameters())
 
     def save(self, out_dir: str) -> str:
         self.trainer.save(out_dir)

@@ -1,0 +1,23 @@
+"""HistoPipe: forecast response lengths from history and place rollouts so no worker idles.
+
+- `forecast`: per-prompt length forecasts from lake records, priors for unseen prompts, quality.
+- `costmodel`: one worker under continuous batching, calibrated from measured timings.
+- `schedule`: policies (naive, round_robin, lpt, tier2, oracle) from forecasts to an assignment.
+- `simulator`: discrete-event replay of a step on W workers, straggler migration, bubble ratio.
+- `gantt`: a PNG of a step's per-worker timeline.
+
+Everything here is pure (plain records in, dataclasses out); the lake query lives in `storage/`.
+"""
+
+from rhymerl.histopipe.costmodel import Calibration, CostModel, calibrate
+from rhymerl.histopipe.forecast import (Forecast, ForecastQuality, ForecastSpec, build_history, epoch_means,
+                                        forecast_lengths, forecast_quality, history_from_summary)
+from rhymerl.histopipe.schedule import POLICIES, Assignment, Demand, ScheduleRequest, Unit, schedule
+from rhymerl.histopipe.simulator import MigrationSpec, RequestSpan, SimResult, measure, simulate
+
+__all__ = [
+    "Assignment", "Calibration", "CostModel", "Demand", "Forecast", "ForecastQuality", "ForecastSpec",
+    "MigrationSpec", "POLICIES", "RequestSpan", "ScheduleRequest", "SimResult", "Unit", "build_history",
+    "calibrate", "epoch_means", "forecast_lengths", "forecast_quality", "history_from_summary", "measure",
+    "schedule", "simulate",
+]
