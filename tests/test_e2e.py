@@ -35,7 +35,7 @@ def test_two_epoch_run(tiny_model, tmp_path, monkeypatch):
         # decoupled weight decay still moves the weights each step, so the sync path is exercised.
         "train.weight_decay=0.5",
     ])
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
         result = run_flow(config=config_to_dict(cfg))
 
     lake = Lake(str(tmp_path / "lake"))
