@@ -19,6 +19,7 @@ from rhymerl.report import epoch_summary, format_summary
 from tasks.report import lake_step_task, log_step_task, plot_task
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
+from tasks.plan import measure_task, plan_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 
 _RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflows
@@ -43,8 +44,12 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     cfg = rt.cfg
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    samples = rollout_task(rt.workers, batch, spec)
-    timings["rollout_s"] = time.perf_counter() - t0
+    plan = plan_task(cfg.pipe, cfg.lake.url, rt.run_id, epoch, step, batch, len(rt.workers), spec.n,
+                     spec.max_tokens)
+    timings["plan_s"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    samples = rollout_task(rt.workers, plan.placement, spec)
+    timings["rollout_s"] = time.perf_counter() - t
     t = time.perf_counter()
     scores = reward_task(batch, samples)
     timings["reward_s"] = time.perf_counter() - t
@@ -58,9 +63,10 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     rt.policy_version += 1
     timings["sync_s"] = sync["sync_s"]
     timings["step_s"] = time.perf_counter() - t0
+    pipe = measure_task(plan, samples, len(rt.workers), rt.tracker, len(rt.history), cfg.pipe.gantt)
     stats = step_stats(samples, [r for r, _, _ in scores], [c for _, c, _ in scores], [f for _, _, f in scores])
     record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
-              "policy_version": rt.policy_version, **stats.as_metrics(), **timings,
+              "policy_version": rt.policy_version, **stats.as_metrics(), **timings, **pipe,
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],

@@ -103,6 +103,23 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class PipeConfig:
+    """HistoPipe: how a step's prompt groups are placed on rollout workers.
+
+    Placement never changes which weights generate a sample (strictly on-policy). Policies that
+    split one prompt's group across workers ("tier2") are simulated (`bench/pipe_bench.py`) but
+    not yet run by the rollout workers.
+    """
+
+    policy: Literal["naive", "round_robin", "lpt"] = "lpt"  # lpt = HistoPipe tier 1
+    trend_weight: float = 0.5  # share of a prompt's last epoch-to-epoch length change carried forward
+    gantt: bool = True  # attach a Gantt chart of every step to the MLflow run
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.trend_weight <= 1.0, "pipe.trend_weight", "must be in [0, 1]")
+
+
+@dataclass(frozen=True)
 class LakeConfig:
     """Where responses are written: a local folder or any fsspec URL (s3://bucket/prefix)."""
 
@@ -128,6 +145,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    pipe: PipeConfig = field(default_factory=PipeConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 

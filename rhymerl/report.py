@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-SUMMARY_COLUMNS = ("reward_mean", "accuracy", "length_mean", "rollout_s", "reward_s", "lake_s",
-                   "train_s", "sync_s", "step_s", "rollout_tokens_per_s")
-_SUMS = {"rollout_s", "reward_s", "lake_s", "train_s", "sync_s", "step_s"}  # seconds add up per epoch
+SUMMARY_COLUMNS = ("reward_mean", "accuracy", "length_mean", "plan_s", "rollout_s", "reward_s", "lake_s",
+                   "train_s", "sync_s", "step_s", "rollout_tokens_per_s", "bubble_ratio")
+_SUMS = {"plan_s", "rollout_s", "reward_s", "lake_s", "train_s", "sync_s", "step_s"}  # seconds add up
 
 
 def step_line(rec: dict) -> str:
     """One human-readable line per step."""
     return (f"epoch {rec['epoch']} step {rec['step']}: reward {rec['reward_mean']:.3f} "
             f"acc {rec['accuracy']:.3f} len {rec['length_mean']:.1f} (max {rec['length_max']:.0f}) | "
-            f"rollout {rec['rollout_s']:.1f}s ({rec['rollout_tokens_per_s']:.0f} tok/s) "
+            f"rollout {rec['rollout_s']:.1f}s ({rec['rollout_tokens_per_s']:.0f} tok/s, "
+            f"bubble {rec.get('bubble_ratio', 0.0):.0%}) "
             f"train {rec['train_s']:.1f}s sync {rec['sync_s']:.1f}s step {rec['step_s']:.1f}s")
 
 
@@ -29,9 +30,9 @@ def epoch_summary(history: Sequence[dict]) -> list[dict]:
         row: dict = {"epoch": epoch, "steps": len(recs)}
         for col in SUMMARY_COLUMNS:
             if col in _SUMS:
-                row[col] = sum(r[col] for r in recs)
+                row[col] = sum(r.get(col, 0.0) for r in recs)
             else:
-                row[col] = sum(r[col] * w for r, w in zip(recs, weights)) / total
+                row[col] = sum(r.get(col, 0.0) * w for r, w in zip(recs, weights)) / total
         out.append(row)
     return out
 

@@ -43,6 +43,7 @@ class Runtime:
     mlflow_run_id: str = ""
     history: list[dict] = field(default_factory=list)
     started_ray: bool = False
+    lake_run_written: bool = False
     policy_version: int = 0
     initial_fingerprint: float = 0.0
 
@@ -86,10 +87,18 @@ def init_ray(num_workers: int) -> bool:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
-    else:
-        # Logical CPUs: one per engine plus one for reward tasks; the trainer takes none
-        # (see tasks.actors.placement_for). Without the spare CPU reward tasks never schedule.
-        ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
+        return True
+    # Logical CPUs: one per engine plus one for reward tasks; the trainer takes none
+    # (see tasks.actors.placement_for). Without the spare CPU reward tasks never schedule.
+    for _ in range(2):
+        try:
+            ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
+            return True
+        except Exception as exc:  # Ray raises a bare Exception when its raylet misses a fixed 30 s
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()  # a loaded machine: try again rather than fail the run
+    ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
     return True
 
 
@@ -127,15 +136,17 @@ def start_tracking_task(rt: Runtime) -> str:
                                                                   "rhymerl.lake": cfg.lake.url})
     rt.tracker.log_dict(config_to_dict(cfg), "config.json")
     LakeWriter(cfg.lake.url).write_run(rt.run_id, cfg.name, json.dumps(config_to_dict(cfg)))
+    rt.lake_run_written = True
     return rt.mlflow_run_id
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
 def finish_run_task(rt: Runtime, status: str) -> None:
-    """Close the MLflow run and the lake's run record; stop the actors."""
-    if rt.tracker is not None:
+    """Close the MLflow run and the lake's run record (those that were opened); stop the actors."""
+    if rt.tracker is not None and rt.mlflow_run_id:
         rt.tracker.finish(status)
-    LakeWriter(rt.cfg.lake.url).finish_run(rt.run_id, status)
+    if rt.lake_run_written:
+        LakeWriter(rt.cfg.lake.url).finish_run(rt.run_id, status)
     for actor in rt.workers + ([rt.trainer] if rt.trainer is not None else []):
         ray.kill(actor)
     if rt.started_ray:

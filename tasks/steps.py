@@ -16,17 +16,18 @@ from prefect.runtime import task_run
 
 from rhymerl.engine import SamplingSpec
 from rhymerl.records import Prompt, Sample
-from rhymerl.rollout import advantages_for, check_groups, rollout_rows, split_even
+from rhymerl.rollout import advantages_for, check_groups, rollout_rows
 from rhymerl.trainer import TrainExample
 from storage.lake import LakeWriter, rows_to_table
 from tasks.actors import score_remote
 
 
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def rollout_task(workers: list, prompts: list[Prompt], spec: SamplingSpec) -> list[Sample]:
-    """Generate n responses per prompt across the rollout workers; exactly prompts x n come back."""
-    chunks = split_even(prompts, len(workers))
-    refs = [w.generate.remote(chunk, spec) for w, chunk in zip(workers, chunks)]
+def rollout_task(workers: list, placement: list[list[Prompt]], spec: SamplingSpec) -> list[Sample]:
+    """Generate n responses per prompt on the workers given by `placement` (one prompt list per
+    worker, in admission order); exactly prompts x n come back."""
+    prompts = [p for chunk in placement for p in chunk]
+    refs = [w.generate.remote(chunk, spec) for w, chunk in zip(workers, placement)]
     samples = [s for part in ray.get(refs) for s in part]
     check_groups(prompts, samples, spec.n)
     return samples

@@ -1,0 +1,78 @@
+"""HistoPipe in the run: place a step's prompt groups on workers from lake history, then measure.
+
+`plan_task` reads the run's earlier response lengths from the lake (DuckDB), forecasts each
+prompt's lengths and asks a scheduling policy for a placement; `measure_task` computes the step's
+bubble ratio, forecast quality and a Gantt chart from what actually happened.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rhymerl.config import PipeConfig
+from rhymerl.histopipe.forecast import ForecastSpec, build_history, forecast_lengths, forecast_quality
+from rhymerl.histopipe.gantt import gantt_png
+from rhymerl.histopipe.schedule import ScheduleRequest, schedule
+from rhymerl.histopipe.simulator import measure
+from rhymerl.records import Prompt, Sample
+from storage.lake import Lake
+
+HISTORY_SQL = "SELECT prompt_id, epoch, length FROM rollouts WHERE run_id = ? AND epoch < ?"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A step's placement: prompts per worker in admission order, and the forecast means."""
+
+    placement: list[list[Prompt]]
+    forecast_mean: dict[str, float]  # prompt_id -> forecast mean length (history only)
+    policy: str
+
+
+@task(name="plan", cache_policy=NO_CACHE, retries=1)
+def plan_task(cfg: PipeConfig, lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
+              workers: int, n: int, max_tokens: int) -> Plan:
+    """Forecast from the lake and place whole prompt groups on workers (long requests first)."""
+    history = {}
+    if epoch > 0:
+        with Lake(lake_url) as lake:
+            history = build_history(lake.sql(HISTORY_SQL, [run_id, epoch]))
+    spec = ForecastSpec(trend_weight=cfg.trend_weight, max_length=float(max_tokens))
+    by_id = {p.prompt_id: p for p in prompts}
+    forecasts = forecast_lengths(history, list(by_id), spec,
+                                 prompt_lengths={p.prompt_id: len(p.token_ids) for p in prompts},
+                                 target_epoch=epoch)
+    request = ScheduleRequest(demands=tuple(forecasts[pid].demand(n) for pid in by_id), workers=workers,
+                              step=step)
+    assignment = schedule(cfg.policy, request)
+    placement = [[by_id[u.prompt_id] for u in units] for units in assignment.workers]
+    means = {pid: f.mean for pid, f in forecasts.items() if f.source == "history"}
+    return Plan(placement=placement, forecast_mean=means, policy=cfg.policy)
+
+
+@task(name="measure", cache_policy=NO_CACHE)
+def measure_task(plan: Plan, samples: list[Sample], workers: int, tracker, global_step: int,
+                 gantt: bool) -> dict[str, float]:
+    """Bubble ratio and makespan of the step; forecast quality where history existed; Gantt chart."""
+    rows = [{"prompt_id": s.prompt_id, "sample_idx": s.sample_idx, "worker_id": s.worker_id,
+             "gen_start": s.t_start, "gen_end": s.t_end, "length": len(s.token_ids)} for s in samples]
+    result = measure(rows, workers)
+    out = {"bubble_ratio": float(result.bubble_ratio), "makespan_s": float(result.makespan)}
+    if len(plan.forecast_mean) >= 3:
+        actual: dict[str, list[int]] = {}
+        for s in samples:
+            actual.setdefault(s.prompt_id, []).append(len(s.token_ids))
+        means = {pid: sum(v) / len(v) for pid, v in actual.items() if pid in plan.forecast_mean}
+        quality = forecast_quality({pid: plan.forecast_mean[pid] for pid in means}, means)
+        out.update(quality.as_metrics())
+    if gantt and tracker is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = gantt_png(result, Path(tmp) / f"gantt_step{global_step:04d}.png",
+                             title=f"step {global_step}: {plan.policy}, bubble {result.bubble_ratio:.1%}")
+            tracker.log_artifact(str(path), artifact_path="gantt")
+    return out

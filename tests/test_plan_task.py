@@ -1,0 +1,56 @@
+"""HistoPipe in the run: placement from lake history, and the step's measured bubble ratio."""
+
+import pytest
+
+from rhymerl.config import PipeConfig
+from rhymerl.records import Prompt, Sample
+from rhymerl.rollout import rollout_rows
+from storage.lake import LakeWriter, rows_to_table
+from tasks.plan import measure_task, plan_task
+
+
+def P(i, prompt_len=4):
+    return Prompt(prompt_id=f"p{i}", index=i, text=f"q{i}", token_ids=tuple(range(prompt_len)), answer="1")
+
+
+def S(pid, k, length, worker=0, start=0.0, end=1.0):
+    return Sample(prompt_id=pid, sample_idx=k, token_ids=(1,) * length, logprobs=(-0.1,) * length,
+                  text="t", finish_reason="stop", worker_id=worker, t_start=start, t_end=end)
+
+
+def write_epoch(url, prompts, lengths, epoch):
+    samples = [S(p.prompt_id, k, lengths[p.prompt_id]) for p in prompts for k in range(2)]
+    rows = rollout_rows("run", epoch, 0, prompts, samples, [(0.0, False, True)] * len(samples), 0)
+    w = LakeWriter(url)
+    key = w.write_rollouts("run", epoch, 0, worker=0, attempt=1, table=rows_to_table(rows))
+    w.commit_step("run", epoch, 0, files=[key])
+
+
+def test_lpt_puts_the_longest_history_first_and_balances(tmp_path):
+    # History: p0 long (100), p1..p3 short (30 each): LPT gives p0 a worker of its own, longest first.
+    url = str(tmp_path / "lake")
+    prompts = [P(i) for i in range(4)]
+    write_epoch(url, prompts, {"p0": 100, "p1": 30, "p2": 30, "p3": 30}, epoch=0)
+    plan = plan_task.fn(PipeConfig(policy="lpt"), url, "run", 1, 0, prompts, 2, 2, 160)
+    ids = [[p.prompt_id for p in chunk] for chunk in plan.placement]
+    assert sorted(ids, key=len) == [["p0"], ["p1", "p2", "p3"]]
+    assert plan.forecast_mean["p0"] == pytest.approx(100)
+    naive = plan_task.fn(PipeConfig(policy="naive"), url, "run", 1, 0, prompts, 2, 2, 160)
+    assert [[p.prompt_id for p in c] for c in naive.placement] == [["p0", "p1"], ["p2", "p3"]]
+
+
+def test_first_epoch_uses_prior_and_reads_no_history(tmp_path):
+    # No lake at all in epoch 0: the plan still covers every prompt once, with no history forecasts.
+    prompts = [P(i, prompt_len=2 + i) for i in range(3)]
+    plan = plan_task.fn(PipeConfig(), str(tmp_path / "absent"), "run", 0, 0, prompts, 2, 4, 64)
+    assert sorted(p.prompt_id for c in plan.placement for p in c) == ["p0", "p1", "p2"]
+    assert plan.forecast_mean == {}
+
+
+def test_measure_bubble_ratio(tmp_path):
+    # Worker 0 busy 0..4 s, worker 1 busy 0..1 s: idle 3 of 2 x 4 worker-seconds -> 0.375.
+    prompts = [P(0), P(1)]
+    plan = plan_task.fn(PipeConfig(policy="naive"), str(tmp_path), "run", 0, 0, prompts, 2, 1, 64)
+    samples = [S("p0", 0, 10, worker=0, start=0.0, end=4.0), S("p1", 0, 5, worker=1, start=0.0, end=1.0)]
+    out = measure_task.fn(plan, samples, 2, None, 0, gantt=False)
+    assert out["bubble_ratio"] == pytest.approx(0.375) and out["makespan_s"] == pytest.approx(4.0)
