@@ -15,11 +15,13 @@ export RAY_AUTH_MODE := disabled
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
 .PHONY: setup run test test-fast model bench clean help
+BENCH_OUT := bench/out
 
 help:
 	@echo "make run    - install (first time), build the built-in model, run RL training ($(CONFIG))"
 	@echo "make test   - install (first time) and run the whole test suite"
 	@echo "make model  - build the built-in tiny model only"
+	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/)"
 	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
 
 setup: $(STAMP)
@@ -47,6 +49,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Each benchmark prints a readable table and writes its JSON next to the others.
+bench: $(STAMP)
+	mkdir -p $(BENCH_OUT)
+	$(BIN)/python -m bench.pipe_bench --json-out $(BENCH_OUT)/pipe.json
+	$(BIN)/python -m bench.lake_bench --json-out $(BENCH_OUT)/lake.json
 
 clean:
 	rm -rf lake mlflow.db mlruns .prefect runs

@@ -38,6 +38,7 @@ import math
 import random
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from rhymerl.builtin_task import builtin_problems
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-ms", type=float, default=8.0, help="ms per engine iteration")
     ap.add_argument("--per-seq-ms", type=float, default=0.15, help="extra ms per iteration per running request")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON results to FILE")
     args = ap.parse_args(argv)
     dists = tuple(d for d in args.dist.split(",") if d)
     unknown = [d for d in dists if d not in WORKLOADS]
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                      cost=CostModel(base_s=args.base_ms / 1e3, per_seq_s=args.per_seq_ms / 1e3))
     result = run_bench(spec)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
 
 
