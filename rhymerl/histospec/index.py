@@ -1,0 +1,270 @@
+"""Per-prompt history index: where each short token context occurred in a prompt's earlier responses.
+
+A `SuffixIndex` holds one prompt's responses (earlier epochs, plus siblings of the current step as
+they grow) and answers one question fast: *after the longest tail of this context that occurred
+before (between `min_match` and `max_match` tokens), which positions continue it?* The drafter
+(`rhymerl.histospec.drafter`) then follows those continuations, choosing at each branch by how
+often each continuation occurred (its count) or by the rewards of the responses it came from.
+
+Why an n-gram occurrence table and not a suffix tree, automaton or array
+------------------------------------------------------------------------
+The structure is a suffix trie of bounded depth (`max_match`) stored flat: one hash-map entry per
+distinct n-gram (`min_match <= n <= max_match`) listing where it ended, as packed (sequence,
+position) codes. Continuations are read from the sequences themselves, so depth is unbounded where
+it matters (a draft of 32 tokens) while the table stays O(T * (max_match - min_match + 1)) for T
+indexed tokens.
+- Appending one token (a sibling growing by one step) touches a fixed `max_match - min_match + 1`
+  entries. A suffix automaton also appends online, but its occurrence counts live on suffix-link
+  chains that are as long as the repeated text: for near-identical responses (the case HistoSpec
+  exists for) every append walks O(T), and reward sums would need the same propagation.
+- A suffix array cannot grow with siblings without a rebuild.
+- A suffix trie with counts down to the draft depth (as in suffix decoding, depth ~32-64) adds up
+  to one Python dict node per token per depth level; the flat table files 5 tuples per token at
+  the defaults and the draft depth costs nothing extra.
+- Counts and reward sums of a continuation are computed when asked from its occurrence codes, so
+  late-arriving rewards and growing siblings never invalidate stored aggregates.
+Queries cost at most `max_match - min_match + 1` dict lookups; in steady state the first (longest)
+hits. Measured at the defaults: a prompt history of 8 responses x 200 tokens (~3,000 distinct
+n-grams) takes ~0.9 MB of Python objects and 5-15 ms to build on a loaded 2-core machine.
+
+Sequences may start with a `prefix` (the prompt's last tokens) so that the very first tokens of a
+response can be drafted from the start of earlier responses.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+STRIDE = 1 << 32  # occurrence code = seq_id * STRIDE + position of the continuation token
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One possible next token after a matched context, with its history statistics."""
+
+    token: int
+    count: int  # occurrences of (matched context + token)
+    reward_sum: float  # sum of the rewards of the responses those occurrences come from
+    latest: int  # most recent occurrence: highest code (later sequence, then later position)
+
+
+class SuffixIndex:
+    """Occurrences of every n-gram (min_match <= n <= max_match) in one prompt's sequences.
+
+    Sequence ids are assigned in insertion order; later ids count as more recent. Rewards of
+    sequences still being generated (siblings) are 0 until `set_reward`.
+    """
+
+    def __init__(self, min_match: int = 3, max_match: int = 7, prefix: Sequence[int] = ()) -> None:
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, "
+                             f"max_match={max_match}")
+        self.min_match = min_match
+        self.max_match = max_match
+        self.prefix: tuple[int, ...] = tuple(int(t) for t in prefix)[-max_match:]
+        self.sequences: list[list[int]] = []  # prefix + response tokens; read-only for callers
+        self.rewards: list[float] = []
+        self.table: dict[tuple[int, ...], list[int]] = {}
+
+    @classmethod
+    def build(cls, responses: Iterable[Sequence[int]], rewards: Sequence[float] | None = None, *,
+              min_match: int = 3, max_match: int = 7, prefix: Sequence[int] = ()) -> "SuffixIndex":
+        """An index over `responses` (each a token-id sequence), oldest first."""
+        responses = list(responses)
+        if rewards is not None and len(rewards) != len(responses):
+            raise ValueError(f"got {len(rewards)} rewards for {len(responses)} responses; "
+                             "pass one reward per response or none")
+        index = cls(min_match, max_match, prefix)
+        for i, tokens in enumerate(responses):
+            index.add(tokens, 0.0 if rewards is None else float(rewards[i]))
+        return index
+
+    # ------------------------------------------------------------------ growing
+
+    def add(self, tokens: Sequence[int] = (), reward: float = 0.0) -> int:
+        """Start a new sequence (prefix + `tokens`) and return its id."""
+        seq_id = len(self.sequences)
+        if seq_id >= STRIDE:
+            raise ValueError("index holds too many sequences; build a fresh one per step")
+        self.sequences.append(list(self.prefix))
+        self.rewards.append(float(reward))
+        self._index_range(seq_id, 1)  # n-grams inside the prefix itself
+        self.extend(seq_id, tokens)
+        return seq_id
+
+    def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Append `tokens` to sequence `seq_id` (a sibling that generated more tokens)."""
+        if not 0 <= seq_id < len(self.sequences):
+            raise ValueError(f"unknown sequence id {seq_id}; ids run 0..{len(self.sequences) - 1}")
+        seq = self.sequences[seq_id]
+        start = len(seq)
+        seq.extend(int(t) for t in tokens)
+        if len(seq) >= STRIDE:
+            raise ValueError(f"sequence {seq_id} is longer than {STRIDE - 1} tokens")
+        self._index_range(seq_id, start + 1)  # the end at `start` was indexed already
+
+    def set_reward(self, seq_id: int, reward: float) -> None:
+        """Record the reward of a finished sibling so reward-weighted drafting can use it."""
+        self.rewards[seq_id] = float(reward)
+
+    def _index_range(self, seq_id: int, first_end: int) -> None:
+        """Insert every n-gram that ends just before positions first_end..len(seq)."""
+        seq = self.sequences[seq_id]
+        table = self.table
+        size = len(seq)
+        base = seq_id * STRIDE
+        lo, hi = self.min_match, self.max_match
+        if size - first_end < 16:  # a sibling's step: a plain loop has the least overhead
+            for end in range(first_end, size + 1):
+                code = base + end
+                for n in range(lo, min(hi, end) + 1):
+                    key = tuple(seq[end - n:end])
+                    occ = table.get(key)
+                    if occ is None:
+                        table[key] = [code]
+                    else:
+                        occ.append(code)
+            return
+        for n in range(lo, hi + 1):  # a whole response: zip() builds the n-gram tuples in C
+            start = max(first_end, n)
+            if start > size:
+                break
+            grams = zip(*[seq[start - n + j:size - n + j + 1] for j in range(n)])
+            for key, code in zip(grams, range(base + start, base + size + 1)):
+                occ = table.get(key)
+                if occ is None:
+                    table[key] = [code]
+                else:
+                    occ.append(code)
+
+    # ------------------------------------------------------------------ querying
+
+    def match(self, context: Sequence[int]) -> tuple[int, list[int]]:
+        """(n, occurrence codes) for the longest tail of `context` of length n in
+        [min_match, max_match] that occurred before with a token after it; (0, []) when none did.
+
+        Occurrences at the very end of a sequence are not enough: a growing sibling always
+        matches its own end, and that predicts nothing. Codes are in insertion order, so the most
+        recent occurrences come last; some may sit at a sequence end. The list is the index's
+        own: do not modify it.
+        """
+        tail = list(context[-self.max_match:])
+        table, seqs = self.table, self.sequences
+        for n in range(len(tail), self.min_match - 1, -1):
+            occ = table.get(tuple(tail[len(tail) - n:]))
+            if occ is not None:
+                for code in occ:
+                    seq_id, pos = divmod(code, STRIDE)
+                    if pos < len(seqs[seq_id]):
+                        return n, occ
+        return 0, []
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        """Next tokens after the longest matched tail of `context`, best first by
+        (count, latest). Occurrences at the end of a sequence (no next token yet) are skipped."""
+        _, codes = self.match(context)
+        stats: dict[int, list] = {}
+        for code in codes:
+            seq_id, pos = divmod(code, STRIDE)
+            seq = self.sequences[seq_id]
+            if pos < len(seq):
+                st = stats.setdefault(seq[pos], [0, 0.0, -1])
+                st[0] += 1
+                st[1] += self.rewards[seq_id]
+                st[2] = max(st[2], code)
+        out = [Continuation(t, c, r, last) for t, (c, r, last) in stats.items()]
+        out.sort(key=lambda c: (c.count, c.latest), reverse=True)
+        return out
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held, prefixes included."""
+        return sum(len(s) for s in self.sequences)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+# ---------------------------------------------------------------- prompt histories on disk
+
+
+@dataclass(frozen=True)
+class PromptHistory:
+    """One prompt and its earlier responses (oldest first): what an index is built from."""
+
+    prompt_token_ids: tuple[int, ...]
+    responses: tuple[tuple[int, ...], ...] = ()
+    rewards: tuple[float, ...] = ()  # one per response
+
+    def __post_init__(self) -> None:
+        if len(self.rewards) != len(self.responses):
+            raise ValueError(f"PromptHistory has {len(self.responses)} responses but "
+                             f"{len(self.rewards)} rewards; give one reward per response")
+        if not self.prompt_token_ids:
+            raise ValueError("PromptHistory needs the prompt's token ids (got an empty prompt)")
+
+    def build_index(self, min_match: int = 3, max_match: int = 7) -> SuffixIndex:
+        """The prompt's index, with the prompt's last tokens as every sequence's prefix."""
+        return SuffixIndex.build(self.responses, self.rewards, min_match=min_match,
+                                 max_match=max_match, prefix=self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class HistoryBundle:
+    """Every prompt of a coming epoch with its history, plus free-form settings (`meta`).
+
+    Prompts without history belong in the bundle too: the vLLM drafter recognises a request's
+    prompt only among the bundle's prompts (needed for sibling drafts in epoch 1).
+    """
+
+    prompts: tuple[PromptHistory, ...]
+    meta: dict = field(default_factory=dict)  # JSON-serialisable (the drafter's SpecConfig)
+
+    def to_bytes(self) -> bytes:
+        """A compact .npz: flat int32 token arrays with offsets, float64 rewards, JSON meta."""
+        plen = [len(p.prompt_token_ids) for p in self.prompts]
+        nresp = [len(p.responses) for p in self.prompts]
+        rlen = [len(r) for p in self.prompts for r in p.responses]
+        arrays = {
+            "prompt_lens": np.asarray(plen, dtype=np.int64),
+            "prompt_tokens": _concat(p.prompt_token_ids for p in self.prompts),
+            "num_responses": np.asarray(nresp, dtype=np.int64),
+            "response_lens": np.asarray(rlen, dtype=np.int64),
+            "response_tokens": _concat(r for p in self.prompts for r in p.responses),
+            "rewards": np.asarray([x for p in self.prompts for x in p.rewards], dtype=np.float64),
+            "meta": np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8),
+        }
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "HistoryBundle":
+        """Inverse of `to_bytes`."""
+        with np.load(io.BytesIO(blob)) as z:
+            plen, ptok = z["prompt_lens"], z["prompt_tokens"].tolist()
+            nresp, rlen = z["num_responses"], z["response_lens"]
+            rtok, rew = z["response_tokens"].tolist(), z["rewards"].tolist()
+            meta = json.loads(z["meta"].tobytes().decode() or "{}")
+        prompts, po, ro, ri = [], 0, 0, 0
+        for k in range(len(plen)):
+            prompt = tuple(ptok[po:po + int(plen[k])])
+            po += int(plen[k])
+            responses = []
+            for _ in range(int(nresp[k])):
+                responses.append(tuple(rtok[ro:ro + int(rlen[ri])]))
+                ro += int(rlen[ri])
+                ri += 1
+            rewards = tuple(rew[ri - len(responses):ri])
+            prompts.append(PromptHistory(prompt, tuple(responses), rewards))
+        return cls(tuple(prompts), meta)
+
+
+def _concat(seqs: Iterable[Sequence[int]]) -> np.ndarray:
+    flat = [t for s in seqs for t in s]
+    return np.asarray(flat, dtype=np.int32)

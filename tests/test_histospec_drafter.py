@@ -1,0 +1,280 @@
+"""Drafting from history: following continuations, branching rules, budgets, config, counters, and
+the vLLM adapter's batch logic on plain arrays (no engine)."""
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rhymerl.config import ConfigError
+from rhymerl.histospec.drafter import (AdditiveBudget, DoublingBudget, HistoSpecDrafter, NgramDrafter,
+                                       SpecConfig, SpecStats)
+from rhymerl.histospec.index import STRIDE, HistoryBundle, PromptHistory, SuffixIndex
+from rhymerl.histospec.vllm_drafter import (INDEX_ENV, BatchDrafter, HistoSpecProposer, PromptTable,
+                                            publish_bundle, speculative_config)
+from rhymerl.records import prompt_id_of
+
+
+def drafter(seqs, rewards=None, reward_weighted=False, lo=2, hi=3):
+    return HistoSpecDrafter(SuffixIndex.build(seqs, rewards, min_match=lo, max_match=hi), reward_weighted)
+
+
+def test_follows_the_history_and_branches_by_count():
+    # Count rule: after [1,2,3,4] two responses continue 5,6 and one 9: take 5, then 6.
+    d = drafter([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9], [7, 1, 2, 3, 4, 5, 6, 8]])
+    draft = d.propose([0, 2, 3], 10)
+    assert draft.tokens == (4, 5, 6, 8) and draft.match_len == 2
+
+
+def test_budget_caps_the_draft():
+    d = drafter([[1, 2, 3, 4, 5, 6, 7]])
+    assert d.propose([1, 2, 3], 2).tokens == (4, 5)
+    assert d.propose([1, 2, 3], 0).tokens == ()
+
+
+def test_no_draft_without_a_long_enough_match():
+    # Minimum match: a 1-token match is not enough with min_match=2.
+    assert drafter([[1, 2, 3]]).propose([9, 3], 4).tokens == ()
+
+
+def test_equal_counts_go_to_the_most_recent_sequence():
+    # Tie-breaking: one occurrence each; the later sequence (id 1) wins.
+    assert drafter([[1, 2, 3, 7], [1, 2, 3, 8]]).propose([1, 2, 3], 1).tokens == (8,)
+
+
+def test_reward_weighting_prefers_rewarded_branches():
+    # Reward weighting: 5 occurs twice (rewards 0, 0), 9 once (reward 1): by count 5, by reward 9.
+    seqs, rewards = [[1, 2, 5], [1, 2, 5], [1, 2, 9]], [0.0, 0.0, 1.0]
+    assert drafter(seqs, rewards).propose([1, 2], 1).tokens == (5,)
+    assert drafter(seqs, rewards, reward_weighted=True).propose([1, 2], 1).tokens == (9,)
+
+
+def test_siblings_joining_the_index_produce_drafts():
+    # Siblings: with no history, a sibling that is ahead supplies the draft as it grows.
+    ix = SuffixIndex(2, 3, prefix=[100, 101])
+    d = HistoSpecDrafter(ix)
+    a, b = ix.add(), ix.add()
+    ix.extend(a, [1, 2, 3, 4, 5])
+    ix.extend(b, [1, 2])
+    assert d.propose([100, 101, 1, 2], 8).tokens == (3, 4, 5)
+
+
+def _greedy_reference(index, codes, budget, reward_weighted):
+    """Token-by-token greedy walk (the rule, written the slow obvious way)."""
+    cands = [divmod(c, STRIDE) for c in codes]
+    out = []
+    while len(out) < budget:
+        groups: dict = {}
+        for s, p in cands:
+            seq = index.sequences[s]
+            if p < len(seq):
+                g = groups.setdefault(seq[p], [0, 0.0, (-1, -1)])
+                g[0] += 1
+                g[1] += index.rewards[s]
+                g[2] = max(g[2], (s, p))  # most recent occurrence
+        if not groups:
+            break
+        key = (lambda t: (groups[t][1], groups[t][0], groups[t][2])) if reward_weighted else \
+            (lambda t: (groups[t][0], groups[t][2]))
+        best = max(groups, key=key)
+        out.append(best)
+        cands = [(s, p + 1) for s, p in cands
+                 if p < len(index.sequences[s]) and index.sequences[s][p] == best]
+    return out
+
+
+@pytest.mark.parametrize("reward_weighted", [False, True])
+def test_sorted_walk_equals_token_by_token_greedy(reward_weighted):
+    # The fast sorted-range walk makes exactly the greedy choices at every branch.
+    rng = random.Random(1)
+    for trial in range(300):
+        base = [rng.randrange(3) for _ in range(40)]
+        seqs = [[t if rng.random() > 0.15 else rng.randrange(3) for t in base][:rng.randrange(5, 40)]
+                for _ in range(rng.randrange(1, 7))]
+        rewards = [float(rng.randrange(3)) for _ in seqs]
+        ix = SuffixIndex.build(seqs, rewards, min_match=2, max_match=4)
+        ctx = [rng.randrange(3) for _ in range(4)]
+        budget = rng.randrange(1, 20)
+        _, codes = ix.match(ctx)
+        got = HistoSpecDrafter(ix, reward_weighted, max_candidates=10**9).propose(ctx, budget).tokens
+        assert list(got) == _greedy_reference(ix, codes, budget, reward_weighted), trial
+
+
+def test_ngram_drafter_looks_up_the_context_itself():
+    # Prompt lookup: the tail [1,2] occurred earlier, followed by 3, 4.
+    assert NgramDrafter(2, 3).propose([1, 2, 3, 4, 1, 2], 2).tokens == (3, 4)
+    assert NgramDrafter(2, 3).propose([1, 2, 3, 4], 2).tokens == ()
+
+
+def _run_rule(rule, outcomes):
+    """Budgets seen over a sequence of steps; True = the whole draft was accepted."""
+    b, seen = rule.initial, []
+    for full in outcomes:
+        seen.append(b)
+        b = rule.update(b, b, b if full else 0)
+    return seen
+
+
+def test_additive_rule_sequence():
+    # Paper's rule: +2 on full acceptance, back to 2 on a rejection, capped.
+    assert _run_rule(AdditiveBudget(), [True, True, True, False, True]) == [2, 4, 6, 8, 2]
+    assert _run_rule(AdditiveBudget(cap=5), [True, True, True]) == [2, 4, 5]
+    assert AdditiveBudget().update(6, 0, 0) == 6  # a step without a draft changes nothing
+
+
+def test_doubling_rule_sequence():
+    # Public code's rule: double on full acceptance up to 16, halve on a rejection down to 2.
+    outcomes = [True] * 4 + [False] * 4
+    assert _run_rule(DoublingBudget(), outcomes) == [2, 4, 8, 16, 16, 8, 4, 2]
+
+
+def test_partial_acceptance_is_a_rejection():
+    assert AdditiveBudget().update(8, 8, 7) == 2
+    assert DoublingBudget().update(8, 8, 7) == 4
+
+
+def test_default_budget_rule_is_doubling():
+    # Measured (replay and engine): doubling drafts more per step and reaches a higher mean
+    # accepted length than additive on the built-in model's responses.
+    assert isinstance(SpecConfig().budget(), DoublingBudget) and SpecConfig().max_budget == 16
+
+
+def test_disabled_spec_drafts_nothing():
+    prompt = (50, 51, 52)
+    bundle = HistoryBundle((PromptHistory(prompt, ((1, 2, 3, 4),), (0.0,)),))
+    bd = BatchDrafter(bundle, SpecConfig(enabled=False), k=8, max_model_len=64)
+    batch = FakeBatch([prompt + (1,)])
+    assert bd.propose([[1]], batch.num, batch.tokens) == [[]]
+
+
+def test_spec_config_budget_respects_max_budget():
+    assert SpecConfig(budget_rule="additive", max_budget=8).budget().cap == 8
+    assert SpecConfig(budget_rule="doubling", max_budget=32).budget().high == 16
+    assert SpecConfig(budget_rule="fixed", max_budget=5).budget().initial == 5
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"min_match": 0}, "spec.min_match"),
+    ({"min_match": 5, "max_match": 4}, "spec.max_match"),
+    ({"budget_rule": "linear"}, "spec.budget_rule"),
+    ({"max_budget": 0}, "spec.max_budget"),
+    ({"method": "eagle"}, "spec.method"),
+    ({"history_epochs": -1}, "spec.history_epochs"),
+])
+def test_spec_config_errors_name_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=key):
+        SpecConfig(**kwargs)
+
+
+def test_stats_count_the_bonus_token_and_positions():
+    # Two steps: draft 3 accept 2 (emits 3), draft 2 accept 0 (emits 1); one step without a draft.
+    s = SpecStats()
+    s.record(3, 2)
+    s.record(2, 0)
+    s.record(0, 0)
+    assert (s.steps, s.tokens, s.drafted, s.accepted, s.drafts) == (3, 5, 5, 2, 2)
+    assert s.mean_accepted_length == pytest.approx(5 / 3)
+    assert s.mean_accepted_length_drafted == pytest.approx(1 + 2 / 2)
+    assert s.acceptance_by_position() == [0.5, 0.5, 0.0]
+    m = s.as_metrics()
+    assert m["spec/acceptance_pos0"] == 0.5 and m["spec/tokens"] == 5.0
+    with pytest.raises(ValueError, match="accepted=3"):
+        s.record(2, 3)
+
+
+def test_stats_merge_adds_counts():
+    a, b = SpecStats(), SpecStats()
+    a.record(1, 1)
+    b.record(3, 3)
+    a.merge(b)
+    assert (a.steps, a.tokens, a.drafted_at, a.accepted_at) == (2, 6, [2, 1, 1], [2, 1, 1])
+
+
+# ---------------------------------------------------------------- vLLM adapter batch logic
+
+
+def test_prompt_table_prefers_the_longest_known_prompt():
+    table = PromptTable([(5, 6), (5, 6, 7)])
+    assert table.lookup(np.array([5, 6, 7, 9, 0], dtype=np.int32), 4) == 1
+    assert table.lookup(np.array([5, 6, 8, 9], dtype=np.int32), 4) == 0
+    assert table.lookup(np.array([4, 6, 8], dtype=np.int32), 3) is None
+    # A row must hold at least one response token beyond the prompt.
+    assert table.lookup(np.array([5, 6, 7, 0], dtype=np.int32), 3) == 0
+
+
+class FakeBatch:
+    """Rows of prompt + response tokens as vLLM's input batch keeps them."""
+
+    def __init__(self, rows, width=64):
+        self.tokens = np.zeros((len(rows), width), dtype=np.int32)
+        self.num = np.zeros(len(rows), dtype=np.int32)
+        for i, r in enumerate(rows):
+            self.tokens[i, :len(r)] = r
+            self.num[i] = len(r)
+
+    def append(self, i, toks):
+        n = self.num[i]
+        self.tokens[i, n:n + len(toks)] = toks
+        self.num[i] += len(toks)
+
+
+def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
+    prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+    bundle = HistoryBundle((PromptHistory(prompt, (hist,), (1.0,)),))
+    bd = BatchDrafter(bundle, SpecConfig(siblings=False, budget_rule="additive"), k=8, max_model_len=64)
+    batch = FakeBatch([prompt + (1,)])  # after prefill the row holds the prompt and one token
+    assert bd.propose([[1]], batch.num, batch.tokens) == [[2, 3]]  # additive rule starts at 2
+    batch.append(0, [2, 3, 4])  # both drafts accepted, plus the bonus token
+    assert bd.propose([[2, 3, 4]], batch.num, batch.tokens) == [[5, 6, 7, 8]]  # budget 2 -> 4
+    batch.append(0, [5, 77])  # one accepted, then the model disagreed
+    assert bd.propose([[5, 77]], batch.num, batch.tokens) == [[]]  # no match after 77
+    assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (2, 6, 3)
+
+
+def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
+    # Rows are identified by content, so a request moved to another row keeps its state; an
+    # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
+    prompt = (50, 51, 52)
+    bundle = HistoryBundle((PromptHistory(prompt),))
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8)
+    bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
+    batch = FakeBatch([prompt + (1, 2, 3, 4), prompt + (9,), (7, 7, 7, 7)])
+    out = bd.propose([[4], [9], [7]], batch.num, batch.tokens)
+    assert out == [[], [], []]  # siblings so far: 1 2 3 4 and 9, nothing repeats
+    batch2 = FakeBatch([prompt + (9, 1, 2), prompt + (1, 2, 3, 4, 5)])  # rows swapped, one gone
+    # Row 0 now holds the second request, two tokens longer; row 1 the first, one token longer.
+    out = bd.propose([[1, 2], [5]], batch2.num, batch2.tokens)
+    assert out[0] == [3, 4, 5]  # from the sibling 1 2 3 4 5
+    assert bd.stats.steps == 2  # both requests were recognised, not restarted
+    assert prompt_id_of(prompt) == prompt_id_of(list(batch2.tokens[0, :3]))
+
+
+def test_speculative_config_per_method():
+    assert speculative_config(SpecConfig(enabled=False)) is None
+    assert speculative_config(SpecConfig(max_budget=16)) == {  # the drafter's k
+        "method": "custom_class", "model": "rhymerl.histospec.vllm_drafter.HistoSpecProposer",
+        "num_speculative_tokens": 16}
+    assert speculative_config(SpecConfig(method="ngram", max_budget=4))["prompt_lookup_max"] == 7
+
+
+def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypatch):
+    # The worker finds the bundle through the environment and re-reads it once it is (re)written.
+    path = tmp_path / "histospec.npz"
+    monkeypatch.setenv(INDEX_ENV, str(path))
+    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                                  model_config=SimpleNamespace(max_model_len=64))
+    proposer = HistoSpecProposer(vllm_config)
+    proposer.load_model(object())
+    prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7)
+    batch = FakeBatch([prompt + (1,)])
+    assert proposer.propose([[1]], batch.num, batch.tokens) == [[]]  # nothing published yet
+    spec = SpecConfig(siblings=False, budget_rule="fixed", max_budget=8)
+    publish_bundle(path, HistoryBundle((PromptHistory(prompt, (hist,), (0.0,)),)), spec)
+    batch = FakeBatch([prompt + (1,)])  # a new request after the bundle appeared
+    assert proposer.propose([[1]], batch.num, batch.tokens) == [[2, 3, 4, 5]]  # k=4 caps budget 8
+    batch.append(0, [2, 3, 4, 5, 6])
+    proposer.propose([[2, 3, 4, 5, 6]], batch.num, batch.tokens)
+    stats = proposer.take_stats()
+    assert (stats.steps, stats.drafted, stats.accepted) == (1, 4, 4)
+    assert proposer.take_stats().steps == 0  # taking resets

@@ -1,0 +1,86 @@
+"""Offline replay: acceptance on hand-made histories, step by step."""
+
+import dataclasses
+
+import pytest
+
+from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.replay import (RecordedResponse, accepted_prefix, build_history_index,
+                                      history_for, replay, replay_group, replay_settings)
+
+PROMPT = (100, 101, 102)
+HIST = tuple(range(1, 11))  # 1..10
+
+
+def test_accepted_prefix_stops_at_first_mismatch():
+    assert accepted_prefix([1, 2, 9, 4], [1, 2, 3, 4]) == 2
+    assert accepted_prefix([], [1]) == 0
+
+
+def test_identical_response_replays_with_additive_budget():
+    # Additive rule on an exact repeat: drafts of 2 (all taken), 4 (all taken), then 2 left of
+    # which only 1 can be a draft (a response's last token is the model's own).
+    cfg = SpecConfig(siblings=False, budget_rule="additive")
+    index = build_history_index(PROMPT, [HIST], [1.0], cfg)
+    s = replay_group(PROMPT, [HIST], cfg, index)
+    assert (s.steps, s.tokens, s.drafted, s.accepted) == (3, 10, 8, 7)
+    assert s.mean_accepted_length == pytest.approx(10 / 3)
+    assert s.acceptance_by_position() == pytest.approx([1.0, 2 / 3, 1.0, 1.0])
+
+
+def test_divergence_resets_the_budget_and_ends_drafting():
+    # Rejection: drafts [1,2] ok; [4,5,6,7] against 4,5,60 takes 2; after 60 nothing matches.
+    response = (1, 2, 3, 4, 5, 60, 61, 62)
+    cfg = SpecConfig(siblings=False, budget_rule="additive")
+    s = replay_group(PROMPT, [response], cfg, build_history_index(PROMPT, [HIST], None, cfg))
+    assert (s.steps, s.tokens, s.drafted, s.accepted) == (4, 8, 6, 4)
+    assert s.mean_accepted_length == 2.0
+
+
+def test_ngram_method_drafts_from_the_response_itself():
+    # Prompt lookup: only at 1 2 3 1 2 does the tail [1,2] recur; it drafts 3 1 2, all taken.
+    cfg = SpecConfig(method="ngram", min_match=2, max_match=3, max_budget=4)
+    s = replay_group((100, 101), [(1, 2, 3, 1, 2, 3, 1, 2, 3)], cfg)
+    assert (s.steps, s.tokens, s.drafted, s.accepted) == (6, 9, 3, 3)
+
+
+def test_siblings_draft_for_each_other_in_lockstep():
+    # Siblings: B runs one token ahead in content (2 3 4 5 vs 1 2 3 4 5), so in round 4 A's tail
+    # [2,3] is found in B followed by 4: A drafts [4], accepts it and finishes a round early.
+    group = [(1, 2, 3, 4, 5), (2, 3, 4, 5)]
+    cfg = SpecConfig(min_match=2, max_match=3, budget_rule="additive")
+    on = replay_group((100, 101), group, cfg)
+    off = replay_group((100, 101), group, dataclasses.replace(cfg, siblings=False))
+    assert (off.steps, off.drafted) == (9, 0)  # no history, no siblings: nothing to draft from
+    assert (on.steps, on.tokens, on.drafted, on.accepted) == (8, 9, 1, 1)
+
+
+def test_history_window_counts_epochs_that_saw_the_prompt():
+    # History window: "the last epoch" means the last one that saw this prompt, not epoch - 1.
+    a, b, c = (RecordedResponse("p", e, (e,)) for e in (0, 2, 3))
+    epochs = {0: [a], 2: [b], 3: [c]}
+    assert history_for(epochs, 3, 1) == [b]
+    assert history_for(epochs, 3, 2) == [a, b]
+    assert history_for(epochs, 2, 0) == []
+    assert history_for(epochs, 0, 1) == []
+
+
+def test_replay_reports_per_epoch():
+    # Epoch 0 has no history (10 undrafted steps); epoch 1 replays the exact-repeat case above.
+    records = [RecordedResponse("p", 0, HIST, 1.0, PROMPT), RecordedResponse("p", 1, HIST, 1.0, PROMPT),
+               RecordedResponse("q", 1, (5, 6), 0.0, (7, 8, 9))]
+    report = replay(records, SpecConfig(siblings=False, budget_rule="additive"))
+    assert report.per_epoch[0].steps == 10 and report.per_epoch[0].drafted == 0
+    assert (report.per_epoch[1].steps, report.per_epoch[1].drafted) == (3 + 2, 8)
+    assert report.overall().tokens == 10 + 10 + 2
+    assert [r["epoch"] for r in report.rows()] == [0, 1]
+    assert report.per_epoch[1].index_tokens == 3 + 10  # one history sequence: prefix + response
+    assert report.per_epoch[0].index_tokens == 0  # no history, and siblings are off
+
+
+def test_replay_settings_compare_methods():
+    records = [RecordedResponse("p", e, HIST, 1.0, PROMPT) for e in (0, 1)]
+    reports = replay_settings(records, {"histospec": SpecConfig(siblings=False, budget_rule="additive"),
+                                        "ngram": SpecConfig(method="ngram")})
+    assert reports["histospec"].overall().accepted == 7
+    assert reports["ngram"].overall().accepted == 0  # 1..10 never repeats itself
