@@ -1,17 +1,17 @@
 """The built-in verifiable task: add a list of small numbers, worked one addition per line.
 
-A question is the sum written out, e.g. ``"12+7+30+5="``; its worked solution carries a running
-total down one line per addition and ends with the checkable final line::
+A question is the sum written out, e.g. ``"8+7+3+5="``; its worked solution carries a running total
+down one line per addition and ends with the checkable final line::
 
-    12+7=19
-    19+30=49
-    49+5=54
-    #### 54
+    8+7=15
+    15+3=18
+    18+5=23
+    #### 23
 
 Why this task: every answer is an exact integer (a string compare verifies it), the number of
-terms (2..max_terms) makes response length vary about 5x across prompts, and each extra line is
-one more chance for an arithmetic slip, so a small model's accuracy falls with length and RL has
-room to improve it. Problems are a pure function of (num, seed, spec); the same arguments give the
+terms (2..max_terms) makes response length vary about 5x across prompts (13 to ~70 characters,
+one token each), and each extra line is one more chance for an arithmetic slip, so a small
+model's accuracy falls with length and RL has room to improve it. Problems are a pure function of (num, seed, spec); the same arguments give the
 same list on every process and machine (`random.Random` seeded with an int is stable).
 
 The prompt a model sees is ``question + "\\n"`` (the default template ``"{question}\\n"``); it must
@@ -37,7 +37,9 @@ class TaskSpec:
 
     min_terms: int = 2  # numbers added in the shortest problem (>= 2: at least one line of work)
     max_terms: int = 9  # numbers added in the longest problem
-    max_operand: int = 99  # each number is drawn uniformly from 0..max_operand
+    # Each number is drawn uniformly from 0..max_operand. Single digits keep sequences short (fast
+    # CPU training) while running totals still need carries into two digits.
+    max_operand: int = 9
 
     def __post_init__(self) -> None:
         if self.min_terms < 2:

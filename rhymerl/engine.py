@@ -20,6 +20,7 @@ from typing import Iterable, Protocol, Sequence
 import torch
 
 from rhymerl.records import Prompt, Sample
+from rhymerl.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded
 
 WEIGHT_SYNC_EXTENSION = "rhymerl.vllm_ext.WeightSyncExtension"
 
@@ -47,6 +48,7 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.85  # GPU only
     cpu_core: int | None = None  # CPU only: pin the engine's threads to this core
     cache_dir: str = ".cache"
+    speculation: SpeculationSpec | None = None  # None: no speculative decoding (see rhymerl.spec_guard)
 
 
 class Engine(Protocol):
@@ -98,7 +100,12 @@ class VllmEngine:
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         self.spec = spec
-        self.llm = LLM(**kwargs)
+        if spec.speculation is None:
+            self.llm = LLM(**kwargs)
+            self.speculation = SpeculationStatus(False, "none", False, "speculation off")
+        else:  # started only if its verifier passes the lossless self-check, else without speculation
+            build = lambda **extra: LLM(**kwargs, **extra)  # noqa: E731 - called again on refusal
+            self.llm, self.speculation = start_guarded(build, spec.speculation)
         self._next_id = 0
 
     def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-
 from typing import Iterable
 
 import torch
 from safetensors.torch import load as load_safetensors
+
+from rhymerl.spec_guard import GuardReport, self_check, vllm_version
+from rhymerl.spec_verify import KERNELS
 
 # Parameters that hold the same values in the engine as in the Hugging Face model. vLLM fuses
 # q/k/v and gate/up, and on CPU repacks every linear layer's weight into its own kernel layout
@@ -34,8 +36,6 @@ def weights_fingerprint(named_params: Iterable[tuple[str, torch.Tensor]]) -> flo
     return float(sum(p.detach().double().sum().item() for name, p in named_params
                      if name.endswith(_COMPARABLE_SUFFIXES)))
 
-from rhymerl.spec_guard import GuardReport, self_check, vllm_version
-from rhymerl.spec_verify import KERNELS
 
 
 def install_exact_verifier() -> None:
@@ -51,7 +51,9 @@ def install_exact_verifier() -> None:
     for name, impl in KERNELS.items():
         module, attr = name.rsplit(".", 1)
         kernel = getattr(importlib.import_module(module), attr)
-        have = getattr(kernel, "arg_names", None) or tuple(inspect.signature(getattr(kernel, "func", kernel)).parameters)
+        have = getattr(kernel, "arg_names", None)
+        if have is None:  # a plain function (no Triton): read its signature
+            have = tuple(inspect.signature(getattr(kernel, "func", kernel)).parameters)
         want = tuple(inspect.signature(impl).parameters)
         if tuple(have) != want:
             raise RuntimeError(f"vLLM {vllm_version()} changed {name}'s arguments to {tuple(have)}; "
@@ -85,6 +87,6 @@ class WeightSyncExtension:
         """Run the lossless self-check on this worker's rejection sampler; a `GuardReport` as a dict."""
         sampler = getattr(self.model_runner, "rejection_sampler", None)
         if sampler is None:
-            return GuardReport(passed=False, vllm_version=vllm_version(),
-                               error="the model runner has no rejection sampler (speculation is off)").to_dict()
+            error = "the model runner has no rejection sampler (speculation is off)"
+            return GuardReport(passed=False, vllm_version=vllm_version(), error=error).to_dict()
         return self_check(sampler, rows, alpha, device=self.model_runner.device).to_dict()

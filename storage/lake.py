@@ -1,480 +1,273 @@
 """The rollout lake: Parquet files in a folder or object store, committed step by step.
 
-Layout under the lake root (a local folder or `s3://bucket/prefix`):
+`LakeWriter` (storage/writer.py) writes data files, then each step's manifest last; `Lake` here
+reads back only what the manifests commit, through an in-memory DuckDB. The key layout is in
+storage/layout.py; `storage/verify.py` finds and quarantines damaged files and leftovers.
 
-    rollouts/run_id=R/epoch=E/step=S/part-w{worker}-a{attempt}-{uuid}.parquet   data, never overwritten
-    _manifests/run_id=R/epoch=E/step=S.json     commit record of one step, written LAST
-    steps/run_id=R/epoch=E/step=S.parquet       one steps row, written only if absent
-    runs/run_id=R/{updated_at_ns}-{status}.parquet   one run state, immutable; latest wins
+Views and table macros (SQL in storage/sql/):
 
-Exactly-once protocol for rollouts: every attempt writes its data to fresh unique keys, so a
-retry never clobbers or appends to anything. `commit_step` then writes the step's manifest (the
-files, their row counts and SHA-256, and a checksum over that list) with a create-if-absent put.
-Readers see only files named by a manifest, so data of an attempt that died before its manifest
-is invisible, and a second commit of the same step is refused (returns False): the first wins.
-Steps and runs rows are single small files written atomically at keys that make retries
-harmless, so they need no manifest of their own.
+    rollouts, steps, runs                      the committed tables
+    lake_files                                 every committed data file and its state
+    lake_summary                               runs x epochs: steps, responses, files, bytes
+    length_by_epoch, length_histogram(w)       length distributions per epoch
+    rhyme, rhyme_epochs, rhyme_by_*(k)         reuse of the previous epoch's responses
+    length_rank_stability, length_rank_moves(t)  length-rank stability between epochs
+    previous_responses(run, ep), length_forecast(run, ep)   what epoch ep learns from ep - 1
 
-Hive-style names (`run_id=R/...`) are for people and prefix listings; the columns inside each file
-are the source of truth, and readers do not parse the paths.
+Damaged committed files (missing, or not the size the manifest recorded: truncated) never give
+a silently wrong count: by default the Lake refuses to open and names them; with
+`on_damaged="skip"` it leaves them out and warns (LakeWarning) with the rows left out. Files
+quarantined by `rhymerl lake verify --quarantine` are always left out with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 import re
-import time
-import uuid
-from contextlib import contextmanager
+import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import duckdb
-import fsspec
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from fsspec.implementations.local import LocalFileSystem
 
-from storage.schema import (
-    ROLLOUTS_SCHEMA, RUNS_SCHEMA, SCHEMAS, STEPS_SCHEMA, SchemaError, conform_table, rows_to_table,
-)
+from storage.fs import KnownFilesFS, LakeError, is_local, list_files, open_filesystem
+from storage.layout import VERIFY_HINT, StepManifest, load_manifests, load_quarantine
+from storage.schema import SCHEMAS, SchemaError, rows_to_table
+from storage.writer import RUN_STATUSES, LakeWriter
 
-__all__ = ["Lake", "LakeError", "LakeWriter", "SchemaError", "open_filesystem", "rows_to_table"]
+__all__ = ["Lake", "LakeError", "LakeWarning", "LakeWriter", "RUN_STATUSES", "SchemaError",
+           "SkippedFile", "open_filesystem", "rows_to_table"]
 
-MANIFEST_VERSION = 1
-CONNECT_TIMEOUT_S = 3  # an unreachable endpoint must fail in seconds, not minutes
-READ_TIMEOUT_S = 30
-S3_ATTEMPTS = 2  # botocore attempts per request, and s3fs's own retries on top (kept small)
-RUN_STATUSES = ("running", "finished", "failed", "killed")
+ON_DAMAGED = ("error", "skip")
 _SQL_DIR = Path(__file__).parent / "sql"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TABLE_SQL = ("rollouts", "steps", "runs")  # templated with the file list at every refresh
+_ANALYSIS_SQL = ("summary", "lengths", "rhyme", "length_rank")  # macros and views over them
+_HIVE_TYPES = {"rollouts": "{'run_id': VARCHAR, 'epoch': INTEGER, 'step': INTEGER}",
+               "steps": "{'run_id': VARCHAR, 'epoch': INTEGER}",
+               "runs": "{'run_id': VARCHAR}"}
+_LAKE_FILE = re.compile(r"((?:rollouts|steps|runs)/run_id=[^\s'\"]+?\.parquet)")
+_LAKE_FILES_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("epoch", pa.int32()), ("step", pa.int32()), ("path", pa.string()),
+    ("rows", pa.int64()), ("bytes", pa.int64()), ("sha256", pa.string()),
+    ("schema", pa.string()), ("committed_at", pa.float64()), ("state", pa.string()),
+])
 
 
-class LakeError(RuntimeError):
-    """The lake cannot be reached, read or written; the message names the URL and the fix."""
-
-
-# ---------------------------------------------------------------- filesystem
-
-
-def _secret_values() -> list[str]:
-    names = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
-    return [v for v in (os.environ.get(n) for n in names) if v and len(v) >= 4]
-
-
-def _scrub(text: str) -> str:
-    """Remove credential values from an error message before it is shown or logged."""
-    for value in _secret_values():
-        text = text.replace(value, "***")
-    return text
-
-
-@contextmanager
-def _io(url: str, what: str) -> Iterator[None]:
-    """Turn any storage failure inside the block into a LakeError naming the URL and the action."""
-    try:
-        yield
-    except (LakeError, SchemaError):
-        raise
-    except Exception as exc:  # fsspec backends raise OSError, botocore and aiohttp errors alike
-        msg = _scrub(f"{type(exc).__name__}: {exc}")
-        raise LakeError(f"lake {url}: could not {what}: {msg}") from exc
-
-
-def _s3_options() -> dict[str, Any]:
-    """s3fs settings: standard AWS env/config credentials, short timeouts, few retries."""
-    options: dict[str, Any] = {
-        "config_kwargs": {
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "read_timeout": READ_TIMEOUT_S,
-            "retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"},
-        },
-        "use_listings_cache": False,  # other processes commit steps; never trust a stale listing
-    }
-    # botocore already honours AWS_ENDPOINT_URL (checked with s3fs 2026.9); passing it explicitly
-    # keeps that true for any botocore version and lets error messages name the endpoint.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["endpoint_url"] = endpoint
-    return options
-
-
-def _probe_s3(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
-    bucket = root.split("/", 1)[0]
-    endpoint = getattr(fs, "endpoint_url", None) or "AWS default"
-    try:
-        fs.call_s3("head_bucket", Bucket=bucket)
-    except Exception as exc:
-        raise LakeError(
-            f"lake {url}: cannot reach bucket '{bucket}' at endpoint {endpoint}: "
-            f"{_scrub(f'{type(exc).__name__}: {exc}')}. Fix: check that the bucket exists, that "
-            f"AWS_ENDPOINT_URL points at a running S3 service, and that AWS credentials "
-            f"(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) are set") from exc
-
-
-def open_filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Open the filesystem of a lake URL and return it with the root path (no trailing slash).
-
-    Local paths are made absolute. `s3://` uses s3fs with the standard AWS settings plus
-    AWS_ENDPOINT_URL, and is probed once so an unreachable store fails now with a LakeError.
-    """
-    if not url or not url.strip():
-        raise LakeError("lake url is empty; set lake.url to a folder or s3://bucket/prefix")
-    protocol = fsspec.utils.get_protocol(url)
-    if protocol in ("file", "local"):
-        if "://" not in url:
-            url = os.path.abspath(os.path.expanduser(url))
-        fs, path = fsspec.core.url_to_fs(url, auto_mkdir=True)
-        return fs, path.rstrip("/") or "/"
-    with _io(url, "open its filesystem"):
-        fs, path = fsspec.core.url_to_fs(url, **(_s3_options() if protocol in ("s3", "s3a") else {}))
-    root = path.rstrip("/")
-    if not root:
-        raise LakeError(f"lake url {url!r} names no bucket; use s3://bucket/prefix")
-    if protocol in ("s3", "s3a"):
-        fs.retries = S3_ATTEMPTS  # s3fs's own retry loop (a class attribute, not an init option)
-        _probe_s3(fs, root, url)
-    return fs, root
-
-
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    return isinstance(fs, LocalFileSystem)
-
-
-def _put(fs: fsspec.AbstractFileSystem, path: str, data: bytes, exclusive: bool) -> bool:
-    """Write `data` at `path` all-or-nothing; with `exclusive`, only if nothing is there yet.
-
-    Returns False when `exclusive` and the path already existed. Local files go through a temp
-    file plus rename / hard link, so a reader never sees half a file. S3 PUTs are atomic and the
-    exclusive case is a conditional PUT (If-None-Match: *), atomic on AWS, MinIO and moto. Callers
-    also check existence first, so a store that ignores the condition still only has a race window.
-    """
-    if _is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        try:
-            if not exclusive:
-                os.replace(tmp, path)
-                return True
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            return True
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    try:
-        fs.pipe_file(path, data, mode="create" if exclusive else "overwrite")
-    except FileExistsError:
-        return False
-    return True
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue().to_pybytes()
-
-
-# ---------------------------------------------------------------- keys
-
-
-def _check_key(run_id: str, epoch: int, step: int) -> None:
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise ValueError(f"run_id {run_id!r} is not usable in lake paths; use 1-128 characters "
-                         "from letters, digits, '.', '_' and '-', starting with a letter or digit")
-    for name, value in (("epoch", epoch), ("step", step)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def _step_dir(run_id: str, epoch: int, step: int) -> str:
-    return f"rollouts/run_id={run_id}/epoch={epoch}/step={step}"
-
-
-def _manifest_key(run_id: str, epoch: int, step: int) -> str:
-    return f"_manifests/run_id={run_id}/epoch={epoch}/step={step}.json"
-
-
-def _files_checksum(files: list[dict[str, Any]]) -> str:
-    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _check_partition(table: pa.Table, run_id: str, epoch: int, step: int) -> pa.Table:
-    """Fill absent run_id/epoch/step columns from the key; present ones must all match it."""
-    for name, value, type_ in (("run_id", run_id, pa.string()), ("epoch", epoch, pa.int32()),
-                               ("step", step, pa.int32())):
-        if name not in table.column_names:
-            table = table.append_column(name, pa.array([value] * table.num_rows, type=type_))
-        elif table.num_rows and not pc.all(pc.equal(table.column(name), value)).as_py():
-            raise SchemaError(f"rollouts: column '{name}' must be {value!r} in every row of this "
-                              f"write (the step being written); found other values")
-    return table
+class LakeWarning(UserWarning):
+    """Committed data is being left out of the views; the message says which and how much."""
 
 
 @dataclasses.dataclass(frozen=True)
-class StepManifest:
-    """A committed step as recorded in its manifest."""
+class SkippedFile:
+    """A committed data file the views leave out."""
 
-    run_id: str
-    epoch: int
-    step: int
-    files: tuple[str, ...]  # keys relative to the lake root
-    rows: int
-    committed_at: float
-    stats: Mapping[str, Any]
+    key: str
+    state: str  # 'missing', 'truncated' (size differs from the manifest) or 'quarantined'
+    rows: int  # committed rows it held, per its manifest
+    detail: str
 
 
-def _parse_manifest(raw: bytes, where: str) -> StepManifest:
-    try:
-        doc = json.loads(raw)
-        files = doc["files"]
-        ok = doc["checksum"] == _files_checksum(files)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise LakeError(f"manifest {where} is unreadable ({exc}); delete it to re-commit the step") from exc
-    if not ok:
-        raise LakeError(f"manifest {where} fails its checksum; delete it to re-commit the step")
-    prefix = _step_dir(doc["run_id"], doc["epoch"], doc["step"]) + "/"
-    if any(not f["path"].startswith(prefix) for f in files):
-        raise LakeError(f"manifest {where} lists files outside {prefix}; delete it to re-commit")
-    return StepManifest(doc["run_id"], doc["epoch"], doc["step"], tuple(f["path"] for f in files),
-                        doc["rows"], doc["committed_at"], doc.get("stats", {}))
+def _first_line(exc: Exception) -> str:
+    """DuckDB errors carry the whole failing SQL after the first line; keep the message."""
+    return str(exc).strip().split("\n", 1)[0]
 
 
-# ---------------------------------------------------------------- writer
-
-
-class LakeWriter:
-    """Writes rollouts, steps and runs to a lake. Several processes may write to one lake at once."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.fs, self.root = open_filesystem(url)
-
-    def _path(self, key: str) -> str:
-        return f"{self.root}/{key}"
-
-    def write_rollouts(self, run_id: str, epoch: int, step: int, worker: int, attempt: int,
-                       table: pa.Table) -> str:
-        """Write one worker's rollouts of a step to a fresh unique file; return its lake key.
-
-        The rows stay invisible until `commit_step` lists the key. Absent run_id/epoch/step
-        columns are filled from the arguments; present ones must match them.
-        """
-        _check_key(run_id, epoch, step)
-        for name, value in (("worker", worker), ("attempt", attempt)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not isinstance(table, pa.Table):
-            raise TypeError(f"write_rollouts takes a pyarrow Table, got {type(table).__name__}; "
-                            "build one from dict rows with rows_to_table(rows)")
-        data = conform_table(_check_partition(table, run_id, epoch, step), ROLLOUTS_SCHEMA)
-        key = f"{_step_dir(run_id, epoch, step)}/part-w{worker}-a{attempt}-{uuid.uuid4().hex}.parquet"
-        with _io(self.url, f"write {key}"):
-            _put(self.fs, self._path(key), _parquet_bytes(data), exclusive=False)
-        return key
-
-    def is_committed(self, run_id: str, epoch: int, step: int) -> bool:
-        """True once the step's manifest exists (its rollouts are then visible to readers)."""
-        _check_key(run_id, epoch, step)
-        with _io(self.url, "check a step manifest"):
-            return self.fs.exists(self._path(_manifest_key(run_id, epoch, step)))
-
-    def _describe(self, keys: list[str]) -> list[dict[str, Any]]:
-        """Read the files back: proves they exist and are Parquet, and gives rows and SHA-256."""
-        paths = [self._path(k) for k in keys]
-        with _io(self.url, "read back the files to commit"):
-            blobs = self.fs.cat(paths, on_error="return")
-        entries = []
-        for key, path in zip(keys, paths):
-            blob = blobs.get(path)
-            if not isinstance(blob, bytes):
-                raise LakeError(f"lake {self.url}: cannot commit {key}: {blob!r}; pass the keys "
-                                "that write_rollouts returned for this step")
-            try:
-                rows = pq.read_metadata(pa.BufferReader(blob)).num_rows
-            except pa.ArrowException as exc:
-                raise LakeError(f"lake {self.url}: {key} is not a Parquet file ({exc}); "
-                                "rewrite the step's rollouts with write_rollouts") from exc
-            entries.append({"path": key, "rows": rows, "bytes": len(blob),
-                            "sha256": hashlib.sha256(blob).hexdigest()})
-        return entries
-
-    def commit_step(self, run_id: str, epoch: int, step: int, files: list[str],
-                    stats: Mapping[str, Any] | None = None) -> bool:
-        """Make the step's rollouts visible by writing its manifest last; exactly once.
-
-        `files` are the keys write_rollouts returned for this step (all workers, one attempt).
-        Returns True if this call committed the step, False if it was already committed (the
-        earlier commit stands and no rows are added). `stats` (JSON values) go in the manifest.
-        """
-        _check_key(run_id, epoch, step)
-        if not files:
-            raise ValueError(f"commit_step({run_id!r}, {epoch}, {step}) got no files; pass the keys "
-                             "that write_rollouts returned for this step")
-        prefix = _step_dir(run_id, epoch, step) + "/"
-        stray = [f for f in files if not str(f).startswith(prefix)]
-        if stray:
-            raise ValueError(f"files {stray} are not data files of step {prefix!r}; pass the keys "
-                             "that write_rollouts returned for this step")
-        try:
-            stats_json = json.loads(json.dumps(dict(stats or {})))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"commit_step stats must be JSON values (numbers, strings): {exc}") from exc
-        if self.is_committed(run_id, epoch, step):
-            return False
-        entries = self._describe(sorted(set(files)))
-        doc = {"manifest_version": MANIFEST_VERSION, "table": "rollouts", "run_id": run_id,
-               "epoch": epoch, "step": step, "files": entries,
-               "rows": sum(e["rows"] for e in entries), "checksum": _files_checksum(entries),
-               "committed_at": time.time(), "stats": stats_json}
-        key = _manifest_key(run_id, epoch, step)
-        with _io(self.url, f"write manifest {key}"):
-            return _put(self.fs, self._path(key), json.dumps(doc, indent=1).encode(), exclusive=True)
-
-    def write_steps_row(self, run_id: str, epoch: int, step: int, values: Mapping[str, Any]) -> bool:
-        """Write the step's row of the steps table; False if the step already has one.
-
-        `values` holds STEPS_SCHEMA columns other than the key (absent ones are NULL);
-        committed_at defaults to now.
-        """
-        _check_key(run_id, epoch, step)
-        clash = sorted({"run_id", "epoch", "step"} & set(values))
-        if clash:
-            raise ValueError(f"write_steps_row: pass {clash} as arguments, not inside values")
-        row = {"committed_at": time.time(), **values, "run_id": run_id, "epoch": epoch, "step": step}
-        data = _parquet_bytes(rows_to_table([row], STEPS_SCHEMA))
-        key = f"steps/run_id={run_id}/epoch={epoch}/step={step}.parquet"
-        with _io(self.url, f"write {key}"):
-            if self.fs.exists(self._path(key)):
-                return False
-            return _put(self.fs, self._path(key), data, exclusive=True)
-
-    def _run_states(self, run_id: str) -> list[str]:
-        with _io(self.url, f"list the states of run {run_id}"):
-            try:
-                found = self.fs.ls(self._path(f"runs/run_id={run_id}"), detail=False)
-            except FileNotFoundError:
-                return []
-        return sorted(p for p in found if p.endswith(".parquet"))
-
-    def _write_run_state(self, row: dict[str, Any]) -> None:
-        key = f"runs/run_id={row['run_id']}/{time.time_ns():020d}-{row['status']}.parquet"
-        data = _parquet_bytes(rows_to_table([row], RUNS_SCHEMA))
-        with _io(self.url, f"write {key}"):
-            _put(self.fs, self._path(key), data, exclusive=True)
-
-    def write_run(self, run_id: str, name: str, config: Any, started_at: float | None = None) -> None:
-        """Record that a run started (or resumed): a runs row with status 'running'.
-
-        `config` is a config dataclass (e.g. RunConfig), a dict, or JSON text.
-        """
-        _check_key(run_id, 0, 0)
-        if dataclasses.is_dataclass(config) and not isinstance(config, type):
-            config = dataclasses.asdict(config)
-        config_json = config if isinstance(config, str) else json.dumps(config, sort_keys=True, default=str)
-        now = time.time()
-        self._write_run_state({"run_id": run_id, "name": name, "config_json": config_json,
-                               "started_at": now if started_at is None else started_at,
-                               "ended_at": None, "status": "running", "updated_at": now})
-
-    def finish_run(self, run_id: str, status: str = "finished", ended_at: float | None = None) -> None:
-        """Record the end of a run; the runs view then shows this status and ended_at."""
-        _check_key(run_id, 0, 0)
-        if status not in RUN_STATUSES[1:]:
-            raise ValueError(f"finish_run status {status!r} must be one of {RUN_STATUSES[1:]}")
-        states = self._run_states(run_id)
-        if not states:
-            raise LakeError(f"lake {self.url}: run {run_id!r} has no runs row; call write_run first")
-        with _io(self.url, f"read the state of run {run_id}"):
-            last = pq.read_table(pa.BufferReader(self.fs.cat_file(states[-1]))).to_pylist()[0]
-        now = time.time()
-        # Latest state wins in the view, so never let a skewed clock put the end before the start.
-        updated = max(now, last["updated_at"] + 1e-3)
-        self._write_run_state({**{k: last[k] for k in ("run_id", "name", "config_json", "started_at")},
-                               "ended_at": now if ended_at is None else ended_at,
-                               "status": status, "updated_at": updated})
-
-
-# ---------------------------------------------------------------- reader
+def _named_file(exc: Exception) -> str | None:
+    """The lake key of the data file a DuckDB error is about, if it names one."""
+    found = _LAKE_FILE.search(str(exc))
+    return found.group(1) if found else None
 
 
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
+def _classify(manifests: list[StepManifest], sizes: Mapping[str, Mapping[str, Any]],
+              quarantined: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[SkippedFile]]:
+    """One lake_files row per committed file, with its state; and the files to leave out."""
+    rows, skipped = [], []
+    for m in manifests:
+        for e in m.entries:
+            info = sizes.get(e.path)
+            if e.path in quarantined:
+                state, detail = "quarantined", str(quarantined[e.path].get("detail", ""))
+            elif info is None:
+                state, detail = "missing", "listed by its manifest but not in the lake"
+            elif int(info.get("size", -1)) != e.bytes:
+                state, detail = "truncated", f"{info.get('size')} bytes, manifest says {e.bytes}"
+            else:
+                state, detail = "ok", ""
+            rows.append({"run_id": m.run_id, "epoch": m.epoch, "step": m.step, "path": e.path,
+                         "rows": e.rows, "bytes": e.bytes, "sha256": e.sha256, "schema": e.schema,
+                         "committed_at": m.committed_at, "state": state})
+            if state != "ok":
+                skipped.append(SkippedFile(e.path, state, e.rows, detail))
+    return rows, skipped
+
+
 class Lake:
-    """Read-only SQL over the COMMITTED contents of a lake (views rollouts, steps, runs).
+    """Read-only SQL over the COMMITTED contents of a lake (see the module docstring for views).
 
     Views are built from the manifests found at construction; call `refresh()` to pick up steps
-    committed since. Uses an in-memory DuckDB that never downloads extensions: remote files are
-    read through the fsspec filesystem registered with DuckDB.
+    committed since. `on_damaged` is "error" (refuse to open a lake with missing or truncated
+    committed files, naming them) or "skip" (leave them out and warn). Uses an in-memory DuckDB
+    that never downloads extensions: remote files are read through the fsspec filesystem.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, on_damaged: str = "error") -> None:
+        if on_damaged not in ON_DAMAGED:
+            raise ValueError(f"on_damaged={on_damaged!r}; use one of {ON_DAMAGED}")
         self.url = url
+        self.on_damaged = on_damaged
+        self.skipped: tuple[SkippedFile, ...] = ()
         self.fs, self.root = open_filesystem(url)
         self.con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                                       "autoload_known_extensions": False})
-        if not _is_local(self.fs):
-            self.con.register_filesystem(self.fs)
         for name, schema in SCHEMAS.items():
             self.con.register("_arrow_template", schema.empty_table())
             self.con.execute(f"CREATE TABLE _schema_{name} AS SELECT * FROM _arrow_template")
             self.con.unregister("_arrow_template")
+        self._manifests: list[StepManifest] = []
+        self._fs_names: list[str] = []  # filesystems this Lake registered with DuckDB
+        # Views over views are bound when created: create them over the empty tables (cheap,
+        # no file is opened), and DuckDB rebinds them to the real tables at query time.
+        self._create_table_views({name: [] for name in _TABLE_SQL})
+        self.con.register("lake_files", _LAKE_FILES_SCHEMA.empty_table())
+        for name in _ANALYSIS_SQL:
+            self.con.execute((_SQL_DIR / f"{name}.sql").read_text())
         self.refresh()
 
     def _full(self, key: str) -> str:
         path = f"{self.root}/{key}"
-        return path if _is_local(self.fs) else self.fs.unstrip_protocol(path)
-
-    def _find(self, folder: str, suffix: str) -> list[str]:
-        """Keys (relative to the root) of finished files under `folder`, sorted."""
-        base = f"{self.root}/{folder}"
-        with _io(self.url, f"list {folder}/"):
-            try:
-                found = self.fs.find(base)
-            except FileNotFoundError:
-                return []
-        start = len(self.root) + 1
-        return sorted(p[start:] for p in found if p.endswith(suffix))
+        return path if is_local(self.fs) else self.fs.unstrip_protocol(path)
 
     def manifests(self) -> list[StepManifest]:
-        """Every committed step, in key order."""
-        keys = self._find("_manifests", ".json")
-        if not keys:
-            return []
-        with _io(self.url, "read the step manifests"):
-            blobs = self.fs.cat([f"{self.root}/{k}" for k in keys])
-        return [_parse_manifest(blobs[f"{self.root}/{k}"], f"{self.url}/{k}") for k in keys]
+        """Every committed step as of the last refresh, in key order."""
+        return list(self._manifests)
+
+    def _load_manifests(self) -> list[StepManifest]:
+        manifests, bad = load_manifests(self.fs, self.root, self.url)
+        if bad:
+            first = next(iter(bad.values()))
+            message = (f"lake {self.url}: {len(bad)} step manifest(s) cannot be used ({first}); "
+                       + VERIFY_HINT.format(url=self.url)
+                       + ", which makes those steps uncommitted so a re-run can commit them")
+            if self.on_damaged == "error":
+                raise LakeError(message)
+            warnings.warn(LakeWarning(message + "; their rows are left out"), stacklevel=3)
+        return manifests
+
+    def _report_skipped(self, skipped: list[SkippedFile]) -> None:
+        damaged = [s for s in skipped if s.state != "quarantined"]
+        hint = VERIFY_HINT.format(url=self.url)
+        if damaged and self.on_damaged == "error":
+            names = "; ".join(f"{s.key} ({s.state}: {s.detail})" for s in damaged[:3])
+            more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+            raise LakeError(f"lake {self.url}: {len(damaged)} committed data file(s) are damaged: "
+                            f"{names}{more}. Counts would be wrong, so the lake is not opened; {hint}, "
+                            "or open it with on_damaged='skip' (CLI: --skip-damaged)")
+        if skipped:
+            rows = sum(s.rows for s in skipped)
+            names = ", ".join(f"{s.key} ({s.state})" for s in skipped[:3])
+            more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+            warnings.warn(LakeWarning(
+                f"lake {self.url}: leaving out {len(skipped)} committed file(s) holding {rows} rows: "
+                f"{names}{more}; query results exclude those rows. {hint}"), stacklevel=3)
 
     def refresh(self) -> None:
         """Rebuild the views from the manifests and table files present now."""
-        sources = {
-            "rollouts": [f for m in self.manifests() for f in m.files],
-            "steps": self._find("steps", ".parquet"),
-            "runs": self._find("runs", ".parquet"),
-        }
-        for name, keys in sources.items():
-            if keys:
-                source = (f"read_parquet({_sql_list([self._full(k) for k in keys])}, "
-                          "union_by_name = true, hive_partitioning = false)")
-            else:
-                source = f"_schema_{name}"
-            self.con.execute((_SQL_DIR / f"{name}.sql").read_text().replace("{source}", source))
+        manifests = self._load_manifests()
+        sizes = list_files(self.fs, self.root, self.url, "rollouts")
+        quarantined = load_quarantine(self.fs, self.root, self.url)
+        file_rows, skipped = _classify(manifests, sizes, quarantined)
+        self._report_skipped(skipped)
+        self._manifests, self.skipped = manifests, tuple(skipped)
+        tables = {name: list_files(self.fs, self.root, self.url, name) for name in ("steps", "runs")}
+        if not is_local(self.fs):
+            known = {**sizes, **tables["steps"], **tables["runs"]}
+            self._register_fs(KnownFilesFS(self.fs, {f"{self.root}/{k}": v for k, v in known.items()}))
+        self.con.register("lake_files", pa.Table.from_pylist(file_rows, schema=_LAKE_FILES_SCHEMA))
+        # Committed files of one schema are one scan: DuckDB then reads a single footer to bind
+        # the view instead of every file's (union_by_name would). Files of unknown schema, and
+        # the steps and runs files (no manifest), are matched by column name.
+        groups: dict[str | None, list[str]] = {}
+        for row in file_rows:
+            if row["state"] == "ok":
+                groups.setdefault(row["schema"], []).append(row["path"])
+        self._create_table_views({
+            "rollouts": [(keys, fp is None) for fp, keys in groups.items()],
+            **{name: [(sorted(k for k in files if k.endswith(".parquet")), True)]
+               for name, files in tables.items()},
+        })
+
+    def _register_fs(self, fs: KnownFilesFS) -> None:
+        """Route DuckDB's reads of this lake's URLs through `fs`, replacing the previous one."""
+        for name in self._fs_names:
+            self.con.unregister_filesystem(name)
+        before = set(self.con.list_filesystems())
+        self.con.register_filesystem(fs)
+        self._fs_names = sorted(set(self.con.list_filesystems()) - before)
+
+    def _read(self, table: str, keys: list[str], by_name: bool) -> str:
+        return (f"read_parquet({_sql_list([self._full(k) for k in keys])}, union_by_name = {by_name}, "
+                f"hive_partitioning = true, hive_types = {_HIVE_TYPES[table]})")
+
+    def _create_table_views(self, scans: dict[str, list[tuple[list[str], bool]]]) -> None:
+        """(Re)create the rollouts, steps and runs views; each scan is (keys, union_by_name)."""
+        for name in _TABLE_SQL:
+            self._create_view(name, scans[name])
+
+    def _create_view(self, name: str, scans: list[tuple[list[str], bool]]) -> None:
+        """Creating a view reads file footers: a file that cannot be read is named in a LakeError
+        (error mode) or left out with a warning, and the view is created without it (skip mode)."""
+        while True:
+            sources = "".join(f"\nUNION ALL BY NAME\nSELECT * FROM {self._read(name, keys, by_name)}"
+                              for keys, by_name in scans if keys)
+            try:
+                self.con.execute((_SQL_DIR / f"{name}.sql").read_text().replace("{sources}", sources))
+                return
+            except duckdb.Error as exc:
+                key = _named_file(exc)
+                if key is None:
+                    raise
+                if self.on_damaged == "error" or not any(key in keys for keys, _ in scans):
+                    raise self._cannot_read(key, exc) from exc
+                warnings.warn(LakeWarning(f"lake {self.url}: leaving out {key}, which cannot be read "
+                                          f"({_first_line(exc)}); {VERIFY_HINT.format(url=self.url)}"),
+                              stacklevel=5)
+                scans = [([k for k in keys if k != key], by_name) for keys, by_name in scans]
+
+    def _cannot_read(self, key: str, exc: duckdb.Error) -> LakeError:
+        return LakeError(f"lake {self.url}: cannot read {key}: {_first_line(exc)}; "
+                         f"{VERIFY_HINT.format(url=self.url)}")
 
     def sql(self, query: str, params: list[Any] | Mapping[str, Any] | None = None) -> pa.Table:
-        """Run a query over the views and return the result as an Arrow table."""
-        relation = self.con.sql(query, params=params)
-        return relation.to_arrow_table() if relation is not None else pa.table({})
+        """Run a query over the views and return the result as an Arrow table.
+
+        A lake file DuckDB cannot read raises LakeError naming it and pointing at verify;
+        other DuckDB errors (e.g. SQL syntax) propagate as duckdb.Error.
+        """
+        try:
+            relation = self.con.sql(query, params=params)
+            return relation.to_arrow_table() if relation is not None else pa.table({})
+        except duckdb.Error as exc:
+            key = _named_file(exc)
+            if key is None:
+                raise
+            raise self._cannot_read(key, exc) from exc
+
+    def summary(self) -> pa.Table:
+        """lake_summary: per run and epoch, committed steps, responses, files and bytes."""
+        return self.sql("SELECT * FROM lake_summary")
+
+    def previous_responses(self, run_id: str, epoch: int) -> pa.Table:
+        """prompt_id, sample_idx, response_token_ids of every response of epoch - 1 of the run."""
+        return self.sql("SELECT * FROM previous_responses($run, $ep)", {"run": run_id, "ep": epoch})
+
+    def length_forecast(self, run_id: str, epoch: int) -> pa.Table:
+        """Per prompt: responses, mean_length and max_length in epoch - 1 of the run."""
+        return self.sql("SELECT * FROM length_forecast($run, $ep)", {"run": run_id, "ep": epoch})
 
     def close(self) -> None:
         self.con.close()

@@ -10,12 +10,14 @@ Every column carries a `doc` entry in its field metadata; `column_docs(schema)` 
 Each schema has a `schema_version` in its metadata and as an int16 column in every file.
 
 Evolution rule: a new version may only ADD nullable columns (never rename, retype or drop).
-Readers use DuckDB `union_by_name=true` plus the current schema as a typed template, so an older
-file simply reads NULL in the columns it lacks. Times are float64 unix seconds throughout.
+Readers scan the files of each schema (its `schema_fingerprint`, recorded in the step manifest)
+together and combine the scans by column name under the current schema as a typed template, so
+an older file simply reads NULL in the columns it lacks. Times are float64 unix seconds throughout.
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -93,6 +95,15 @@ RUNS_SCHEMA = _schema("runs", [
 ])
 
 SCHEMAS: dict[str, pa.Schema] = {"rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA}
+
+
+def schema_fingerprint(schema: pa.Schema) -> str:
+    """A stable 16-hex id of a schema's column names and types (metadata ignored).
+
+    Files with equal fingerprints can be read as one DuckDB scan without union_by_name.
+    """
+    text = ";".join(f"{f.name}:{f.type}" for f in schema)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def column_docs(schema: pa.Schema) -> dict[str, str]:

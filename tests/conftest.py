@@ -48,3 +48,11 @@ def s3_url(s3_server: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> str:
     for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     return f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """Every lake protocol test runs on a local folder and on S3 over HTTP (moto)."""
+    if request.param == "local":
+        return str(tmp_path / "lake")
+    return request.getfixturevalue("s3_url")

@@ -1,0 +1,75 @@
+"""The built-in addition task: exact worked solutions, deterministic draws, and a wide length spread."""
+
+import pytest
+
+from rhymerl.builtin_task import (ANSWER_MARKER, TASK_ALPHABET, TaskSpec, builtin_problems,
+                                  make_problem, parse_terms, question_of, solution_of)
+
+
+def test_worked_solution_by_hand():
+    # Rule: one "total+next=new_total" line per addition, then "#### <sum>".
+    assert question_of([8, 7, 3, 5]) == "8+7+3+5="
+    assert solution_of([8, 7, 3, 5]) == "8+7=15\n15+3=18\n18+5=23\n#### 23"
+    assert make_problem(4, [9, 0]).answer == "9"
+    assert make_problem(4, [9, 0]).solution == "9+0=9\n#### 9"
+
+
+def test_same_seed_same_problems_and_prefix_stable():
+    # Rule: problems are a pure function of (num, seed); a longer list extends a shorter one.
+    assert builtin_problems(50, seed=3) == builtin_problems(50, seed=3)
+    assert builtin_problems(20, seed=3) == builtin_problems(50, seed=3)[:20]
+    assert builtin_problems(50, seed=3) != builtin_problems(50, seed=4)
+    assert [p.index for p in builtin_problems(5, seed=0)] == [0, 1, 2, 3, 4]
+
+
+def test_answers_and_every_line_recompute():
+    # Rule: the answer is the sum of the question's numbers and every worked line is true.
+    spec = TaskSpec()
+    for p in builtin_problems(300, seed=11):
+        terms = [int(x) for x in p.question.rstrip("=").split("+")]
+        assert spec.min_terms <= len(terms) <= spec.max_terms
+        assert all(0 <= t <= spec.max_operand for t in terms)
+        assert p.answer == str(sum(terms))
+        *work, last = p.solution.split("\n")
+        assert last == f"{ANSWER_MARKER}{p.answer}"
+        assert len(work) == len(terms) - 1
+        total = terms[0]
+        for line, t in zip(work, terms[1:]):
+            assert line == f"{total}+{t}={total + t}"
+            total += t
+        assert set(p.question + p.solution) <= set(TASK_ALPHABET)
+
+
+def test_response_lengths_spread_at_least_4x():
+    # Rule: response lengths vary widely (longest typical >= 4x shortest); one token per character.
+    lengths = sorted(len(p.solution) + 1 for p in builtin_problems(500, seed=0))  # +1 for EOS
+    p5, p95 = lengths[len(lengths) // 20], lengths[-len(lengths) // 20]
+    assert lengths[-1] >= 4 * lengths[0]
+    assert p95 >= 3 * p5
+
+
+def test_parse_terms_round_trip_and_rejects_other_text():
+    # Rule: parse_terms inverts question_of and refuses anything else.
+    assert parse_terms(question_of([3, 0, 9])) == [3, 0, 9]
+    for bad in ["3+4", "3=", "3+x=", "What is 3+4?"]:
+        with pytest.raises(ValueError, match="not a built-in question"):
+            parse_terms(bad)
+
+
+def test_bad_specs_and_counts_are_rejected():
+    # Rule: impossible task settings fail at construction with the field named.
+    with pytest.raises(ValueError, match="min_terms"):
+        TaskSpec(min_terms=1)
+    with pytest.raises(ValueError, match="max_terms"):
+        TaskSpec(min_terms=5, max_terms=4)
+    with pytest.raises(ValueError, match="max_operand"):
+        TaskSpec(max_operand=0)
+    with pytest.raises(ValueError, match="num=-1"):
+        builtin_problems(-1, seed=0)
+
+
+def test_harder_spec_changes_the_draw():
+    # Rule: the spec is part of the recipe: bigger operands give different, still correct problems.
+    hard = builtin_problems(50, seed=0, spec=TaskSpec(max_operand=99))
+    assert any(int(t) > 9 for p in hard for t in p.question.rstrip("=").split("+"))
+    assert all(p.answer == str(sum(parse_terms(p.question))) for p in hard)
