@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from flows.lake_cli import register as register_lake
+
 DEFAULT_CONFIG = "configs/default.toml"
 
 
@@ -92,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--cache-dir", default=".cache/rhymerl", help="where built models are cached")
     build.set_defaults(func=cmd_model_build)
 
+    register_lake(sub)
     return parser
 
 
