@@ -186,13 +186,14 @@ def plain_runs(tiny: Setup) -> PlainRuns:
 
 def _report(name: str, a, b, tiny: Setup) -> list[tuple[int, float, float]]:
     """Per output position: (position, chi-square p, drafted-token p); printed for the record."""
-    rows = []
+    rows, lines = [], []
     for pos in range(K + 1):
         ca, cb = position_counts(a, pos, tiny.vocab), position_counts(b, pos, tiny.vocab)
         rows.append((pos, *compare(ca, cb, tiny.draft)))
-    table = ", ".join(f"({pos}, {p:.3g}, {q:.3g})" for pos, p, q in rows)
-    print(f"\n{name}: n={len(a)} vs {len(b)}; draft {tiny.draft}; "
-          f"(position, p all tokens, p drafted tokens): {table}")
+        counts = " ".join(f"{t}:{ca[t]}/{cb[t]}" for t in tiny.draft)
+        _, p_all, p_drafted = rows[-1]
+        lines.append(f"  position {pos}: p={p_all:.3g} (all tokens), {p_drafted:.3g} (drafted; {counts})")
+    print(f"\n{name}: n={len(a)} vs {len(b)} samples, draft {tiny.draft}\n" + "\n".join(lines))
     return rows
 
 
