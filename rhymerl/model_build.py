@@ -111,7 +111,7 @@ class BuildSpec:
     max_operand: int = 9
     # evaluation after training (recorded, not used for anything else)
     eval_problems: int = 200  # 0 skips the evaluation (tiny test builds)
-    eval_max_tokens: int = 100  # the longest solution is ~75 tokens with EOS
+    eval_max_tokens: int = 128  # the longest solution is ~110 tokens with EOS
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:

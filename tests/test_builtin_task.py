@@ -7,11 +7,11 @@ from rhymerl.builtin_task import (ANSWER_MARKER, TASK_ALPHABET, TaskSpec, builti
 
 
 def test_worked_solution_by_hand():
-    # Rule: one "total+next=new_total" line per addition, then "#### <sum>".
-    assert question_of([8, 7, 3, 5]) == "8+7+3+5="
-    assert solution_of([8, 7, 3, 5]) == "8+7=15\n15+3=18\n18+5=23\n#### 23"
+    # Rule: "a=<a>", then one "<name>=<t> <total>+<t>=<new total>" line per term, then "#### <sum>".
+    assert question_of([8, 7, 3, 5]) == "a=8 b=7 c=3 d=5"
+    assert solution_of([8, 7, 3, 5]) == "a=8\nb=7 8+7=15\nc=3 15+3=18\nd=5 18+5=23\n#### 23"
     assert make_problem(4, [9, 0]).answer == "9"
-    assert make_problem(4, [9, 0]).solution == "9+0=9\n#### 9"
+    assert make_problem(4, [9, 0]).solution == "a=9\nb=0 9+0=9\n#### 9"
 
 
 def test_same_seed_same_problems_and_prefix_stable():
@@ -26,16 +26,16 @@ def test_answers_and_every_line_recompute():
     # Rule: the answer is the sum of the question's numbers and every worked line is true.
     spec = TaskSpec()
     for p in builtin_problems(300, seed=11):
-        terms = [int(x) for x in p.question.rstrip("=").split("+")]
+        terms = [int(part.split("=")[1]) for part in p.question.split(" ")]
         assert spec.min_terms <= len(terms) <= spec.max_terms
         assert all(0 <= t <= spec.max_operand for t in terms)
         assert p.answer == str(sum(terms))
-        *work, last = p.solution.split("\n")
-        assert last == f"{ANSWER_MARKER}{p.answer}"
+        first, *work, last = p.solution.split("\n")
+        assert first == f"a={terms[0]}" and last == f"{ANSWER_MARKER}{p.answer}"
         assert len(work) == len(terms) - 1
         total = terms[0]
-        for line, t in zip(work, terms[1:]):
-            assert line == f"{total}+{t}={total + t}"
+        for name, line, t in zip("bcdefghi", work, terms[1:]):
+            assert line == f"{name}={t} {total}+{t}={total + t}"
             total += t
         assert set(p.question + p.solution) <= set(TASK_ALPHABET)
 
@@ -50,8 +50,8 @@ def test_response_lengths_spread_at_least_4x():
 
 def test_parse_terms_round_trip_and_rejects_other_text():
     # Rule: parse_terms inverts question_of and refuses anything else.
-    assert parse_terms(question_of([3, 0, 9])) == [3, 0, 9]
-    for bad in ["3+4", "3=", "3+x=", "What is 3+4?"]:
+    assert parse_terms(question_of([3, 0, 19])) == [3, 0, 19]
+    for bad in ["a=3", "a=3 c=4", "b=3 a=4", "a=3 b=x", "a=3  b=4", "What is 3+4?"]:
         with pytest.raises(ValueError, match="not a built-in question"):
             parse_terms(bad)
 
@@ -62,6 +62,8 @@ def test_bad_specs_and_counts_are_rejected():
         TaskSpec(min_terms=1)
     with pytest.raises(ValueError, match="max_terms"):
         TaskSpec(min_terms=5, max_terms=4)
+    with pytest.raises(ValueError, match="max_terms"):
+        TaskSpec(max_terms=27)  # one letter per term
     with pytest.raises(ValueError, match="max_operand"):
         TaskSpec(max_operand=0)
     with pytest.raises(ValueError, match="num=-1"):
@@ -71,5 +73,5 @@ def test_bad_specs_and_counts_are_rejected():
 def test_harder_spec_changes_the_draw():
     # Rule: the spec is part of the recipe: bigger operands give different, still correct problems.
     hard = builtin_problems(50, seed=0, spec=TaskSpec(max_operand=99))
-    assert any(int(t) > 9 for p in hard for t in p.question.rstrip("=").split("+"))
+    assert any(t > 9 for p in hard for t in parse_terms(p.question))
     assert all(p.answer == str(sum(parse_terms(p.question))) for p in hard)

@@ -67,8 +67,8 @@ def test_sft_mask_covers_solution_and_eos_only(tok):
     for row, p in enumerate([short, long]):
         picked = targets[row][mask[row].bool()].tolist()
         assert picked == tok.encode(p.solution, add_special_tokens=False) + [tok.eos_token_id]
-    # The short row is right-padded; the prompt "1+2=\n" (5 tokens) predicts nothing for 4 positions.
-    assert mask[0, :4].sum() == 0 and mask[0].sum() == len(short.solution) + 1
+    # The prompt "a=1 b=2\n" is 8 tokens, so the first 7 positions predict nothing to learn.
+    assert mask[0, :7].sum() == 0 and mask[0, 7] == 1 and mask[0].sum() == len(short.solution) + 1
 
 
 def test_final_answer_reads_the_last_marker():
