@@ -10,7 +10,7 @@ at once, C=64 queues them four deep). Epochs 0..H-1 are history; the forecaster
 (`rhymerl.histopipe.forecast`, last epoch + damped trend) turns them into forecasts for epoch H,
 whose lengths drive the simulation. Policies:
 
-- naive: contiguous chunks in the step's prompt order (today's `split_even`), arrival-order admission.
+- naive: contiguous chunks in the step's prompt order (the placement before HistoPipe), arrival-order admission.
 - tier1: HistoPipe tier 1 (``lpt``), whole groups, long requests admitted first.
 - tier1+2: ``tier2`` placement plus straggler migration in the step's last 10% (a request moves
   once it outgrows its prompt's forecast peak; re-prefilling its prefix costs 25 us per token).

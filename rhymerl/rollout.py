@@ -28,17 +28,6 @@ def step_batches(prompts: Sequence[Prompt], per_step: int) -> list[list[Prompt]]
     return [list(prompts[i:i + per_step]) for i in range(0, len(prompts), per_step)]
 
 
-def split_even(prompts: Sequence[Prompt], workers: int) -> list[list[Prompt]]:
-    """Naive placement: contiguous chunks whose sizes differ by at most one (no length awareness)."""
-    base, extra = divmod(len(prompts), workers)
-    out, start = [], 0
-    for w in range(workers):
-        size = base + (1 if w < extra else 0)
-        out.append(list(prompts[start:start + size]))
-        start += size
-    return out
-
-
 def check_groups(prompts: Sequence[Prompt], samples: Sequence[Sample], n: int) -> None:
     """Raise if the samples are not exactly n per prompt (a lost or duplicated response)."""
     counts: dict[str, int] = {}

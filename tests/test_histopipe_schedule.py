@@ -22,7 +22,7 @@ def ids(a: Assignment) -> list[list[str]]:
 
 
 def test_naive_is_contiguous_chunks_in_order() -> None:
-    # today's split_even: 5 groups on 2 workers -> sizes 3 and 2, in the given order
+    # naive placement: 5 groups on 2 workers -> sizes 3 and 2, in the given order
     a = schedule("naive", ScheduleRequest(demands(a=1, b=9, c=2, d=8, e=3), 2, TOKENS))
     assert ids(a) == [["a", "b", "c"], ["d", "e"]]
 

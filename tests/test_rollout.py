@@ -4,8 +4,7 @@ import pytest
 
 from rhymerl.records import Prompt, Sample
 from rhymerl.report import epoch_summary, format_table
-from rhymerl.rollout import (advantages_for, check_groups, epoch_order, rollout_rows, split_even,
-                             step_batches, step_stats)
+from rhymerl.rollout import advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats
 
 
 def P(i):
@@ -15,13 +14,6 @@ def P(i):
 def S(pid, k, n_tokens=3, finish="stop"):
     return Sample(prompt_id=pid, sample_idx=k, token_ids=tuple(range(n_tokens)), logprobs=(-0.5,) * n_tokens,
                   text="x", finish_reason=finish, worker_id=0, t_start=1.0, t_end=2.0)
-
-
-def test_split_even_sizes_differ_by_at_most_one():
-    # 5 prompts on 3 workers: 2, 2, 1 in order; more workers than prompts leaves some empty.
-    parts = split_even([P(i) for i in range(5)], 3)
-    assert [[p.index for p in part] for part in parts] == [[0, 1], [2, 3], [4]]
-    assert [len(x) for x in split_even([P(0)], 3)] == [1, 0, 0]
 
 
 def test_step_batches_and_epoch_order():

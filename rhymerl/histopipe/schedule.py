@@ -7,7 +7,7 @@ which order the step's requests run, never which weights generate them.
 
 Policies (`POLICIES`, pick with `schedule(name, request)`):
 
-- ``naive``: contiguous chunks of groups in the given order, as `rollout.split_even` does today.
+- ``naive``: contiguous chunks of groups in the given order, the placement before HistoPipe.
 - ``round_robin``: group i on worker i mod W, in the given order.
 - ``lpt`` (HistoPipe tier 1): longest-processing-time-first greedy on the cost model's load
   estimate, whole groups; each worker admits its longest requests first.
@@ -176,7 +176,7 @@ def schedule(policy: str, request: ScheduleRequest) -> Assignment:
 
 @register_policy("naive")
 def naive(req: ScheduleRequest) -> Assignment:
-    """Contiguous chunks of whole groups whose sizes differ by at most one (today's split_even)."""
+    """Contiguous chunks of whole groups whose sizes differ by at most one (the placement before HistoPipe)."""
     base, extra = divmod(len(req.demands), req.workers)
     chunks, start = [], 0
     for w in range(req.workers):
