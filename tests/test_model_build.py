@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from rhymerl import model_build
-from rhymerl.builtin_task import make_problem
+from rhymerl.builtin_task import make_problem, parse_terms
 from rhymerl.model_build import (BUILD_INFO, BuildSpec, build_model, build_tokenizer,
-                                 ensure_builtin_model, final_answer, sft_batch, validate_model_dir)
+                                 ensure_builtin_model, final_answer, sft_batch, sft_problems,
+                                 validate_model_dir)
 
 # A few seconds on 2 CPU cores: a one-layer model, a handful of steps, a tiny evaluation.
 TINY = BuildSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -69,6 +70,16 @@ def test_sft_mask_covers_solution_and_eos_only(tok):
         assert picked == tok.encode(p.solution, add_special_tokens=False) + [tok.eos_token_id]
     # The prompt "a=1 b=2\n" is 8 tokens, so the first 7 positions predict nothing to learn.
     assert mask[0, :7].sum() == 0 and mask[0, 7] == 1 and mask[0].sum() == len(short.solution) + 1
+
+
+def test_sft_batches_mix_term_counts_and_repeat_per_seed():
+    # Rule: each batch mixes term counts over the task's range; the stream is fixed by the seed.
+    spec = replace(BuildSpec(), batch_size=64)
+    batches = [b for _, b in zip(range(3), sft_problems(spec))]
+    counts = {len(parse_terms(p.question)) for p in batches[0]}
+    assert len(batches[0]) == 64 and counts == set(range(spec.min_terms, spec.max_terms + 1))
+    assert [b for _, b in zip(range(3), sft_problems(spec))] == batches
+    assert batches[0] != batches[1]
 
 
 def test_final_answer_reads_the_last_marker():
