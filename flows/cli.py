@@ -1,4 +1,4 @@
-"""`rhymerl` command line: run training, build the built-in model, query the lake.
+"""`rhymerl` command line: run training, build the built-in model, query the lake, replay HistoSpec.
 
 Heavy imports (Prefect, Ray, vLLM, torch) happen inside the subcommands so `rhymerl --help`
 answers at once.
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from flows.lake_cli import register as register_lake
+from flows.spec_cli import register as register_spec
 
 DEFAULT_CONFIG = "configs/default.toml"
 
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=cmd_model_build)
 
     register_lake(sub)
+    register_spec(sub)
     return parser
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from rhymerl.histospec.drafter import Drafter, FixedBudget, NgramDrafter, SpecConfig, SpecStats
 from rhymerl.histospec.index import SuffixIndex
@@ -135,14 +135,22 @@ def history_for(epochs: Mapping[int, Sequence[RecordedResponse]], epoch: int,
     return [r for e in earlier for r in epochs[e]]
 
 
-def replay(records: Iterable[RecordedResponse], config: SpecConfig) -> ReplayReport:
-    """Replay every (prompt, epoch) group of `records` under `config`; acceptance per epoch."""
+def replay(records: Iterable[RecordedResponse], config: SpecConfig,
+           only_epochs: Collection[int] | None = None,
+           on_prompt: Callable[[], None] | None = None) -> ReplayReport:
+    """Replay every (prompt, epoch) group of `records` under `config`; acceptance per epoch.
+
+    With `only_epochs`, groups of other epochs are not replayed but still serve as history.
+    `on_prompt` is called after each prompt's groups (progress bars).
+    """
     by_prompt: dict[str, dict[int, list[RecordedResponse]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         by_prompt[r.prompt_id][r.epoch].append(r)
     report = ReplayReport(config)
     for epochs in by_prompt.values():
         for epoch in sorted(epochs):
+            if only_epochs is not None and epoch not in only_epochs:
+                continue
             group = epochs[epoch]
             prompt = group[0].prompt_token_ids
             stats = report.per_epoch.setdefault(epoch, SpecStats())
@@ -155,6 +163,8 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig) -> ReplayRep
                 stats.index_seconds += time.perf_counter() - t0
                 stats.index_tokens += index.num_tokens
             replay_group(prompt, [r.token_ids for r in group], config, index, stats)
+        if on_prompt is not None:
+            on_prompt()
     return report
 
 

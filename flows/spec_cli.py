@@ -1,0 +1,124 @@
+"""`rhymerl spec replay`: the acceptance HistoSpec would have reached on a run's recorded responses.
+
+    rhymerl spec replay --lake lake --run rhymerl-20261202-1 --epochs 1,2 --set max_budget=32
+
+One query reads the run's responses from the lake; each setting (`rhymerl.histospec.tuning.SETTINGS`,
+overrides on top) replays them through the drafter with the recorded next tokens as the model's
+choices (`rhymerl.histospec.replay`). No model runs. `flows/cli.py` calls `register(subparsers)`;
+lake URL, formats, warnings and exit codes (2: error, message says what to fix) are those of
+`rhymerl lake`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from flows.lake_cli import _common, _guarded, _lake_url, format_rows
+
+RESPONSES_SQL = """
+SELECT prompt_id, epoch, sample_idx, response_token_ids, reward
+FROM rollouts
+WHERE run_id = $run AND ($last IS NULL OR epoch <= $last)
+ORDER BY prompt_id, epoch, sample_idx
+"""
+EPOCHS_SQL = "SELECT DISTINCT epoch FROM rollouts WHERE run_id = $run ORDER BY epoch"
+RUNS_SQL = """
+SELECT run_id, count(DISTINCT epoch) AS epochs, count(*) AS responses
+FROM rollouts GROUP BY run_id ORDER BY run_id
+"""
+_MAX_LISTED = 20  # runs named in an unknown-run error
+
+
+def _epochs(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return sorted({int(e) for e in text.split(",")})
+    except ValueError:
+        raise ValueError(f"--epochs {text!r}: use comma-separated epoch numbers, e.g. 0,1,2") from None
+
+
+def _nothing_to_replay(lake: Any, url: str, run_id: str, epochs: list[int] | None) -> ValueError:
+    """The error for a query that found no responses: which runs and epochs the lake does hold."""
+    runs = lake.sql(RUNS_SQL).to_pylist()
+    if not runs:
+        return ValueError(f"lake {url} has no committed rollouts; point --lake at a run's lake")
+    if any(r["run_id"] == run_id for r in runs):
+        present = lake.sql(EPOCHS_SQL, {"run": run_id}).column("epoch").to_pylist()
+        return _missing_epochs(present, run_id, epochs) or ValueError(f"run {run_id!r} has no responses")
+    listed = ", ".join(f"{r['run_id']} ({r['epochs']} epochs, {r['responses']} responses)"
+                       for r in runs[:_MAX_LISTED])
+    more = f", and {len(runs) - _MAX_LISTED} more" if len(runs) > _MAX_LISTED else ""
+    return ValueError(f"run {run_id!r} is not in lake {url}; runs found: {listed}{more}")
+
+
+def _missing_epochs(present: list[int], run_id: str, epochs: list[int] | None) -> ValueError | None:
+    missing = sorted(set(epochs or ()) - set(present))
+    if not missing:
+        return None
+    return ValueError(f"run {run_id!r} has no responses in epoch {missing[0]}; epochs with "
+                      f"responses: {', '.join(map(str, present))}")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm  # imports here keep `rhymerl --help` quick (the drafter loads numpy)
+
+    from rhymerl.histospec.replay import replay
+    from rhymerl.histospec.tuning import COLUMNS, records_from_columns, replay_configs, report_rows
+    from storage.lake import Lake
+
+    configs = replay_configs(args.settings, args.set or ())  # bad settings fail before any I/O
+    wanted = _epochs(args.epochs)
+    url = _lake_url(args)
+    with Lake(url) as lake:
+        table = lake.sql(RESPONSES_SQL, {"run": args.run, "last": max(wanted) if wanted else None})
+        if table.num_rows == 0:
+            raise _nothing_to_replay(lake, url, args.run, wanted)
+    records = records_from_columns(table.to_pydict())
+    present = sorted({r.epoch for r in records})
+    error = _missing_epochs(present, args.run, wanted)
+    if error:
+        raise error
+    prompts = len({r.prompt_id for r in records})
+    reports = {}
+    with tqdm(total=prompts * len(configs), desc="replay", unit="prompt", file=sys.stderr,
+              disable=True if args.format != "table" else None) as bar:  # None: only on a terminal
+        for name, config in configs.items():
+            bar.set_postfix_str(name)
+            reports[name] = replay(records, config, wanted, on_prompt=bar.update)
+    rows = report_rows(reports)
+    if args.format == "table":
+        rows = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+        print(f"run {args.run}: {prompts} prompts, {len(records)} responses in epochs "
+              f"{', '.join(map(str, present))}; replayed epochs {', '.join(map(str, wanted or present))}")
+    print(format_rows(rows, list(COLUMNS), args.format))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add `spec` with `replay` to a `rhymerl` subparsers object."""
+    spec = subparsers.add_parser("spec", help="HistoSpec (speculative rollouts) offline tools",
+                                 description="Tune HistoSpec on recorded rollouts, without a model.")
+    sub = spec.add_subparsers(dest="spec_command", required=True)
+    rep = sub.add_parser(
+        "replay", help="acceptance each drafter setting would have reached on a run's responses",
+        description="Replay a run's recorded responses through the drafter (the recorded next tokens "
+                    "act as the model's choices) and report the acceptance per setting and epoch: "
+                    "mean accepted length (tokens per verification step, counting the bonus token) "
+                    "and acceptance rate (accepted / drafted draft tokens). Prompt tokens are not in "
+                    "the lake, so a response's first tokens are never drafted.")
+    rep.add_argument("--run", required=True, metavar="RUN_ID", help="the run whose responses to replay")
+    rep.add_argument("--epochs", metavar="E,E,...",
+                     help="report only these epochs, e.g. 1,2 (earlier epochs still serve as history; "
+                          "default: all)")
+    rep.add_argument("--settings", action="extend", nargs="+", metavar="NAME",
+                     help="settings to replay (default: all of rhymerl.histospec.tuning.SETTINGS: "
+                          "histospec, its variants, ngram; an unknown name lists them)")
+    rep.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
+                     help="override a SpecConfig field in every setting, e.g. --set max_budget=32 "
+                          "min_match=2 (values parse as TOML)")
+    _common(rep)
+    rep.set_defaults(func=_guarded(cmd_replay))
+

@@ -1,0 +1,94 @@
+"""Offline tuning: named drafter settings, `key=value` overrides, and the rows a replay reports.
+
+`rhymerl spec replay` replays one run's recorded responses (see `replay`) under several settings at
+once; this module holds what it needs that is not I/O. A setting is a name in `SETTINGS` mapped to
+the `SpecConfig` fields it changes from the defaults; overrides then apply on top to every setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from typing import Any, Mapping, Sequence
+
+from rhymerl.config import ConfigError
+from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.replay import RecordedResponse, ReplayReport
+
+# name -> SpecConfig fields changed from the defaults (the budget cap of "additive" is 32)
+SETTINGS: dict[str, dict[str, Any]] = {
+    "histospec": {},
+    "histospec-additive": {"budget_rule": "additive", "max_budget": 32},
+    "histospec-no-siblings": {"siblings": False},
+    "siblings-only": {"history_epochs": 0},
+    "histospec-reward": {"reward_weighted": True},
+    "ngram": {"method": "ngram"},
+}
+ENGINE_ONLY = ("enabled", "verifier")  # SpecConfig fields that replay never reads
+COLUMNS = ("setting", "epoch", "mean_accepted_length", "acceptance_rate", "steps", "tokens",
+           "drafted", "accepted")
+
+
+def replay_keys() -> list[str]:
+    """The SpecConfig fields an override may set."""
+    return [f.name for f in dataclasses.fields(SpecConfig) if f.name not in ENGINE_ONLY]
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs (an optional `spec.` prefix; values parse as TOML, else a string) as fields.
+
+    Raises ConfigError naming the key for an unknown key or a value of the wrong type.
+    """
+    keys, defaults = replay_keys(), SpecConfig()
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().removeprefix("spec.")
+        if not sep:
+            raise ConfigError(f"override {pair!r} must look like key=value, e.g. max_budget=32")
+        if key not in keys:
+            raise ConfigError(f"unknown config key 'spec.{key}'; allowed keys: {', '.join(keys)}")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()  # a bare word is a string
+        expected = type(getattr(defaults, key))
+        if type(value) is not expected:  # `is`, not isinstance: True is not an int here
+            raise ConfigError(f"config key 'spec.{key}': expected {expected.__name__}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def replay_configs(names: Sequence[str] | None = None,
+                   overrides: Sequence[str] = ()) -> dict[str, SpecConfig]:
+    """The named settings (all of `SETTINGS` when `names` is empty) with `overrides` on each."""
+    unknown = [n for n in names or () if n not in SETTINGS]
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]!r}; known settings: {', '.join(SETTINGS)}")
+    extra = parse_overrides(overrides)
+    return {name: SpecConfig(**{**SETTINGS[name], **extra}) for name in names or SETTINGS}
+
+
+def records_from_columns(columns: Mapping[str, Sequence[Any]]) -> list[RecordedResponse]:
+    """Recorded responses from lake columns `prompt_id`, `epoch`, `response_token_ids`, `reward`.
+
+    Rows stay in the given order (a group's samples replay in that order); a NULL reward counts
+    as 0 and NULL tokens as an empty response. The lake holds no prompt token ids, so drafting
+    starts from each response's own first tokens.
+    """
+    return [RecordedResponse(str(pid), int(epoch), tuple(int(t) for t in tokens or ()),
+                             float(reward or 0.0))
+            for pid, epoch, tokens, reward in zip(columns["prompt_id"], columns["epoch"],
+                                                  columns["response_token_ids"], columns["reward"])]
+
+
+def report_rows(reports: Mapping[str, ReplayReport]) -> list[dict[str, Any]]:
+    """One row per (setting, epoch) and an `epoch = "all"` row per setting, with `COLUMNS`."""
+    rows = []
+    for name, report in reports.items():
+        for epoch, stats in [*sorted(report.per_epoch.items()), ("all", report.overall())]:
+            rows.append({"setting": name, "epoch": epoch,
+                         "mean_accepted_length": stats.mean_accepted_length,
+                         "acceptance_rate": stats.acceptance_rate, "steps": stats.steps,
+                         "tokens": stats.tokens, "drafted": stats.drafted, "accepted": stats.accepted})
+    return rows
