@@ -71,6 +71,16 @@ def cmd_model_build(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench"}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    _project_env()
+    return int(importlib.import_module(BENCHES[args.which]).main(args.options) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rhymerl",
@@ -83,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run GRPO training. Settings come from a TOML file and --set overrides.")
     run.add_argument("--config", default=DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None,
                      help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in defaults)")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="override a setting, e.g. --set rollout.n=8 --set train.lr=1e-4 (repeatable)")
+    run.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
+                     help="override settings, e.g. --set rollout.n=8 train.lr=1e-4 (repeatable)")
     run.add_argument("--lake", help="lake URL (local folder or s3://bucket/prefix); same as --set lake.url=...")
     run.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     run.set_defaults(func=cmd_run)
@@ -97,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_lake(sub)
     register_spec(sub)
+    bench = sub.add_parser("bench", help="benchmarks (readable table; --json for machines)",
+                           description="Run one benchmark; its own options follow its name, "
+                                       "e.g. `rhymerl bench spec --help`.")
+    bench.add_argument("which", choices=sorted(BENCHES), help="which benchmark")
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

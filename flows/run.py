@@ -20,6 +20,7 @@ from tasks.report import lake_step_task, log_step_task, plot_task
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
+from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 
 _RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflows
@@ -32,9 +33,10 @@ def epoch_flow(run_id: str, epoch: int) -> list[dict]:
     cfg = rt.cfg
     spec = SamplingSpec(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                         top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
+    order = epoch_order(rt.prompts, epoch, cfg.seed)
+    rt.spec_history = history_task(cfg.spec, cfg.lake.url, rt.run_id, epoch, order, rt.workers)
     records = []
-    for step, batch in enumerate(step_batches(epoch_order(rt.prompts, epoch, cfg.seed),
-                                              cfg.rollout.prompts_per_step)):
+    for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
         records.append(run_step(rt, epoch, step, batch, spec))
     return records
 
@@ -50,6 +52,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     t = time.perf_counter()
     samples = rollout_task(rt.workers, plan.placement, spec)
     timings["rollout_s"] = time.perf_counter() - t
+    speculation = spec_stats_task(rt.workers)
     t = time.perf_counter()
     scores = reward_task(batch, samples)
     timings["reward_s"] = time.perf_counter() - t
@@ -71,9 +74,13 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
               **{f"train_{k}": v for k, v in train.items()}}
+    if speculation is not None:
+        record.update(speculation.as_metrics("spec/"))
+    if step == 0 and rt.spec_history is not None:  # the epoch's bundle, reported once
+        record.update(rt.spec_history.as_metrics("spec/history_"))
     rt.history.append(record)
     log_step_task(rt, record)
-    lake_step_task(cfg.lake.url, rt.run_id, record)
+    lake_step_task(cfg.lake.url, rt.run_id, record, cfg.spec.method if speculation is not None else None)
     return record
 
 

@@ -103,13 +103,18 @@ def builtin_problems(num: int, seed: int, spec: TaskSpec = TaskSpec()) -> list[P
 
     Deterministic: the same (num, seed, spec) always gives the same list, and a longer list
     starts with the shorter one (problem i depends only on seed and i's place in the stream).
+    Questions are distinct (a repeat is drawn again): two equal prompts would be one prompt to
+    the run, which keys everything by the prompt's tokens.
     """
     if num < 0:
         raise ValueError(f"builtin_problems: num={num} must be >= 0")
     rng = random.Random(seed)
-    problems = []
-    for i in range(num):
+    problems: list[Problem] = []
+    seen: set[tuple[int, ...]] = set()
+    while len(problems) < num:
         k = rng.randint(spec.min_terms, spec.max_terms)
         terms = [rng.randint(0, spec.max_operand) for _ in range(k)]
-        problems.append(make_problem(i, terms))
+        if tuple(terms) not in seen:
+            seen.add(tuple(terms))
+            problems.append(make_problem(len(problems), terms))
     return problems

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from rhymerl.histospec.drafter import SpecConfig
+
 
 class ConfigError(ValueError):
     """A configuration key or value is wrong; the message names the key and the fix."""
@@ -148,6 +150,7 @@ class RunConfig:
     pipe: PipeConfig = field(default_factory=PipeConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1")

@@ -19,6 +19,7 @@ from typing import Iterable, Protocol, Sequence
 
 import torch
 
+from rhymerl.histospec.drafter import SpecStats
 from rhymerl.records import Prompt, Sample
 from rhymerl.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded
 
@@ -49,6 +50,8 @@ class EngineSpec:
     cpu_core: int | None = None  # CPU only: pin the engine's threads to this core
     cache_dir: str = ".cache"
     speculation: SpeculationSpec | None = None  # None: no speculative decoding (see rhymerl.spec_guard)
+    max_num_seqs: int | None = None  # requests per engine step (None: vLLM's default)
+    log_stats: bool = False  # vLLM's own metrics (its spec-decode counters feed `spec_stats` for n-gram)
 
 
 class Engine(Protocol):
@@ -96,7 +99,10 @@ class VllmEngine:
             enforce_eager=spec.enforce_eager,
             seed=spec.seed,
             worker_extension_cls=WEIGHT_SYNC_EXTENSION,
+            disable_log_stats=not spec.log_stats,
         )
+        if spec.max_num_seqs:
+            kwargs["max_num_seqs"] = spec.max_num_seqs
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         self.spec = spec
@@ -107,6 +113,7 @@ class VllmEngine:
             build = lambda **extra: LLM(**kwargs, **extra)  # noqa: E731 - called again on refusal
             self.llm, self.speculation = start_guarded(build, spec.speculation)
         self._next_id = 0
+        self._counters: dict = {}
 
     def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
         """Run all prompts through vLLM's engine loop, stamping each response's finish time.
@@ -151,6 +158,24 @@ class VllmEngine:
     def weights_fingerprint(self) -> float:
         return float(self.llm.collective_rpc("rhymerl_weights_fingerprint")[0])
 
+    def spec_stats(self) -> SpecStats | None:
+        """Speculation counters since the last call; None when speculation is off.
+
+        HistoSpec counts for itself in the engine worker (exact per-position histograms). Other
+        drafters (vLLM's n-gram) are read from vLLM's spec-decode counters, which needs
+        `EngineSpec.log_stats`; their per-position figures assume full-length drafts.
+        """
+        if not self.speculation.active:
+            return None
+        got = self.llm.collective_rpc("rhymerl_spec_stats")[0]
+        if got is not None:
+            return SpecStats(**got)
+        if not self.spec.log_stats:
+            return None
+        now = _vllm_spec_counters(self.llm.get_metrics())
+        before, self._counters = self._counters, now
+        return stats_from_counters({k: _minus(v, before.get(k)) for k, v in now.items()})
+
 
 def _sample_of(out, prompt: Prompt, sample_idx: int, worker_id: int, t_start: float) -> Sample:
     """Convert one finished single-completion vLLM RequestOutput into a Sample record."""
@@ -162,3 +187,49 @@ def _sample_of(out, prompt: Prompt, sample_idx: int, worker_id: int, t_start: fl
         text=comp.text, finish_reason=str(comp.finish_reason or "length"),
         worker_id=worker_id, t_start=t_start, t_end=time.time(),
     )
+
+
+_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "drafted",
+             "vllm:spec_decode_num_accepted_tokens": "accepted", "vllm:generation_tokens": "tokens",
+             "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_at"}
+
+
+def _vllm_spec_counters(metrics) -> dict:
+    """Sum vLLM's counters (over label sets) that `stats_from_counters` needs."""
+    out: dict = {}
+    for m in metrics:
+        name = _COUNTERS.get(m.name)
+        if name == "accepted_at":
+            prev = out.get(name, [])
+            vals = list(m.values)
+            out[name] = [a + b for a, b in zip(vals, prev + [0] * (len(vals) - len(prev)))]
+        elif name:
+            out[name] = out.get(name, 0) + int(m.value)
+    return out
+
+
+def _minus(now, before):
+    if before is None:
+        return now
+    if isinstance(now, list):
+        return [a - b for a, b in zip(now, before + [0] * (len(now) - len(before)))]
+    return now - before
+
+
+def stats_from_counters(c: dict) -> SpecStats:
+    """`SpecStats` from vLLM's counter deltas, taking every draft to be full length.
+
+    Every verification step emits its accepted tokens plus one, so steps = tokens - accepted.
+    """
+    drafts, accepted_at = int(c.get("drafts", 0)), list(c.get("accepted_at", []))
+    k = len(accepted_at)
+    accept_hist = [0] * (k + 1)
+    if drafts:
+        accept_hist[0] = drafts - (accepted_at[0] if k else 0)
+        for a in range(1, k + 1):
+            accept_hist[a] = accepted_at[a - 1] - (accepted_at[a] if a < k else 0)
+    tokens, accepted = int(c.get("tokens", 0)), int(c.get("accepted", 0))
+    return SpecStats(steps=tokens - accepted, tokens=tokens, drafts=drafts,
+                     drafted=int(c.get("drafted", 0)), accepted=accepted,
+                     draft_len_hist=[0] * k + [drafts] if drafts else [],
+                     accept_len_hist=accept_hist if drafts else [])

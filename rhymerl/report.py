@@ -15,7 +15,16 @@ def step_line(rec: dict) -> str:
             f"acc {rec['accuracy']:.3f} len {rec['length_mean']:.1f} (max {rec['length_max']:.0f}) | "
             f"rollout {rec['rollout_s']:.1f}s ({rec['rollout_tokens_per_s']:.0f} tok/s, "
             f"bubble {rec.get('bubble_ratio', 0.0):.0%}) "
-            f"train {rec['train_s']:.1f}s sync {rec['sync_s']:.1f}s step {rec['step_s']:.1f}s")
+            f"train {rec['train_s']:.1f}s sync {rec['sync_s']:.1f}s step {rec['step_s']:.1f}s"
+            + _spec_part(rec))
+
+
+def _spec_part(rec: dict) -> str:
+    """Speculation's share of the line: tokens per verification step and draft acceptance."""
+    if "spec/steps" not in rec:
+        return ""
+    return (f" | spec {rec['spec/mean_accepted_length']:.2f} tok/verify, "
+            f"{rec['spec/acceptance_rate']:.0%} of drafts accepted")
 
 
 def epoch_summary(history: Sequence[dict]) -> list[dict]:
@@ -33,6 +42,9 @@ def epoch_summary(history: Sequence[dict]) -> list[dict]:
                 row[col] = sum(r.get(col, 0.0) for r in recs)
             else:
                 row[col] = sum(r.get(col, 0.0) * w for r, w in zip(recs, weights)) / total
+        if any("spec/steps" in r for r in recs):  # ratio of sums: tokens per verification step
+            steps = sum(r.get("spec/steps", 0.0) for r in recs)
+            row["spec_accepted_len"] = sum(r.get("spec/tokens", 0.0) for r in recs) / max(steps, 1.0)
         out.append(row)
     return out
 
@@ -53,8 +65,9 @@ def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 def format_summary(rows: Sequence[dict], run_id: str, lake: str, tracking: str, mlflow_run_id: str,
                    skipped: int) -> str:
     """The end-of-run report: the per-epoch table and where the data went."""
-    table = format_table(rows, ("epoch", "steps") + SUMMARY_COLUMNS)
+    spec = ("spec_accepted_len",) if any("spec_accepted_len" in r for r in rows) else ()
+    table = format_table(rows, ("epoch", "steps") + SUMMARY_COLUMNS + spec)
     return (f"Run {run_id} finished.\n{table}\n"
-            f"prompts skipped (too long): {skipped}\n"
+            f"prompts skipped (too long or repeated): {skipped}\n"
             f"lake: {lake}   (rhymerl lake sql \"SELECT epoch, count(*), avg(reward) FROM rollouts GROUP BY epoch\")\n"
             f"MLflow: {tracking}  run {mlflow_run_id}")

@@ -10,8 +10,10 @@ kernels in (why: `rhymerl.spec_verify`) and `rhymerl_spec_self_check` runs `rhym
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import sys
 from typing import Iterable
 
 import torch
@@ -38,6 +40,9 @@ def weights_fingerprint(named_params: Iterable[tuple[str, torch.Tensor]]) -> flo
 
 
 
+_NOT_SCANNED = ("llvmlite", "numba")
+
+
 def install_exact_verifier() -> None:
     """Register `rhymerl.spec_verify.KERNELS` through vLLM's kernel-override registry (this process).
 
@@ -58,7 +63,15 @@ def install_exact_verifier() -> None:
         if tuple(have) != want:
             raise RuntimeError(f"vLLM {vllm_version()} changed {name}'s arguments to {tuple(have)}; "
                                f"rhymerl.spec_verify implements {want}: update it before speculating")
-    register_kernels(KERNELS)
+    # vLLM 0.32's registration scans every loaded module and calls `vars(x).get` on attributes
+    # that have a `__dict__`; llvmlite's ctypes wrappers (loaded by numba, which vLLM's n-gram
+    # drafter uses) answer that with a non-dict and the scan raises. Neither package holds a
+    # sampler kernel, so they are hidden from the scan for its duration.
+    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in _NOT_SCANNED}
+    try:
+        register_kernels(KERNELS)
+    finally:
+        sys.modules.update(hidden)
 
 
 class WeightSyncExtension:
@@ -90,3 +103,9 @@ class WeightSyncExtension:
             error = "the model runner has no rejection sampler (speculation is off)"
             return GuardReport(passed=False, vllm_version=vllm_version(), error=error).to_dict()
         return self_check(sampler, rows, alpha, device=self.model_runner.device).to_dict()
+
+    def rhymerl_spec_stats(self) -> dict | None:
+        """HistoSpec's acceptance counters since the last call, as a dict of `SpecStats` fields;
+        None when the worker's drafter is not HistoSpec's (off, or vLLM's n-gram)."""
+        take = getattr(getattr(self.model_runner, "drafter", None), "take_stats", None)
+        return dataclasses.asdict(take()) if take is not None else None

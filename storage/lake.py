@@ -13,6 +13,7 @@ Views and table macros (SQL in storage/sql/):
     rhyme, rhyme_epochs, rhyme_by_*(k)         reuse of the previous epoch's responses
     length_rank_stability, length_rank_moves(t)  length-rank stability between epochs
     previous_responses(run, ep), length_forecast(run, ep)   what epoch ep learns from ep - 1
+    prompt_history(run, ep, k)                 each prompt's responses from its last k epochs before ep
 
 Damaged committed files (missing, or not the size the manifest recorded: truncated) never give
 a silently wrong count: by default the Lake refuses to open and names them; with
@@ -42,7 +43,7 @@ __all__ = ["Lake", "LakeError", "LakeWarning", "LakeWriter", "RUN_STATUSES", "Sc
 ON_DAMAGED = ("error", "skip")
 _SQL_DIR = Path(__file__).parent / "sql"
 _TABLE_SQL = ("rollouts", "steps", "runs")  # templated with the file list at every refresh
-_ANALYSIS_SQL = ("summary", "lengths", "rhyme", "length_rank")  # macros and views over them
+_ANALYSIS_SQL = ("summary", "lengths", "rhyme", "length_rank", "history")  # macros and views over them
 _HIVE_TYPES = {"rollouts": "{'run_id': VARCHAR, 'epoch': INTEGER, 'step': INTEGER}",
                "steps": "{'run_id': VARCHAR, 'epoch': INTEGER}",
                "runs": "{'run_id': VARCHAR}"}
@@ -264,6 +265,11 @@ class Lake:
     def previous_responses(self, run_id: str, epoch: int) -> pa.Table:
         """prompt_id, sample_idx, response_token_ids of every response of epoch - 1 of the run."""
         return self.sql("SELECT * FROM previous_responses($run, $ep)", {"run": run_id, "ep": epoch})
+
+    def prompt_history(self, run_id: str, epoch: int, epochs_back: int = 1) -> pa.Table:
+        """HistoSpec's history for epoch `epoch`: see storage/sql/history.sql."""
+        return self.sql("SELECT * FROM prompt_history($run, $ep, $k)",
+                        {"run": run_id, "ep": epoch, "k": epochs_back})
 
     def length_forecast(self, run_id: str, epoch: int) -> pa.Table:
         """Per prompt: responses, mean_length and max_length in epoch - 1 of the run."""

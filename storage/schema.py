@@ -23,7 +23,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+# 1: the first schemas. 2: steps gain speculative-decoding (spec_*) and scheduling (bubble_ratio,
+# makespan_s, forecast_*) columns.
+SCHEMA_VERSION = 2
 
 
 class SchemaError(ValueError):
@@ -81,6 +83,22 @@ STEPS_SCHEMA = _schema("steps", [
     _col("tokens_per_s", pa.float64(), "tokens / rollout_s."),
     _col("policy_version", pa.int32(), "Version of the weights that generated the step's responses."),
     _col("committed_at", pa.float64(), "Unix seconds when the row was written."),
+    _col("spec_method", pa.string(), "Speculative drafter of the step ('histospec', 'ngram'); NULL: off."),
+    _col("spec_steps", pa.int64(), "Verification steps (engine decode steps summed over requests)."),
+    _col("spec_tokens", pa.int64(), "Tokens emitted by those steps (accepted drafts + 1 each)."),
+    _col("spec_drafted", pa.int64(), "Draft tokens proposed."),
+    _col("spec_accepted", pa.int64(), "Draft tokens accepted by the verifier."),
+    _col("spec_mean_accepted_length", pa.float64(),
+         "spec_tokens / spec_steps: tokens per verification step, bonus token counted."),
+    _col("spec_acceptance_by_pos", pa.list_(pa.float32()),
+         "[j]: share of drafts reaching position j whose token j was accepted."),
+    _col("spec_drafter_s", pa.float64(), "Seconds the drafter spent proposing (summed over workers)."),
+    _col("spec_history_s", pa.float64(),
+         "Seconds to query the lake and ship the epoch's history (first step of an epoch only)."),
+    _col("bubble_ratio", pa.float64(), "Idle share of worker time while the step's rollout ran."),
+    _col("makespan_s", pa.float64(), "Seconds from the first admission to the last finish."),
+    _col("forecast_spearman", pa.float64(), "Rank correlation of forecast and actual mean lengths."),
+    _col("forecast_moved_fraction", pa.float64(), "Prompts whose length percentile moved > 10 points."),
 ])
 
 RUNS_SCHEMA = _schema("runs", [

@@ -7,7 +7,9 @@ through the flow process.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 from dataclasses import dataclass
 
 import ray
@@ -44,10 +46,35 @@ class RolloutWorker:
 
     def __init__(self, worker_id: int, spec: EngineSpec) -> None:
         from rhymerl.engine import VllmEngine
+        from rhymerl.histospec.vllm_drafter import INDEX_ENV
 
         self.worker_id = worker_id
+        # HistoSpec's drafter runs in the engine's own process and reads its history from this
+        # file (named before the engine starts, so the engine process inherits the name). A
+        # file local to the worker's node: remote workers never need the driver's filesystem.
+        self.history_dir = tempfile.mkdtemp(prefix=f"rhymerl-histospec-w{worker_id}-")
+        self.history_path = os.path.join(self.history_dir, "bundle.npz")
+        os.environ[INDEX_ENV] = self.history_path
         self.engine = VllmEngine(spec)
         self.node_id = ray.get_runtime_context().get_node_id()
+
+    def set_history(self, blob: bytes) -> int:
+        """Replace the drafter's history (a serialised HistoryBundle) between generate calls."""
+        tmp = f"{self.history_path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, self.history_path)  # the drafter sees the old file or the new, never half
+        return len(blob)
+
+    def spec_stats(self) -> dict | None:
+        """Speculation counters since the last call (a `SpecStats` as a dict), None when off."""
+        stats = self.engine.spec_stats()
+        return dataclasses.asdict(stats) if stats is not None else None
+
+    def speculation(self) -> dict:
+        """What the engine runs: active, verifier and the guard's message."""
+        s = self.engine.speculation
+        return {"active": s.active, "verifier": s.verifier, "message": s.message}
 
     def generate(self, prompts: list[Prompt], spec: SamplingSpec) -> list[Sample]:
         if not prompts:

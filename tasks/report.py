@@ -38,11 +38,27 @@ _STEP_COLUMNS = {"rollout_s": "rollout_s", "reward_s": "reward_s", "train_s": "t
                  "tokens": "tokens", "rollout_tokens_per_s": "tokens_per_s"}
 
 
+_OPTIONAL_COLUMNS = {"spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "spec/drafted": "spec_drafted",
+                     "spec/accepted": "spec_accepted", "spec/mean_accepted_length": "spec_mean_accepted_length",
+                     "spec/drafter_seconds": "spec_drafter_s", "spec/history_build_s": "spec_history_s",
+                     "bubble_ratio": "bubble_ratio", "makespan_s": "makespan_s",
+                     "forecast_spearman": "forecast_spearman",
+                     "forecast_moved_fraction": "forecast_moved_fraction"}
+
+
 @task(name="lake-step-row", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def lake_step_task(lake_url: str, run_id: str, record: dict) -> bool:
+def lake_step_task(lake_url: str, run_id: str, record: dict, spec_method: str | None = None) -> bool:
     """Write the step's timings and quality to the lake's steps table (once per step)."""
     values = {col: record[key] for key, col in _STEP_COLUMNS.items()}
     values["length_max"] = int(values["length_max"])
     values["tokens"] = int(values["tokens"])
     values["policy_version"] = int(record["policy_version"]) - 1  # the weights that generated it
+    values.update({col: record[key] for key, col in _OPTIONAL_COLUMNS.items() if key in record})
+    if "spec/steps" in record:
+        values["spec_method"] = spec_method
+        for col in ("spec_steps", "spec_tokens", "spec_drafted", "spec_accepted"):
+            values[col] = int(values[col])
+        values["spec_acceptance_by_pos"] = [
+            record[k] for k in sorted((k for k in record if k.startswith("spec/acceptance_pos")),
+                                      key=lambda k: int(k.removeprefix("spec/acceptance_pos")))]
     return LakeWriter(lake_url).write_steps_row(run_id, int(record["epoch"]), int(record["step"]), values)

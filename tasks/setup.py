@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
 from rhymerl.engine import EngineSpec
+from rhymerl.histospec.history import engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt
 from storage.lake import LakeWriter
@@ -46,6 +47,8 @@ class Runtime:
     lake_run_written: bool = False
     policy_version: int = 0
     initial_fingerprint: float = 0.0
+    spec_history: object = None  # the current epoch's HistoSpec BundleInfo, if any
+    speculation: dict = field(default_factory=dict)  # what the engines run (verifier, message)
 
 
 def new_run_id(name: str) -> str:
@@ -117,6 +120,9 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
             seed=cfg.seed + w, enforce_eager=cfg.rollout.enforce_eager,
             kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             cpu_core=w % cores, cache_dir=str(Path(".cache").absolute()),
+            speculation=engine_speculation(cfg.spec),
+            # vLLM's counters are the only acceptance figures for its own n-gram drafter.
+            log_stats=cfg.spec.enabled and cfg.spec.method == "ngram",
         )
         workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus)
                        .remote(w, spec))
@@ -130,8 +136,13 @@ def start_tracking_task(rt: Runtime) -> str:
     cfg = rt.cfg
     rt.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)
     params = flatten(config_to_dict(cfg))
+    if rt.workers:  # what the engines really run: the guard may have refused speculation
+        rt.speculation = ray.get(rt.workers[0].speculation.remote())
+        if cfg.spec.enabled and not rt.speculation["active"]:
+            get_run_logger().warning("speculation is off: %s", rt.speculation["message"])
     params.update({"run_id": rt.run_id, "model_dir": rt.model_dir, "prompts": len(rt.prompts),
-                   "prompts_skipped": rt.skipped})
+                   "prompts_skipped": rt.skipped,
+                   **{f"speculation.{k}": v for k, v in rt.speculation.items() if k != "message"}})
     rt.mlflow_run_id = rt.tracker.start(rt.run_id, params, tags={"rhymerl.run_id": rt.run_id,
                                                                   "rhymerl.lake": cfg.lake.url})
     rt.tracker.log_dict(config_to_dict(cfg), "config.json")

