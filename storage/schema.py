@@ -98,7 +98,8 @@ STEPS_SCHEMA = _schema("steps", [
     _col("bubble_ratio", pa.float64(), "Idle share of worker time while the step's rollout ran."),
     _col("makespan_s", pa.float64(), "Seconds from the first admission to the last finish."),
     _col("forecast_spearman", pa.float64(), "Rank correlation of forecast and actual mean lengths."),
-    _col("forecast_moved_fraction", pa.float64(), "Prompts whose length percentile moved > 10 points."),
+    _col("forecast_moved_fraction", pa.float64(),
+         "Prompts whose forecast and actual length percentiles differ by > 25 points."),
 ])
 
 RUNS_SCHEMA = _schema("runs", [

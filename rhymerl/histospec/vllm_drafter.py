@@ -47,6 +47,7 @@ import numpy as np
 
 from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig, SpecStats
 from rhymerl.histospec.index import HistoryBundle, SuffixIndex
+from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
 PROPOSER_CLASS = "rhymerl.histospec.vllm_drafter.HistoSpecProposer"
@@ -136,6 +137,11 @@ class BatchDrafter:
         self.prompts: dict[int, _Prompt] = {}
         self.states: dict[bytes, list[_Request]] = {}
         self.step = 0
+        self.cost = StepCostModel()
+        self.pos_drafted: list[int] = []  # [j]: drafts that reached position j (whole life)
+        self.pos_accepted: list[int] = []  # [j]: ... whose token j was accepted
+        self._stamp: float | None = None  # when the last propose returned (the engine step starts)
+        self._step_tokens = 0  # tokens the engine processes in that step
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -144,6 +150,8 @@ class BatchDrafter:
             return [[] for _ in sampled_token_ids]
         t0 = time.perf_counter()
         self.step += 1
+        processed, continued = 0, False  # tokens the step that just ran processed, and whether
+        # any request carried over (a step after an idle gap has none and is not timed)
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([p.prompt_token_ids for p in self.bundle.prompts],
                                      token_ids_cpu.dtype)
@@ -157,9 +165,13 @@ class BatchDrafter:
             req = bucket.pop() if bucket else None
             if req is None:
                 req = self._start(row, n)
+                processed += n - len(sampled)  # its prefill (cached prompt blocks counted too)
             else:
                 accepted = min(len(sampled) - 1, req.drafted)
                 self.stats.record(req.drafted, accepted)
+                self._count_positions(req.drafted, accepted)
+                processed += 1 + req.drafted
+                continued = True
                 req.budget = self.rule.update(req.budget, req.drafted, accepted)
                 if req.sib >= 0:
                     req.prompt.index.extend(req.sib, sampled)
@@ -177,9 +189,44 @@ class BatchDrafter:
             draft = req.prompt.drafter.propose(ctx, budget) if budget > 0 else EMPTY
             req.drafted = len(draft.tokens)
             out[i] = list(draft.tokens)
+        if continued and self._stamp is not None:
+            self._observe(processed, t0 - self._stamp)
+        if self.spec.cost_aware:
+            self._trim(out, todo)
         self._keep_recent(claimed)
-        self.stats.drafter_seconds += time.perf_counter() - t0
+        self._step_tokens = len(todo) + sum(len(d) for d in out)
+        self._stamp = time.perf_counter()
+        self.stats.drafter_seconds += self._stamp - t0
         return out
+
+    def _count_positions(self, drafted: int, accepted: int) -> None:
+        grow = drafted - len(self.pos_drafted)
+        if grow > 0:
+            self.pos_drafted.extend([0] * grow)
+            self.pos_accepted.extend([0] * grow)
+        for j in range(drafted):
+            self.pos_drafted[j] += 1
+        for j in range(accepted):
+            self.pos_accepted[j] += 1
+
+    def _observe(self, processed: int, seconds: float) -> None:
+        """Time the step that just ran, skipping outliers (a pause between generate calls)."""
+        guess = self.cost.predict(processed)
+        if guess is None or seconds < 10 * guess:
+            self.cost.observe(processed, seconds)
+
+    def _trim(self, out: list[list[int]], todo: list) -> None:
+        """Shorten this step's drafts to what pays for itself (see rhymerl.histospec.step_budget)."""
+        coef = self.cost.coefficients()
+        longest = max((len(d) for d in out), default=0)
+        if coef is None or longest == 0:
+            return
+        q = position_acceptance(self.pos_accepted, self.pos_drafted, longest)
+        rows = [i for i, _ in todo]
+        kept = trim_drafts([out[i] for i in rows], len(rows), len(rows), q, coef)
+        for (i, req), draft in zip(todo, kept):
+            out[i] = draft
+            req.drafted = len(draft)
 
     def _start(self, row: np.ndarray, n: int) -> _Request:
         """State for a request seen for the first time: find its prompt, open its sibling sequence."""

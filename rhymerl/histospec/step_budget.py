@@ -1,0 +1,106 @@
+"""Cost-aware drafting across a batch: keep only the draft tokens that raise tokens per second.
+
+The per-request budget rules (`drafter.BUDGET_RULES`) decide how far one request may draft; they do
+not see the batch. But a verification step costs about `c0 + c1 * tokens` seconds, where `tokens`
+counts every token the engine processes in the step (one per running request plus all draft
+tokens, plus prefill). Where the fixed part `c0` dominates (a GPU decoding a small model, or the
+last few long requests of a step) drafts are nearly free and speculation multiplies throughput;
+where the per-token part dominates (a CPU running hundreds of requests) every rejected draft token
+costs as much as a useful one and speculation can make a step slower than no speculation at all.
+
+`StepCostModel` fits `c0` and `c1` online from the engine's own step times (least squares with
+exponential forgetting, so it follows the batch as it shrinks). `trim_drafts` then solves the
+step's fractional knapsack: a draft token at position j is accepted with probability q[j]
+(measured by `SpecStats`, nonincreasing in j), so it adds q[j] expected tokens for c1 seconds.
+Taking tokens in decreasing q while q[j] * T > c1 * E (E expected tokens, T seconds of the step so
+far) maximises E / T; each request keeps a prefix of its draft. Trimming only shortens drafts, so
+the verifier, and therefore the sampled distribution, is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
+
+
+@dataclass
+class StepCostModel:
+    """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
+
+    decay: float = 0.95  # weight of older steps per new one (memory of ~20 steps)
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    count: int = 0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        """Add one step: `tokens` processed in `seconds`."""
+        d = self.decay
+        self.n = d * self.n + 1.0
+        self.sx = d * self.sx + tokens
+        self.sy = d * self.sy + seconds
+        self.sxx = d * self.sxx + tokens * tokens
+        self.sxy = d * self.sxy + tokens * seconds
+        self.count += 1
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(c0, c1), or None until `MIN_OBSERVATIONS` steps with some spread in tokens were seen.
+
+        c1 is kept positive and c0 non-negative: a noisy fit must never make tokens look free.
+        """
+        if self.count < MIN_OBSERVATIONS or self.n <= 0:
+            return None
+        mx, my = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mx * mx
+        if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
+            c1 = my / max(mx, 1.0)
+            return 0.0, max(c1, 1e-9)
+        c1 = max((self.sxy / self.n - mx * my) / var, 1e-9 * max(my, 1e-9))
+        return max(my - c1 * mx, 0.0), c1
+
+    def predict(self, tokens: float) -> float | None:
+        coef = self.coefficients()
+        return None if coef is None else coef[0] + coef[1] * tokens
+
+
+def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], length: int) -> list[float]:
+    """q[j] for j < length: chance a draft's token j is accepted, nonincreasing in j.
+
+    Laplace-smoothed counts ((a + 1) / (d + 2)) so unseen positions start at one half, then a
+    running minimum: a token can only be accepted after every token before it.
+    """
+    out, low = [], 1.0
+    for j in range(length):
+        a = accepted_at[j] if j < len(accepted_at) else 0
+        d = drafted_at[j] if j < len(drafted_at) else 0
+        low = min(low, (a + 1.0) / (d + 2.0))
+        out.append(low)
+    return out
+
+
+def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
+                q: Sequence[float], coef: tuple[float, float]) -> list[list[int]]:
+    """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
+
+    `base_tokens`: tokens the step processes without any draft (running requests + prefill);
+    `expected_base`: tokens it emits without drafts (one per decoding request); `q[j]`: acceptance
+    chance of a token at position j (nonincreasing); `coef`: the step cost (c0, c1).
+    """
+    c0, c1 = coef
+    items = sorted(((q[j], j, i) for i, d in enumerate(drafts) for j in range(min(len(d), len(q)))),
+                   key=lambda t: (-t[0], t[1]))
+    keep = [0] * len(drafts)
+    emitted, seconds = expected_base, c0 + c1 * base_tokens
+    for p, j, i in items:
+        if p * seconds <= c1 * emitted:
+            break  # every later token has p no larger while emitted / seconds only grew
+        if j != keep[i]:
+            continue  # not the next token of its draft (ties at equal p): leave for prefix order
+        keep[i] = j + 1
+        emitted += p
+        seconds += c1
+    return [list(d[:k]) for d, k in zip(drafts, keep)]

@@ -1,0 +1,66 @@
+"""Cost-aware batch drafting: the step-cost fit and the knapsack that trims drafts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rhymerl.histospec.step_budget import (MIN_OBSERVATIONS, StepCostModel, position_acceptance,
+                                           trim_drafts)
+
+
+def test_cost_model_recovers_the_line_through_noisy_steps():
+    # Rule: seconds = c0 + c1 * tokens is recovered from noisy observations; no fit before
+    # MIN_OBSERVATIONS steps.
+    rng = random.Random(0)
+    model = StepCostModel()
+    for k in range(200):
+        tokens = rng.randint(10, 400)
+        if k == MIN_OBSERVATIONS - 1:
+            assert model.coefficients() is None
+        model.observe(tokens, 0.02 + 0.0005 * tokens + rng.gauss(0, 0.002))
+    c0, c1 = model.coefficients()
+    assert c0 == pytest.approx(0.02, abs=0.004) and c1 == pytest.approx(0.0005, rel=0.05)
+    assert model.predict(100) == pytest.approx(0.07, rel=0.05)
+
+
+def test_cost_model_follows_a_changing_engine_and_never_makes_tokens_free():
+    model = StepCostModel()
+    for t in range(100):
+        model.observe(100 + t % 7, 0.01 + 0.001 * (100 + t % 7))
+    for t in range(100):  # the engine gets 4x slower per token (e.g. a bigger batch shape)
+        model.observe(100 + t % 7, 0.01 + 0.004 * (100 + t % 7))
+    assert model.coefficients()[1] == pytest.approx(0.004, rel=0.1)
+    flat = StepCostModel()
+    for _ in range(20):
+        flat.observe(50, 0.1)  # no spread in tokens: all cost goes to tokens, none is free
+    assert flat.coefficients() == (0.0, pytest.approx(0.002))
+
+
+def test_position_acceptance_is_smoothed_and_nonincreasing():
+    # (a + 1) / (d + 2): 9/10 -> 10/12, 1/2 -> 0.5, then 6/6 -> 7/8 capped at 0.5; unseen 0.5.
+    assert position_acceptance([9, 1, 6], [10, 2, 6], 4) == pytest.approx([10 / 12, 0.5, 0.5, 0.5])
+
+
+def test_trim_keeps_the_tokens_that_raise_throughput():
+    # Hand-computed (c0 = 8, c1 = 1; 2 decoding requests: E = 2 tokens in T = 10 s):
+    # q 0.9: 9 > 2 keep (E 2.9, T 11); q 0.9: 9.9 > 2.9 keep (3.8, 12);
+    # q 0.5: 6 > 3.8 keep (4.3, 13); q 0.2: 2.6 < 4.3 stop.
+    q = [0.9, 0.5, 0.2]
+    assert trim_drafts([[1, 2, 3], [4]], 2, 2, q, (8.0, 1.0)) == [[1, 2], [4]]
+    # A fixed cost that dominates keeps everything; a purely per-token cost keeps nothing
+    # (0.9 * 2 s < 1 s/token * 2 tokens): speculation cannot pay when every token costs the same.
+    assert trim_drafts([[1, 2, 3], [4]], 2, 2, q, (1000.0, 1.0)) == [[1, 2, 3], [4]]
+    assert trim_drafts([[1, 2, 3], [4]], 2, 2, q, (0.0, 1.0)) == [[], []]
+    assert trim_drafts([[], []], 2, 2, q, (8.0, 1.0)) == [[], []]
+
+
+def test_trim_prefers_the_few_over_the_many():
+    # The same drafts are kept whole for a small batch and cut for a large one.
+    q = [0.8, 0.6, 0.4, 0.2]
+    drafts = [[7, 7, 7, 7]] * 4
+    small = trim_drafts(drafts, 4, 4, q, (0.01, 0.0001))  # 4 requests: step cost is mostly fixed
+    big = trim_drafts(drafts, 400, 400, q, (0.01, 0.0001))  # 400 requests: tokens dominate
+    assert all(len(d) == 4 for d in small)
+    assert sum(len(d) for d in big) < sum(len(d) for d in small)
