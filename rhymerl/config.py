@@ -137,6 +137,19 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """Resumable runs: trainer state and counters written after steps, the last few kept."""
+
+    every_steps: int = 1  # write a checkpoint after every N-th step; 0 = off (no resume possible)
+    keep: int = 2  # committed checkpoints kept per run (older ones are deleted after each commit)
+    dir: str = ""  # "" = <lake.url>/_checkpoints (next to the lake); any fsspec URL
+
+    def __post_init__(self) -> None:
+        _check(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0 (0 turns checkpoints off)")
+        _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A whole training run."""
 
@@ -151,6 +164,7 @@ class RunConfig:
     lake: LakeConfig = field(default_factory=LakeConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1")

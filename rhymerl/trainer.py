@@ -11,6 +11,7 @@ deterministic function of the weights: the first update of each step then sees r
 from __future__ import annotations
 
 import copy
+import io
 import shutil
 import time
 from dataclasses import dataclass
@@ -250,3 +251,13 @@ class Trainer:
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.policy_version = int(state["policy_version"])
         torch.set_rng_state(state["torch_rng"])
+
+    def state_bytes(self) -> bytes:
+        """`state()` serialised with torch.save (what a checkpoint stores)."""
+        buffer = io.BytesIO()
+        torch.save(self.state(), buffer)
+        return buffer.getvalue()
+
+    def load_state_bytes(self, blob: bytes) -> None:
+        """Restore from `state_bytes()`; tensors and plain values only (weights_only)."""
+        self.load_state(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True))

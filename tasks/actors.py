@@ -117,6 +117,15 @@ class TrainerWorker:
 
         return weights_fingerprint(self.trainer.model.named_parameters())
 
+    def export_state(self) -> bytes:
+        """Policy, optimizer, policy version and torch RNG as bytes (a checkpoint's trainer.pt)."""
+        return self.trainer.state_bytes()
+
+    def import_state(self, blob: bytes) -> int:
+        """Restore what `export_state` returned; returns the restored policy version."""
+        self.trainer.load_state_bytes(blob)
+        return self.trainer.policy_version
+
     def save(self, out_dir: str) -> str:
         self.trainer.save(out_dir)
         return out_dir

@@ -58,3 +58,17 @@ def test_default_config_file_loads():
     from pathlib import Path
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.toml")
     assert cfg.epochs >= 3 and cfg.data.num_prompts >= 32 and cfg.rollout.n >= 4
+
+
+def test_checkpoint_section_defaults_and_checks():
+    # Rule: checkpoints after every step, keep 2, next to the lake unless a dir is given.
+    cfg = load_config(None, [])
+    assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.dir) == (1, 2, "")
+    cfg = load_config(None, ["checkpoint.every_steps=0", 'checkpoint.dir="s3://b/ckpt"'])
+    assert (cfg.checkpoint.every_steps, cfg.checkpoint.dir) == (0, "s3://b/ckpt")
+    with pytest.raises(ConfigError, match="'checkpoint.every_steps'.*>= 0"):
+        load_config(None, ["checkpoint.every_steps=-1"])
+    with pytest.raises(ConfigError, match="'checkpoint.keep'.*>= 1"):
+        load_config(None, ["checkpoint.keep=0"])
+    with pytest.raises(ConfigError, match="'checkpoint.keep'.*integer"):
+        load_config(None, ["checkpoint.keep=true"])

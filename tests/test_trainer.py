@@ -177,6 +177,20 @@ def test_load_state_resumes_exactly(model_dir: str) -> None:
         torch.testing.assert_close(w, expected[name], atol=0, rtol=0)
 
 
+def test_state_bytes_restore_a_fresh_trainer(model_dir: str) -> None:
+    # Rule: a new trainer (a resumed run's new process) loaded from bytes continues exactly.
+    trainer = Trainer(model_dir, TrainConfig(lr=1e-3))
+    trainer.train_step(BATCH)
+    blob = trainer.state_bytes()
+    trainer.train_step(BATCH[:2])
+    fresh = Trainer(model_dir, TrainConfig(lr=1e-3))
+    fresh.load_state_bytes(blob)
+    assert fresh.policy_version == 1
+    fresh.train_step(BATCH[:2])
+    for name, w in fresh.model.state_dict().items():
+        torch.testing.assert_close(w, trainer.model.state_dict()[name], atol=0, rtol=0)
+
+
 def test_bad_inputs_get_clear_errors(model_dir: str) -> None:
     trainer = Trainer(model_dir, TrainConfig())
     with pytest.raises(ValueError, match="empty batch"):
