@@ -32,15 +32,36 @@ def _project_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here
 
 
+def _default_config() -> str | None:
+    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
+
+
+def _resume_config(args: argparse.Namespace, overrides: list[str]):
+    """A resumed run's config: the one stored in the lake's runs table, then --set/--lake on top.
+
+    The lake to look in is --lake, else the lake.url of the default config.
+    """
+    from rhymerl.config import apply_overrides, config_from_dict, load_config
+    from tasks.resume import stored_config
+
+    lake_url = args.lake or load_config(_default_config()).lake.url
+    return config_from_dict(apply_overrides(stored_config(lake_url, args.resume), overrides))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rhymerl.config import ConfigError, config_to_dict, load_config
+    from storage.lake import LakeError
 
     overrides = list(args.set or [])
     if args.lake:
         overrides.append(f'lake.url="{args.lake}"')
     try:
-        cfg = load_config(args.config, overrides)
-    except ConfigError as exc:
+        if args.resume and args.config is None:
+            _project_env()  # before tasks.resume imports Prefect
+            cfg = _resume_config(args, overrides)
+        else:
+            cfg = load_config(args.config or _default_config(), overrides)
+    except (ConfigError, LakeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
@@ -49,11 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _project_env()
     from flows.run import run_flow
     from rhymerl.data import DatasetError
-    from storage.lake import LakeError
 
     t0 = time.perf_counter()
-    try:
-        result = run_flow(config=config_to_dict(cfg))  # the flow logs the per-epoch summary table
+    try:  # the flow logs the per-epoch summary table
+        result = run_flow(config=config_to_dict(cfg), resume=args.resume)
     except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
         # Bad input (dataset, model directory, lake URL): the flow's log has the traceback;
         # the user needs the one line that names the problem and the fix.
@@ -91,12 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run RL training (a Prefect flow; rollouts and training on Ray)",
                          description="Run GRPO training. Settings come from a TOML file and --set overrides.")
-    run.add_argument("--config", default=DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None,
-                     help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in defaults)")
+    run.add_argument("--config", help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in "
+                                       "defaults; with --resume, the run's stored config)")
     run.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                      help="override settings, e.g. --set rollout.n=8 train.lr=1e-4 (repeatable)")
     run.add_argument("--lake", help="lake URL (local folder or s3://bucket/prefix); same as --set lake.url=...")
     run.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    run.add_argument("--resume", metavar="RUN_ID",
+                     help="continue RUN_ID after its last checkpoint (same lake rows and MLflow run); "
+                          "its config comes from the lake's runs table unless --config is given")
     run.set_defaults(func=cmd_run)
 
     model = sub.add_parser("model", help="the built-in tiny model")

@@ -1,8 +1,9 @@
 """The training run as Prefect flows: a run flow that runs one epoch flow per epoch.
 
-Reads like a recipe: each step is rollout -> reward -> lake write -> train -> weight sync,
-with the work itself in Ray actors (see `tasks/`). The flow's parameters are plain values (the
-config as a nested dict) so the Prefect UI can show and edit them.
+Reads like a recipe: each step is rollout -> reward -> lake write -> train -> weight sync ->
+checkpoint, with the work itself in Ray actors (see `tasks/`). The flow's parameters are plain
+values (the config as a nested dict) so the Prefect UI can show and edit them. A resumed run
+(`resume=RUN_ID`) restores the last checkpoint and continues with the step after it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tasks.report import lake_step_task, log_step_task, plot_task
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
+from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task
 from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 
@@ -27,8 +29,9 @@ _RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflo
 
 
 @flow(name="rhymerl-epoch", flow_run_name="{run_id}-epoch-{epoch}")
-def epoch_flow(run_id: str, epoch: int) -> list[dict]:
-    """Every prompt once, in steps of `rollout.prompts_per_step`; returns each step's record."""
+def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
+    """Every prompt once, in steps of `rollout.prompts_per_step` (from `start_step` when resuming
+    mid-epoch: the order depends on seed and epoch only); returns each step's record."""
     rt = _RUNTIMES[run_id]
     cfg = rt.cfg
     spec = SamplingSpec(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
@@ -37,12 +40,17 @@ def epoch_flow(run_id: str, epoch: int) -> list[dict]:
     rt.spec_history = history_task(cfg.spec, cfg.lake.url, rt.run_id, epoch, order, rt.workers)
     records = []
     for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
-        records.append(run_step(rt, epoch, step, batch, spec))
+        if step >= start_step:
+            records.append(run_step(rt, epoch, step, batch, spec))
     return records
 
 
 def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> dict:
-    """One on-policy step: every sample comes from the weights after the previous step."""
+    """One on-policy step: every sample comes from the weights after the previous step.
+
+    A step the lake committed before a crash (after the last checkpoint) trains on its
+    committed rows instead of sampling again, so it is neither lost nor duplicated.
+    """
     cfg = rt.cfg
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -50,12 +58,19 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
                      spec.max_tokens)
     timings["plan_s"] = time.perf_counter() - t0
     t = time.perf_counter()
-    samples = rollout_task(rt.workers, plan.placement, spec)
-    timings["rollout_s"] = time.perf_counter() - t
-    speculation = spec_stats_task(rt.workers)
-    t = time.perf_counter()
-    scores = reward_task(batch, samples)
-    timings["reward_s"] = time.perf_counter() - t
+    if (epoch, step) in rt.reuse:
+        samples, scores = lake_rows_task(cfg.lake.url, rt.run_id, epoch, step, batch, spec.n,
+                                         rt.policy_version)
+        speculation = None  # the original rollout's counters died with it
+        timings["rollout_s"] = time.perf_counter() - t
+        timings["reward_s"] = 0.0
+    else:
+        samples = rollout_task(rt.workers, plan.placement, spec)
+        timings["rollout_s"] = time.perf_counter() - t
+        speculation = spec_stats_task(rt.workers)
+        t = time.perf_counter()
+        scores = reward_task(batch, samples)
+        timings["reward_s"] = time.perf_counter() - t
     t = time.perf_counter()
     lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, samples, scores, rt.policy_version)
     timings["lake_s"] = time.perf_counter() - t
@@ -74,6 +89,8 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
               **{f"train_{k}": v for k, v in train.items()}}
+    if (epoch, step) in rt.reuse:  # rollout_s above is the lake read, not a rollout
+        record["reused_lake_rows"] = 1.0
     if speculation is not None:
         record.update(speculation.as_metrics("spec/"))
     if step == 0 and rt.spec_history is not None:  # the epoch's bundle, reported once
@@ -81,15 +98,19 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     rt.history.append(record)
     log_step_task(rt, record)
     lake_step_task(cfg.lake.url, rt.run_id, record, cfg.spec.method if speculation is not None else None)
+    checkpoint_task(rt, record)
     return record
 
 
 @flow(name="rhymerl-run", flow_run_name="{config[name]}")
-def run_flow(config: dict[str, Any], run_id: str | None = None) -> dict:
-    """Train for `epochs` epochs; returns the run id, MLflow run id, lake URL and per-epoch summary."""
+def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | None = None) -> dict:
+    """Train for `epochs` epochs; returns the run id, MLflow run id, lake URL and per-epoch summary.
+
+    With `resume`, continue that run from its last checkpoint: same run id, lake rows and MLflow run.
+    """
     cfg: RunConfig = config_from_dict(config)
     log = get_run_logger()
-    run_id = run_id or new_run_id(cfg.name)
+    run_id = resume or run_id or new_run_id(cfg.name)
     model_dir = prepare_model_task(cfg)
     prompts, skipped = prepare_prompts_task(cfg, model_dir)
     if skipped:
@@ -100,12 +121,19 @@ def run_flow(config: dict[str, Any], run_id: str | None = None) -> dict:
     try:
         rt.started_ray = init_ray(cfg.rollout.num_workers)
         rt.workers, rt.trainer, rt.initial_fingerprint = start_actors_task(cfg, model_dir)
-        start_tracking_task(rt)
+        start_epoch, start_step = 0, 0
+        if resume:
+            start = restore_task(rt)
+            sync_task(rt.trainer, rt.workers)  # the engines take the restored weights
+            resume_tracking_task(rt)
+            start_epoch, start_step = start.epoch, start.step
+        else:
+            start_tracking_task(rt)
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
                  cfg.epochs, cfg.lake.url)
-        for epoch in range(cfg.epochs):
-            epoch_flow(run_id, epoch)
+        for epoch in range(start_epoch, cfg.epochs):
+            epoch_flow(run_id, epoch, start_step if epoch == start_epoch else 0)
         plot_task(rt)
         status = "finished"
     finally:

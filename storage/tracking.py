@@ -118,6 +118,20 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=flat[i:i + PARAMS_PER_BATCH])
         return self.run_id
 
+    def resume(self, mlflow_run_id: str) -> set[int]:
+        """Reopen an existing run (status RUNNING again) to keep logging to it; returns the steps
+        at which it already has metrics, so a resumed run need not log a step twice."""
+        if self.run_id is not None:
+            raise RuntimeError(f"MLflow run {self.run_id} is still active; call finish() first")
+        try:
+            run = self.client.get_run(mlflow_run_id)
+        except MlflowException as exc:
+            raise ValueError(f"MLflow run {mlflow_run_id!r} is not in {self.uri}; resume with the "
+                             "tracking.uri the run was started with") from exc
+        self.client.update_run(mlflow_run_id, status="RUNNING")
+        self.run_id = mlflow_run_id
+        return {m.step for key in run.data.metrics for m in self.client.get_metric_history(mlflow_run_id, key)}
+
     def log_metrics(self, metrics: Mapping[str, float | int | None], step: int) -> None:
         """Log numeric metrics at `step`; None values are skipped."""
         run_id = self._active()

@@ -49,6 +49,8 @@ class Runtime:
     initial_fingerprint: float = 0.0
     spec_history: object = None  # the current epoch's HistoSpec BundleInfo, if any
     speculation: dict = field(default_factory=dict)  # what the engines run (verifier, message)
+    logged_steps: set[int] = field(default_factory=set)  # global steps MLflow has (a resumed run)
+    reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
 
 
 def new_run_id(name: str) -> str:

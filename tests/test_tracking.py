@@ -76,6 +76,25 @@ def test_artifacts_and_failed_status(tracking_uri: str, tmp_path: Path) -> None:
     assert names == ["config.json", "notes", "reward.png"]
 
 
+def test_resume_continues_the_same_run(tracking_uri: str) -> None:
+    # Rule: a resumed run logs to the MLflow run it started, and learns which steps it has.
+    tracker = MlflowTracker(tracking_uri, "resume")
+    run_id = tracker.start("run-r", {"seed": 0})
+    tracker.log_metrics({"reward_mean": 0.5, "loss": 1.0}, step=0)
+    tracker.log_metrics({"loss": 0.9}, step=1)
+    tracker.finish("failed")
+    again = MlflowTracker(tracking_uri, "resume")
+    assert again.resume(run_id) == {0, 1}
+    assert MlflowClient(tracking_uri).get_run(run_id).info.status == "RUNNING"
+    again.log_metrics({"reward_mean": 0.75}, step=2)
+    again.finish()
+    history = MlflowClient(tracking_uri).get_metric_history(run_id, "reward_mean")
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.5), (2, 0.75)]
+    assert MlflowClient(tracking_uri).get_run(run_id).info.status == "FINISHED"
+    with pytest.raises(ValueError, match="tracking.uri"):
+        again.resume("0" * 32)
+
+
 def test_bad_calls_name_the_fix(tracking_uri: str) -> None:
     # Rule: misuse is refused with a message saying what to do.
     tracker = MlflowTracker(tracking_uri, "misuse")

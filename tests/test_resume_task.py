@@ -1,0 +1,145 @@
+"""The resume tasks without Ray: checkpoint -> restore on a local lake, and committed rows read back."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from prefect.logging import disable_run_logger
+
+import tasks.resume as resume
+from rhymerl.config import load_config
+from rhymerl.records import Prompt, Sample
+from rhymerl.rollout import rollout_rows
+from storage.checkpoints import CheckpointStore, checkpoint_url
+from storage.lake import LakeWriter, rows_to_table
+
+
+class _Remote:
+    """Calls a local object's method through `.remote(...)`, as a Ray actor handle does."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def __getattr__(self, name):
+        return SimpleNamespace(remote=getattr(self.target, name))
+
+
+class FakeTrainer:
+    """State is its policy version, as bytes: enough to see what the store carried."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.version = version
+
+    def export_state(self) -> bytes:
+        return f"v{self.version}".encode()
+
+    def import_state(self, blob: bytes) -> int:
+        self.version = int(blob.decode()[1:])
+        return self.version
+
+
+PROMPTS = [Prompt(f"p{i}", i, f"q{i}", (i + 1,), str(i)) for i in range(4)]
+
+
+def _runtime(tmp_path, trainer: FakeTrainer, *overrides: str):
+    cfg = load_config(None, [f'lake.url="{tmp_path / "lake"}"', "rollout.prompts_per_step=2", "rollout.n=2",
+                             "epochs=2", "checkpoint.keep=1", *overrides])
+    return SimpleNamespace(cfg=cfg, run_id="run-1", prompts=PROMPTS, trainer=_Remote(trainer), history=[],
+                           policy_version=trainer.version, mlflow_run_id="mlf-1", reuse=frozenset())
+
+
+def _commit(cfg, epoch: int, step: int, prompts, version: int) -> None:
+    samples = [Sample(p.prompt_id, k, (7, k), (-0.5, -0.25), f"r{k}", "stop", 0, 1.0, 2.0)
+               for p in prompts for k in range(2)]
+    rows = rollout_rows("run-1", epoch, step, prompts, samples, [(float(k), k == 1, True) for p in prompts
+                                                                for k in range(2)], version)
+    writer = LakeWriter(cfg.lake.url)
+    key = writer.write_rollouts("run-1", epoch, step, 0, 1, rows_to_table(rows))
+    writer.commit_step("run-1", epoch, step, [key])
+
+
+@pytest.fixture(autouse=True)
+def _no_ray(monkeypatch):
+    monkeypatch.setattr(resume.ray, "get", lambda value: value)
+
+
+def test_checkpoint_then_restore_continues_after_it(tmp_path):
+    # Rule: restore gives back the trainer state, counters and history of the last checkpoint.
+    trainer = FakeTrainer()
+    rt = _runtime(tmp_path, trainer)
+    for g, (epoch, step) in enumerate([(0, 0), (0, 1)]):
+        _commit(rt.cfg, epoch, step, PROMPTS[2 * step:2 * step + 2], version=g)
+        trainer.version = rt.policy_version = g + 1
+        rt.history.append({"epoch": epoch, "step": step, "global_step": g, "reward_mean": 0.5})
+        assert resume.checkpoint_task.fn(rt, rt.history[-1]) is True
+    assert CheckpointStore(checkpoint_url(rt.cfg.lake.url)).steps("run-1") == [1]  # keep=1
+    _commit(rt.cfg, 1, 0, PROMPTS[:2], version=2)  # committed, then the run died before its checkpoint
+
+    fresh = FakeTrainer()
+    again = _runtime(tmp_path, fresh)
+    with disable_run_logger():
+        plan = resume.restore_task.fn(again)
+    assert (plan.epoch, plan.step, plan.global_step) == (1, 0, 2)
+    assert again.reuse == {(1, 0)} and fresh.version == again.policy_version == 2
+    assert again.history == rt.history and again.mlflow_run_id == "mlf-1"
+
+
+def test_every_steps_and_off(tmp_path):
+    rt = _runtime(tmp_path, FakeTrainer(), "checkpoint.every_steps=2")
+    assert resume.checkpoint_task.fn(rt, {"epoch": 0, "step": 0, "global_step": 0}) is False
+    assert resume.checkpoint_task.fn(rt, {"epoch": 0, "step": 1, "global_step": 1}) is True
+    off = _runtime(tmp_path, FakeTrainer(), "checkpoint.every_steps=0")
+    assert resume.checkpoint_task.fn(off, {"epoch": 0, "step": 0, "global_step": 0}) is False
+
+
+def test_restore_refuses_without_checkpoint_or_with_other_prompts(tmp_path):
+    rt = _runtime(tmp_path, FakeTrainer())
+    with pytest.raises(ValueError, match="no committed checkpoint"):
+        resume.restore_task.fn(rt)
+    resume.checkpoint_task.fn(rt, {"epoch": 0, "step": 0, "global_step": 0})
+    rt.prompts = PROMPTS[::-1]
+    with pytest.raises(ValueError, match="other prompts"):
+        resume.restore_task.fn(rt)
+
+
+def test_committed_rows_come_back_for_training(tmp_path):
+    # Rule: the lake's rows of a step are the samples and scores it trained on, in batch order.
+    rt = _runtime(tmp_path, FakeTrainer())
+    _commit(rt.cfg, 0, 1, PROMPTS[2:], version=1)
+    samples, scores = resume.lake_rows_task.fn(rt.cfg.lake.url, "run-1", 0, 1, PROMPTS[2:], 2, 1)
+    assert [(s.prompt_id, s.sample_idx, s.token_ids) for s in samples] == [
+        ("p2", 0, (7, 0)), ("p2", 1, (7, 1)), ("p3", 0, (7, 0)), ("p3", 1, (7, 1))]
+    assert scores == [(0.0, False, True), (1.0, True, True)] * 2
+
+
+def test_stored_config_round_trip(tmp_path):
+    rt = _runtime(tmp_path, FakeTrainer())
+    LakeWriter(rt.cfg.lake.url).write_run("run-1", "rhymerl", rt.cfg)
+    assert resume.stored_config(rt.cfg.lake.url, "run-1")["rollout"]["n"] == 2
+    with pytest.raises(resume.LakeError, match="has no run 'other'"):
+        resume.stored_config(rt.cfg.lake.url, "other")
+
+
+def test_resume_tracking_reopens_mlflow_and_the_lake_run(tmp_path):
+    # Rule: the same MLflow run continues (its logged steps known), the lake run is 'running' again.
+    from mlflow.tracking import MlflowClient
+
+    from storage.lake import Lake
+    from storage.tracking import MlflowTracker
+
+    rt = _runtime(tmp_path, FakeTrainer(), f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"')
+    tracker = MlflowTracker(rt.cfg.tracking.uri, rt.cfg.tracking.experiment)
+    rt.mlflow_run_id = tracker.start("run-1", {"seed": 0})
+    tracker.log_metrics({"reward_mean": 0.5}, step=0)
+    tracker.finish("failed")
+    writer = LakeWriter(rt.cfg.lake.url)
+    writer.write_run("run-1", "rhymerl", rt.cfg, started_at=100.0)
+    writer.finish_run("run-1", "failed")
+    with disable_run_logger():
+        assert resume.resume_tracking_task.fn(rt) == rt.mlflow_run_id
+    assert rt.logged_steps == {0} and rt.lake_run_written
+    assert MlflowClient(rt.cfg.tracking.uri).get_run(rt.mlflow_run_id).info.status == "RUNNING"
+    rt.tracker.finish("finished")
+    run = Lake(rt.cfg.lake.url).sql("SELECT status, started_at FROM runs").to_pylist()
+    assert run == [{"status": "running", "started_at": 100.0}]
