@@ -124,7 +124,8 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         start_epoch, start_step = 0, 0
         if resume:
             start = restore_task(rt)
-            sync_task(rt.trainer, rt.workers)  # the engines take the restored weights
+            # The engines take the restored weights; the run's "initial" weights are these now.
+            rt.initial_fingerprint = sync_task(rt.trainer, rt.workers)["engine_fingerprint"]
             resume_tracking_task(rt)
             start_epoch, start_step = start.epoch, start.step
         else:
