@@ -6,6 +6,7 @@
     runs/run_id=R/{updated_at_ns}-{status}.parquet   one run state, immutable; latest wins
     _quarantine/<original key>                  a damaged or leftover file moved aside by verify
     _quarantine/<original key>.reason.json      why it was moved; readers skip such keys loudly
+    _checkpoints/R/step-G/                      run checkpoints by default (storage/checkpoints.py)
 """
 
 from __future__ import annotations
