@@ -274,7 +274,8 @@ def histospec_runs(tiny: Setup, spec_runs: SpecRuns, tmp_path_factory) -> HistoR
     from rhymerl.histospec.history import bundle_for_epoch, engine_speculation
     from rhymerl.histospec.vllm_drafter import INDEX_ENV
 
-    spec = SpecConfig(max_budget=K, cost_aware=False)  # every draft verified: the most exposure
+    # A fixed budget of K and no batch trimming: the longest drafts the history allows, every time.
+    spec = SpecConfig(max_budget=K, budget_rule="fixed", cost_aware=False)
     sharp = spec_runs.fixed["T=0.7 top_p=0.9"]
     hist = [(p.prompt_id, sharp[i * N_PER_PROMPT + j]) for i, p in enumerate(tiny.prompts) for j in range(20)]
     blob, _ = bundle_for_epoch(tiny.prompts, {"prompt_id": [h[0] for h in hist],
