@@ -143,3 +143,25 @@ def test_resume_tracking_reopens_mlflow_and_the_lake_run(tmp_path):
     rt.tracker.finish("finished")
     run = Lake(rt.cfg.lake.url).sql("SELECT status, started_at FROM runs").to_pylist()
     assert run == [{"status": "running", "started_at": 100.0}]
+
+
+def test_cli_resume_takes_the_stored_config(tmp_path, monkeypatch, capsys):
+    # Rule: `rhymerl run --resume R` runs with R's stored config, --set on top; a missing run is
+    # one error line.
+    import json
+
+    from flows.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no configs/default.toml here: its lake would be ./lake
+    for name in ("PREFECT_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "RAY_AUTH_MODE",
+                 "TOKENIZERS_PARALLELISM", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+                 "PREFECT_SERVER_ANALYTICS_ENABLED"):
+        monkeypatch.setenv(name, "unchanged")  # the CLI sets these only if unset
+    rt = _runtime(tmp_path, FakeTrainer())
+    LakeWriter(rt.cfg.lake.url).write_run("run-1", "rhymerl", rt.cfg)
+    lake = str(tmp_path / "lake")
+    assert main(["run", "--resume", "run-1", "--lake", lake, "--set", "epochs=3", "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["rollout"]["n"], printed["epochs"], printed["lake"]["url"]) == (2, 3, lake)
+    assert main(["run", "--resume", "nope", "--lake", lake, "--print-config"]) == 2
+    assert "has no run 'nope'" in capsys.readouterr().err
