@@ -167,7 +167,8 @@ def format_report(report: dict) -> str:
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
     s = report["settings"]
     head = (f"HistoSpec bench, {report['date']}, {report['machine']}: {s['prompts']} prompts x n={s['n']}, "
-            f"T={s['temperature']}, max_tokens {s['max_tokens']}, median of {s['repeats']}")
+            f"T={s['temperature']}, max_tokens {s['max_tokens']}, max_num_seqs {s['max_num_seqs']}, "
+            f"median of {s['repeats']}")
     return head + "\n" + "\n".join(lines)
 
 
