@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rhymerl.histospec.drafter import SpecConfig, SpecStats
-from rhymerl.histospec.history import BundleInfo, bundle_for_epoch, uses_bundle
+from rhymerl.histospec.history import BundleInfo, bundle_for_epoch, merge_history, uses_bundle
 from rhymerl.records import Prompt
 from storage.lake import Lake
 
@@ -36,6 +36,8 @@ def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, promp
     if epoch > 0 and spec.history_epochs > 0:
         with Lake(lake_url) as lake:
             columns = lake.prompt_history(run_id, epoch, spec.history_epochs).to_pydict()
+    if spec.warm_start_run and spec.history_epochs > 0:
+        columns = _with_warm_start(columns, spec, lake_url)
     query_s = time.perf_counter() - t0
     blob, info = bundle_for_epoch(prompts, columns, spec)
     ref = ray.put(blob)
@@ -58,3 +60,14 @@ def spec_stats_task(workers: list) -> SpecStats | None:
     for part in parts:
         total.merge(SpecStats(**part))
     return total
+
+
+def _with_warm_start(columns: dict, spec: SpecConfig, lake_url: str) -> dict:
+    """`columns` plus the warm-start run's history for prompts that have none in this run."""
+    with Lake(spec.warm_start_lake or lake_url) as lake:
+        warm = lake.prompt_history(spec.warm_start_run, 2**31 - 1, spec.history_epochs).to_pydict()
+    if not warm.get("prompt_id"):
+        get_run_logger().warning("spec.warm_start_run %r has no responses in lake %s; no warm start",
+                                 spec.warm_start_run, spec.warm_start_lake or lake_url)
+        return columns
+    return merge_history(columns, warm)

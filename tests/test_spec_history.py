@@ -7,7 +7,7 @@ import pytest
 from rhymerl.config import ConfigError, load_config
 from rhymerl.engine import stats_from_counters
 from rhymerl.histospec.drafter import SpecConfig
-from rhymerl.histospec.history import bundle_for_epoch, engine_speculation, uses_bundle
+from rhymerl.histospec.history import bundle_for_epoch, engine_speculation, merge_history, uses_bundle
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.records import Prompt, prompt_id_of
 from storage.lake import Lake, LakeWriter, rows_to_table
@@ -96,3 +96,12 @@ def test_vllm_counters_become_spec_stats():
     assert stats.steps == 89 and stats.mean_accepted_length == pytest.approx(100 / 89)
     assert stats.acceptance_by_position() == pytest.approx([0.6, 0.4, 0.1])  # of drafts reaching j
     assert stats_from_counters({}).steps == 0
+
+
+def test_warm_start_fills_only_prompts_without_history(lake):
+    # Rule: another run's history joins only for prompts this run has not seen; own rows win.
+    own = {"prompt_id": ["a"], "response_token_ids": [[1]], "reward": [1.0]}
+    warm = lake.prompt_history("other", 2**31 - 1, 1).to_pydict()  # run "other": prompt a only
+    assert merge_history(own, warm) == own
+    merged = merge_history({}, lake.prompt_history("r", 2**31 - 1, 1).to_pydict())
+    assert merged == {"prompt_id": ["a", "b"], "response_token_ids": [[7], [8]], "reward": [0.0, 1.0]}

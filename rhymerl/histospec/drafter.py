@@ -256,6 +256,10 @@ class SpecConfig:
     reward_weighted: bool = False  # branch by reward sum instead of occurrence count
     siblings: bool = True  # the current group's responses join the index as they grow
     history_epochs: int = 1  # earlier epochs (that saw the prompt) whose responses form the history
+    # Warm start: prompts without history in this run take it from another run's last epochs
+    # (prompt ids hash the prompt's tokens, so the same prompts match across runs).
+    warm_start_run: str = ""  # run id ("" = off)
+    warm_start_lake: str = ""  # its lake URL ("" = this run's lake)
     # Trim drafts across the batch to what raises tokens per second under the engine's measured
     # step cost (rhymerl.histospec.step_budget); engine only, replay has no step times.
     cost_aware: bool = True

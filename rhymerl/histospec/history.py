@@ -66,6 +66,17 @@ def bundle_for_epoch(prompts: Sequence[Prompt], history: Mapping[str, Sequence[A
     return blob, info
 
 
+def merge_history(own: Mapping[str, Sequence[Any]], warm: Mapping[str, Sequence[Any]]) -> dict[str, list]:
+    """History columns: `own` rows, plus `warm` rows of prompts that have no row in `own`.
+
+    A prompt's own history always wins over a warm start's: it comes from the current policy.
+    """
+    names = ("prompt_id", "response_token_ids", "reward")
+    have = set(own.get("prompt_id", ()))
+    keep = [i for i, pid in enumerate(warm.get("prompt_id", ())) if pid not in have]
+    return {k: list(own.get(k, ())) + [warm[k][i] for i in keep] for k in names}
+
+
 def uses_bundle(spec: SpecConfig) -> bool:
     """True when the engine's drafter is HistoSpec's and so needs a bundle each epoch."""
     return spec.enabled and spec.method == "histospec"
@@ -81,4 +92,4 @@ def engine_speculation(spec: SpecConfig):
     return SpeculationSpec.from_vllm_config(config, verifier=spec.verifier)
 
 
-__all__ = ["BundleInfo", "bundle_for_epoch", "engine_speculation", "uses_bundle"]
+__all__ = ["BundleInfo", "bundle_for_epoch", "engine_speculation", "merge_history", "uses_bundle"]

@@ -24,7 +24,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "histospec-reward": {"reward_weighted": True},
     "ngram": {"method": "ngram"},
 }
-ENGINE_ONLY = ("enabled", "verifier")  # SpecConfig fields that replay never reads
+ENGINE_ONLY = ("enabled", "verifier", "cost_aware", "warm_start_run", "warm_start_lake")  # replay never reads these
 COLUMNS = ("setting", "epoch", "mean_accepted_length", "acceptance_rate", "steps", "tokens",
            "drafted", "accepted")
 
