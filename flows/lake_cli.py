@@ -197,7 +197,8 @@ def register(subparsers: Any) -> None:
                     "lake_summary, length_by_epoch, rhyme, rhyme_epochs, length_rank_stability; table "
                     "macros: rhyme_by_response(k), rhyme_by_prompt(k), rhyme_by_epoch(k), "
                     "length_rank_moves(pct), length_rank_stability_at(pct), length_histogram(width), "
-                    "previous_responses(run, epoch), length_forecast(run, epoch). "
+                    "previous_responses(run, epoch), prompt_history(run, epoch, k), "
+                    "length_forecast(run, epoch). "
                     "Docs: storage/README.md.")
     sql.add_argument("query", help='SQL text, e.g. "SELECT epoch, avg(reward) FROM rollouts GROUP BY epoch"')
     sql.add_argument("--param", action="append", metavar="NAME=VALUE",
