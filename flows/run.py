@@ -17,7 +17,7 @@ from rhymerl.config import RunConfig, config_from_dict
 from rhymerl.engine import SamplingSpec
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.report import epoch_summary, format_summary
-from tasks.report import lake_step_task, log_step_task, plot_task
+from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_task
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
@@ -42,6 +42,7 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
         if step >= start_step:
             records.append(run_step(rt, epoch, step, batch, spec))
+    log_epoch_task(rt, epoch)
     return records
 
 

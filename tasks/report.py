@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rhymerl.report import step_line
+from rhymerl.report import epoch_summary, step_line
 from storage.lake import LakeWriter
 from storage.tracking import plot_reward_curve
 
@@ -24,6 +24,18 @@ def log_step_task(rt, record: dict) -> None:
     metrics = {k: float(v) for k, v in record.items() if k not in _NON_METRICS}
     metrics["epoch"] = float(record["epoch"])
     rt.tracker.log_metrics(metrics, step=int(record["global_step"]))
+
+
+@task(name="log-epoch", cache_policy=NO_CACHE)
+def log_epoch_task(rt, epoch: int) -> dict:
+    """The epoch's row of the end-of-run table as MLflow metrics `epoch/<name>` at step = epoch
+    (reward, accuracy, HistoSpec's accepted tokens per verification, ... one point per epoch)."""
+    rows = [r for r in epoch_summary([h for h in rt.history if h["epoch"] == epoch])]
+    if not rows or rt.tracker is None:
+        return {}
+    metrics = {f"epoch/{k}": float(v) for k, v in rows[0].items() if k not in ("epoch", "steps")}
+    rt.tracker.log_metrics(metrics, step=epoch)
+    return metrics
 
 
 @task(name="plot", cache_policy=NO_CACHE)

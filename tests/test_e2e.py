@@ -60,6 +60,8 @@ def test_two_epoch_run(tiny_model, lake_url, tmp_path, monkeypatch):
     # history from epoch 1 (every prompt has its epoch-0 responses), acceptance in MLflow and the lake.
     assert run.data.params["speculation.verifier"] == "rhymerl-exact"
     assert len(client.get_metric_history(run.info.run_id, "spec/mean_accepted_length")) == 4
+    per_epoch = client.get_metric_history(run.info.run_id, "epoch/spec_accepted_len")
+    assert sorted(m.step for m in per_epoch) == [0, 1] and all(m.value >= 1.0 for m in per_epoch)
     with_history = client.get_metric_history(run.info.run_id, "spec/history_prompts_with_history")
     assert [m.value for m in sorted(with_history, key=lambda m: m.step)] == [0, prompts]
     spec_rows = lake.sql("SELECT spec_method, spec_steps, spec_tokens, spec_accepted FROM steps").to_pylist()
