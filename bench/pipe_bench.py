@@ -2,6 +2,7 @@
 
     python -m bench.pipe_bench [--json] [--dist builtin,heavy] [--workers 8,16,32,64,128,256]
                                [--capacity 256,64] [--prompts-per-worker 32] [--n 8]
+    python -m bench.pipe_bench --check-lake URL --check-run RUN_ID [--check-capacity 256] [--json]
 
 For each length distribution, batch capacity C and worker count W, one step of
 `prompts_per_worker * W` prompts with n samples each is simulated (`rhymerl.histopipe.simulator`),
@@ -28,6 +29,13 @@ Length distributions (the per-epoch noise model is assumed, not measured):
 The cost model is GPU-like by default (8 ms per iteration + 0.15 ms per running request); pass
 `--base-ms/--per-seq-ms` (e.g. from `costmodel.calibrate` on a real run) to change it. Bubble
 cut = 1 - bubble(policy) / bubble(naive); vs oracle = makespan(policy) / makespan(oracle) - 1.
+
+Simulator check (`--check-lake/--check-run`, instead of the sweep): reads a real run's rollouts
+from the lake, fits the cost model on its even global steps and replays each odd step's real
+placement with its true lengths (`rhymerl.histopipe.validate`); error = simulated makespan /
+measured - 1 per step. The run must have speculation off (`--set spec.enabled=false`): the cost
+model has one token per iteration. `--check-capacity` is the engine's max_num_seqs (the run does
+not set it; vLLM's default on CPU is 256).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.forecast import ForecastSpec, build_history, epoch_means, forecast_lengths, forecast_quality
 from rhymerl.histopipe.schedule import Demand, ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import MigrationSpec, simulate
+from rhymerl.histopipe.validate import FIT_SETS, RunCheck, check_run
+from storage.lake import Lake, LakeError
 
 POLICIES = ("naive", "tier1", "tier1+2", "oracle")
 HISTOPIPE = ("tier1", "tier1+2")
@@ -178,6 +188,62 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# No ORDER BY: the lake keeps each step's rows in the order the engine admitted them (ties in gen_start).
+CHECK_ROWS_SQL = ("SELECT epoch, step, prompt_id, sample_idx, worker_id, gen_start, gen_end, length "
+                  "FROM rollouts WHERE run_id = ?")
+CHECK_SPEC_SQL = ("SELECT count(*) AS steps, any_value(spec_method) AS method FROM steps "
+                  "WHERE run_id = ? AND spec_method IS NOT NULL")
+CHECK_CONFIG_SQL = "SELECT config_json FROM runs WHERE run_id = ?"
+
+
+def check_lake(url: str, run_id: str, capacity: int = 256, fit: str = "even") -> RunCheck:
+    """The simulator check of one run in the lake at `url` (see `rhymerl.histopipe.validate`)."""
+    with Lake(url) as lake:
+        rows = lake.sql(CHECK_ROWS_SQL, [run_id]).to_pylist()
+        spec = lake.sql(CHECK_SPEC_SQL, [run_id]).to_pylist()[0]
+        config = lake.sql(CHECK_CONFIG_SQL, [run_id]).to_pylist()
+    if not rows:
+        raise ValueError(f"no rollouts of run {run_id!r} in lake {url}; list its runs with "
+                         f"`rhymerl lake summary --lake {url}`")
+    if spec["steps"]:
+        raise ValueError(f"run {run_id} used speculative decoding ({spec['method']}) on {spec['steps']} steps; "
+                         f"the cost model has one token per engine iteration, so check a run made with "
+                         f"--set spec.enabled=false")
+    workers = json.loads(config[0]["config_json"])["rollout"]["num_workers"] if config else None
+    return check_run(rows, capacity=capacity, workers=workers, fit=fit)
+
+
+def check_record(check: RunCheck, url: str, run_id: str) -> dict:
+    """JSON-ready record of a check: the fitted cost model, every step and the summary."""
+    cal = check.calibration
+    return {"lake": url, "run_id": run_id, "workers": check.workers, "fit": check.fit,
+            "fit_steps": list(check.fit_steps),
+            "calibration": {**asdict(cal.cost), "requests": cal.requests, "groups": cal.groups,
+                            "rms_s": cal.rms_s, "r2": cal.r2},
+            "steps": [asdict(s) for s in check.steps],
+            "mean_abs_error": check.mean_abs_error, "max_abs_error": check.max_abs_error,
+            "within_15pct": check.within(0.15)}
+
+
+def format_check(rec: dict) -> str:
+    """Per-step table of measured vs simulated makespan and bubble ratio, then the summary."""
+    c = rec["calibration"]
+    lines = [f"simulator check: run {rec['run_id']} (W={rec['workers']}, capacity {c['capacity']}); cost model "
+             f"fitted on global steps {','.join(map(str, rec['fit_steps']))} ({c['requests']} requests, "
+             f"R2 {c['r2']:.3f}, rms {c['rms_s']:.2f} s): {1e3 * c['base_s']:.2f} ms/iteration + "
+             f"{1e3 * c['per_seq_s']:.4f} ms/running request, startup {c['startup_s']:.2f} s",
+             f"{'epoch':>5} {'step':>4} {'g':>3} {'reqs':>5} {'measured s':>10} {'simulated s':>11} {'error':>7} "
+             f"{'bubble meas':>11} {'bubble sim':>10} {'start skew s':>12}"]
+    for s in rec["steps"]:
+        lines.append(f"{s['epoch']:>5} {s['step']:>4} {s['global_step']:>3} {s['requests']:>5} "
+                     f"{s['measured_s']:>10.2f} {s['simulated_s']:>11.2f} {100 * s['error']:>6.1f}% "
+                     f"{100 * s['bubble_measured']:>10.1f}% {100 * s['bubble_simulated']:>9.1f}% "
+                     f"{s['start_skew_s']:>12.2f}")
+    lines.append(f"makespan error: mean |error| {100 * rec['mean_abs_error']:.1f}%, max |error| "
+                 f"{100 * rec['max_abs_error']:.1f}%; every checked step within 15%: {rec['within_15pct']}")
+    return "\n".join(lines)
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
@@ -195,7 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-seq-ms", type=float, default=0.15, help="extra ms per iteration per running request")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON results to FILE")
+    ap.add_argument("--check-lake", metavar="URL", help="check the simulator against a run in this lake "
+                    "(instead of the sweep; needs --check-run)")
+    ap.add_argument("--check-run", metavar="RUN_ID", help="run to check (made with spec.enabled=false)")
+    ap.add_argument("--check-capacity", type=int, default=256,
+                    help="the run's engine max_num_seqs (vLLM's CPU default: 256)")
+    ap.add_argument("--check-fit", choices=FIT_SETS, default="even",
+                    help="even: fit on even global steps, check odd ones; all: fit and check every step")
     args = ap.parse_args(argv)
+    if bool(args.check_lake) != bool(args.check_run):
+        ap.error("--check-lake and --check-run go together")
+    if args.check_lake:
+        if args.check_capacity < 1:
+            ap.error("--check-capacity must be >= 1")
+        try:
+            check = check_lake(args.check_lake, args.check_run, args.check_capacity, args.check_fit)
+        except (ValueError, LakeError) as exc:
+            ap.exit(2, f"pipe_bench: {exc}\n")
+        result = {"check": check_record(check, args.check_lake, args.check_run)}
+        print(json.dumps(result, indent=2) if args.json else format_check(result["check"]))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(result, indent=2))
+        return 0
     dists = tuple(d for d in args.dist.split(",") if d)
     unknown = [d for d in dists if d not in WORKLOADS]
     if unknown:

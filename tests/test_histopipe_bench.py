@@ -1,4 +1,4 @@
-"""`python -m bench.pipe_bench` end to end on a tiny sweep."""
+"""`python -m bench.pipe_bench` end to end on a tiny sweep, and its simulator check on a written lake."""
 
 from __future__ import annotations
 
@@ -6,6 +6,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from bench.pipe_bench import main
+from rhymerl.histopipe.costmodel import CostModel
+from storage.lake import LakeWriter, rows_to_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,3 +28,49 @@ def test_pipe_bench_json_smoke() -> None:
         assert set(p) >= {"naive", "tier1", "tier1+2", "oracle", "spearman"}
         assert p["requests"] == p["prompts"] * 8 == p["workers"] * 16
     assert set(result["targets"]) == {"tier1", "tier1+2"}
+
+
+def _write_run(url: str, run_id: str, spec_method: str | None = None) -> None:
+    """A 2-step, 2-worker run whose timings follow one cost model exactly, written as the flow does:
+    one file per step, each worker's rows in admission order under one gen_start."""
+    cost = CostModel(base_s=0.02, per_seq_s=0.001, startup_s=0.3, capacity=4)
+    writer = LakeWriter(url)
+    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2}})
+    for step in range(2):
+        rows = []
+        for w in range(2):
+            lengths = [5 + 7 * ((i * 5 + 3 * w + step) % 9) for i in range(10)]  # queued: 10 > 4 slots
+            start = 1000.0 + 50.0 * step
+            for i, (x, end) in enumerate(zip(lengths, cost.request_times(lengths))):
+                rows.append({"run_id": run_id, "epoch": 0, "step": step, "prompt_id": f"w{w}p{i // 2}",
+                             "sample_idx": i % 2, "length": x, "worker_id": w, "gen_start": start,
+                             "gen_end": start + end})
+        path = writer.write_rollouts(run_id, 0, step, worker=0, attempt=1, table=rows_to_table(rows))
+        writer.commit_step(run_id, 0, step, files=[path])
+        writer.write_steps_row(run_id, 0, step, {"spec_method": spec_method})
+
+
+def test_pipe_bench_checks_a_lake_run(tmp_path: Path, capsys) -> None:
+    # a run that follows the cost model: fit on step 0, replay step 1, zero error
+    url = str(tmp_path / "lake")
+    _write_run(url, "r1")
+    assert main(["--check-lake", url, "--check-run", "r1", "--check-capacity", "4", "--json"]) == 0
+    check = json.loads(capsys.readouterr().out)["check"]
+    assert check["workers"] == 2 and check["fit_steps"] == [0]
+    assert [(s["step"], s["requests"]) for s in check["steps"]] == [(1, 20)]
+    assert abs(check["max_abs_error"]) < 1e-9 and check["within_15pct"]
+    assert abs(check["calibration"]["base_s"] - 0.02) < 1e-9
+    assert main(["--check-lake", url, "--check-run", "r1", "--check-capacity", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "simulator check: run r1 (W=2, capacity 4)" in table and "max |error| 0.0%" in table
+
+
+def test_pipe_bench_check_refuses_speculative_and_unknown_runs(tmp_path: Path, capsys) -> None:
+    url = str(tmp_path / "lake")
+    _write_run(url, "spec", spec_method="histospec")
+    with pytest.raises(SystemExit):
+        main(["--check-lake", url, "--check-run", "spec"])
+    assert "spec.enabled=false" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--check-lake", url, "--check-run", "nope"])
+    assert "no rollouts of run 'nope'" in capsys.readouterr().err

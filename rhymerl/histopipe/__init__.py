@@ -5,6 +5,7 @@
 - `schedule`: policies (naive, round_robin, lpt, tier2, oracle) from forecasts to an assignment.
 - `simulator`: discrete-event replay of a step on W workers, straggler migration, bubble ratio.
 - `gantt`: a PNG of a step's per-worker timeline.
+- `validate`: the simulator checked against a measured run (fit on some steps, replay the others).
 
 Everything here is pure (plain records in, dataclasses out); the lake query lives in `storage/`.
 """
@@ -14,10 +15,11 @@ from rhymerl.histopipe.forecast import (Forecast, ForecastQuality, ForecastSpec,
                                         forecast_lengths, forecast_quality, history_from_summary)
 from rhymerl.histopipe.schedule import POLICIES, Assignment, Demand, ScheduleRequest, Unit, schedule
 from rhymerl.histopipe.simulator import MigrationSpec, RequestSpan, SimResult, measure, simulate
+from rhymerl.histopipe.validate import RunCheck, StepCheck, check_run
 
 __all__ = [
     "Assignment", "Calibration", "CostModel", "Demand", "Forecast", "ForecastQuality", "ForecastSpec",
-    "MigrationSpec", "POLICIES", "RequestSpan", "ScheduleRequest", "SimResult", "Unit", "build_history",
-    "calibrate", "epoch_means", "forecast_lengths", "forecast_quality", "history_from_summary", "measure",
-    "schedule", "simulate",
+    "MigrationSpec", "POLICIES", "RequestSpan", "RunCheck", "ScheduleRequest", "SimResult", "StepCheck", "Unit",
+    "build_history", "calibrate", "check_run", "epoch_means", "forecast_lengths", "forecast_quality",
+    "history_from_summary", "measure", "schedule", "simulate",
 ]
