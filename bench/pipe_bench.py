@@ -205,11 +205,13 @@ def check_lake(url: str, run_id: str, capacity: int = 256, fit: str = "even") ->
     if not rows:
         raise ValueError(f"no rollouts of run {run_id!r} in lake {url}; list its runs with "
                          f"`rhymerl lake summary --lake {url}`")
-    if spec["steps"]:
-        raise ValueError(f"run {run_id} used speculative decoding ({spec['method']}) on {spec['steps']} steps; "
-                         f"the cost model has one token per engine iteration, so check a run made with "
-                         f"--set spec.enabled=false")
-    workers = json.loads(config[0]["config_json"])["rollout"]["num_workers"] if config else None
+    cfg = json.loads(config[0]["config_json"]) if config else {}
+    # steps.spec_method is NULL in lakes written before it existed, so the run's config counts too
+    if spec["steps"] or cfg.get("spec", {}).get("enabled"):
+        used = f"{spec['method']} on {spec['steps']} steps" if spec["steps"] else "spec.enabled=true in its config"
+        raise ValueError(f"run {run_id} used speculative decoding ({used}); the cost model has one token per "
+                         f"engine iteration, so check a run made with --set spec.enabled=false")
+    workers = cfg["rollout"]["num_workers"] if "rollout" in cfg else None
     return check_run(rows, capacity=capacity, workers=workers, fit=fit)
 
 

@@ -30,12 +30,12 @@ def test_pipe_bench_json_smoke() -> None:
     assert set(result["targets"]) == {"tier1", "tier1+2"}
 
 
-def _write_run(url: str, run_id: str, spec_method: str | None = None) -> None:
+def _write_run(url: str, run_id: str, spec_method: str | None = None, spec_enabled: bool = False) -> None:
     """A 2-step, 2-worker run whose timings follow one cost model exactly, written as the flow does:
     one file per step, each worker's rows in admission order under one gen_start."""
     cost = CostModel(base_s=0.02, per_seq_s=0.001, startup_s=0.3, capacity=4)
     writer = LakeWriter(url)
-    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2}})
+    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2}, "spec": {"enabled": spec_enabled}})
     for step in range(2):
         rows = []
         for w in range(2):
@@ -71,6 +71,11 @@ def test_pipe_bench_check_refuses_speculative_and_unknown_runs(tmp_path: Path, c
     with pytest.raises(SystemExit):
         main(["--check-lake", url, "--check-run", "spec"])
     assert "spec.enabled=false" in capsys.readouterr().err
+    # a lake from before steps.spec_method: the run's config says speculation was on
+    _write_run(url, "old", spec_enabled=True)
+    with pytest.raises(SystemExit):
+        main(["--check-lake", url, "--check-run", "old"])
+    assert "spec.enabled=true in its config" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--check-lake", url, "--check-run", "nope"])
     assert "no rollouts of run 'nope'" in capsys.readouterr().err
