@@ -196,7 +196,7 @@ CHECK_SPEC_SQL = ("SELECT count(*) AS steps, any_value(spec_method) AS method FR
 CHECK_CONFIG_SQL = "SELECT config_json FROM runs WHERE run_id = ?"
 
 
-def check_lake(url: str, run_id: str, capacity: int = 256, fit: str = "even") -> RunCheck:
+def check_lake(url: str, run_id: str, capacity: int = 256, fit: str = "even", warmup: int = 0) -> RunCheck:
     """The simulator check of one run in the lake at `url` (see `rhymerl.histopipe.validate`)."""
     with Lake(url) as lake:
         rows = lake.sql(CHECK_ROWS_SQL, [run_id]).to_pylist()
@@ -212,14 +212,14 @@ def check_lake(url: str, run_id: str, capacity: int = 256, fit: str = "even") ->
         raise ValueError(f"run {run_id} used speculative decoding ({used}); the cost model has one token per "
                          f"engine iteration, so check a run made with --set spec.enabled=false")
     workers = cfg["rollout"]["num_workers"] if "rollout" in cfg else None
-    return check_run(rows, capacity=capacity, workers=workers, fit=fit)
+    return check_run(rows, capacity=capacity, workers=workers, fit=fit, warmup=warmup)
 
 
 def check_record(check: RunCheck, url: str, run_id: str) -> dict:
     """JSON-ready record of a check: the fitted cost model, every step and the summary."""
     cal = check.calibration
     return {"lake": url, "run_id": run_id, "workers": check.workers, "fit": check.fit,
-            "fit_steps": list(check.fit_steps),
+            "fit_steps": list(check.fit_steps), "warmup": check.warmup,
             "calibration": {**asdict(cal.cost), "requests": cal.requests, "groups": cal.groups,
                             "rms_s": cal.rms_s, "r2": cal.r2},
             "steps": [asdict(s) for s in check.steps],
@@ -231,7 +231,8 @@ def format_check(rec: dict) -> str:
     """Per-step table of measured vs simulated makespan and bubble ratio, then the summary."""
     c = rec["calibration"]
     lines = [f"simulator check: run {rec['run_id']} (W={rec['workers']}, capacity {c['capacity']}); cost model "
-             f"fitted on global steps {','.join(map(str, rec['fit_steps']))} ({c['requests']} requests, "
+             f"fitted on global steps {','.join(map(str, rec['fit_steps']))} "
+             f"(first {rec['warmup']} left out; {c['requests']} requests, "
              f"R2 {c['r2']:.3f}, rms {c['rms_s']:.2f} s): {1e3 * c['base_s']:.2f} ms/iteration + "
              f"{1e3 * c['per_seq_s']:.4f} ms/running request, startup {c['startup_s']:.2f} s",
              f"{'epoch':>5} {'step':>4} {'g':>3} {'reqs':>5} {'measured s':>10} {'simulated s':>11} {'error':>7} "
@@ -270,14 +271,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the run's engine max_num_seqs (vLLM's CPU default: 256)")
     ap.add_argument("--check-fit", choices=FIT_SETS, default="even",
                     help="even: fit on even global steps, check odd ones; all: fit and check every step")
+    ap.add_argument("--check-warmup", type=int, default=0, metavar="N",
+                    help="leave the run's first N global steps out of fit and check (engine warm-up)")
     args = ap.parse_args(argv)
     if bool(args.check_lake) != bool(args.check_run):
         ap.error("--check-lake and --check-run go together")
     if args.check_lake:
-        if args.check_capacity < 1:
-            ap.error("--check-capacity must be >= 1")
+        if args.check_capacity < 1 or args.check_warmup < 0:
+            ap.error("--check-capacity must be >= 1 and --check-warmup >= 0")
         try:
-            check = check_lake(args.check_lake, args.check_run, args.check_capacity, args.check_fit)
+            check = check_lake(args.check_lake, args.check_run, args.check_capacity, args.check_fit,
+                               args.check_warmup)
         except (ValueError, LakeError) as exc:
             ap.exit(2, f"pipe_bench: {exc}\n")
         result = {"check": check_record(check, args.check_lake, args.check_run)}

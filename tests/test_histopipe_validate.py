@@ -100,6 +100,19 @@ def test_fit_all_checks_in_sample_and_even_needs_two_steps() -> None:
         check_run(rows, capacity=8, fit="odd")
 
 
+def test_warmup_steps_are_left_out_of_fit_and_check() -> None:
+    # global step 0 runs 3x slow (a cold engine); with warmup=1 the fit uses 2, 4 and the check 1, 3, 5
+    rows = _rows(_steps(6), TRUTH, slow={0: 3.0})
+    cold = check_run(rows, capacity=8)
+    assert cold.fit_steps == (0, 2, 4) and cold.max_abs_error > 0.01  # the cold step skews the fit
+    warm = check_run(rows, capacity=8, warmup=1)
+    assert warm.fit_steps == (2, 4) and [s.global_step for s in warm.steps] == [1, 3, 5]
+    assert warm.max_abs_error == pytest.approx(0.0, abs=1e-9)
+    assert check_run(rows, capacity=8, fit="all", warmup=1).fit_steps == (1, 2, 3, 4, 5)
+    with pytest.raises(ValueError, match="needs at least 7 steps"):
+        check_run(rows, capacity=8, warmup=5)
+
+
 def test_admission_order_is_gen_start_then_row_order() -> None:
     rows = [{"prompt_id": "a", "sample_idx": 0, "worker_id": 0, "gen_start": 2.0, "length": 5},
             {"prompt_id": "b", "sample_idx": 0, "worker_id": 0, "gen_start": 1.0, "length": 7},

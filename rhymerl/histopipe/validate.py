@@ -8,7 +8,9 @@ compares the simulated makespan and bubble ratio with the measured ones (`simula
 Fit and check sets: with ``fit="even"`` the fit uses the even global steps (steps in (epoch, step)
 order, numbered from 0) and the check the odd ones, so no step is checked by a model fitted on
 its own timings; ``fit="all"`` fits on every step and checks every step (in-sample, for runs with
-one step). Admission order: a worker's requests in `gen_start` order, ties in row order (the
+one step). `warmup` leaves the run's first global steps out of both (a freshly started engine's
+first batch pays one-off start-up costs a steady-state cost model is not meant to explain); the
+numbering stays that of the whole run. Admission order: a worker's requests in `gen_start` order, ties in row order (the
 engine stamps one `gen_start` per call and adds requests in the order the lake stores them).
 
 The cost model assumes one token per engine iteration, so the run must not use speculative
@@ -55,6 +57,7 @@ class RunCheck:
     calibration: Calibration
     fit: str
     fit_steps: tuple[int, ...]  # global steps the cost model was fitted on
+    warmup: int  # first global steps left out of fit and check
     workers: int
     steps: tuple[StepCheck, ...]
 
@@ -126,29 +129,33 @@ def check_step(rows: Sequence[Mapping[str, Any]], calibration: Calibration, work
 
 
 def check_run(rows: Iterable[Mapping[str, Any]], capacity: int = 256, workers: int | None = None,
-              fit: Literal["even", "all"] = "even") -> RunCheck:
+              fit: Literal["even", "all"] = "even", warmup: int = 0) -> RunCheck:
     """Fit the cost model on some of a run's steps and check the simulator on the others.
 
     `rows`: lake rollout rows of one run (`ROW_KEYS`), in lake order. `capacity`: the engine's
     max_num_seqs (vLLM's default on CPU is 256). `workers`: the run's worker count (default: the
-    highest worker_id + 1). `fit`: "even" or "all" (see the module docstring).
+    highest worker_id + 1). `fit`: "even" or "all"; `warmup`: steps to leave out (module docstring).
     """
     if fit not in FIT_SETS:
         raise ValueError(f"check_run: fit={fit!r}; choose one of {', '.join(FIT_SETS)}")
+    if warmup < 0:
+        raise ValueError(f"check_run: warmup={warmup} must be >= 0")
     rows = check_rows(rows)
     workers = workers if workers is not None else 1 + max(int(r["worker_id"]) for r in rows)
     by_step: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         by_step.setdefault((int(r["epoch"]), int(r["step"])), []).append(r)
     order = sorted(by_step)
+    kept = range(warmup, len(order))
     if fit == "even":
-        fit_steps = tuple(range(0, len(order), 2))
-        check_steps = tuple(range(1, len(order), 2))
-        if not check_steps:
-            raise ValueError(f"check_run: fit='even' needs at least 2 steps, the run has {len(order)}; "
-                             f"use fit='all' (in-sample) or a longer run")
+        fit_steps = tuple(g for g in kept if g % 2 == 0)
+        check_steps = tuple(g for g in kept if g % 2 == 1)
     else:
-        fit_steps = check_steps = tuple(range(len(order)))
+        fit_steps = check_steps = tuple(kept)
+    if not fit_steps or not check_steps:
+        need = warmup + (2 if fit == "even" else 1)
+        raise ValueError(f"check_run: fit={fit!r} with warmup={warmup} needs at least {need} steps, the run has "
+                         f"{len(order)}; use fit='all' (in-sample), a smaller warmup or a longer run")
     calibration = calibrate([r for g in fit_steps for r in by_step[order[g]]], capacity)
     checks = tuple(check_step(by_step[order[g]], calibration, workers, g) for g in check_steps)
-    return RunCheck(calibration, fit, fit_steps, workers, checks)
+    return RunCheck(calibration, fit, fit_steps, warmup, workers, checks)
