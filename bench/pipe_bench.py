@@ -2,7 +2,8 @@
 
     python -m bench.pipe_bench [--json] [--dist builtin,heavy] [--workers 8,16,32,64,128,256]
                                [--capacity 256,64] [--prompts-per-worker 32] [--n 8]
-    python -m bench.pipe_bench --check-lake URL --check-run RUN_ID [--check-capacity 256] [--json]
+    python -m bench.pipe_bench --check-lake URL --check-run RUN_ID [--check-capacity 256]
+                               [--check-fit even|all] [--check-warmup N] [--json]
 
 For each length distribution, batch capacity C and worker count W, one step of
 `prompts_per_worker * W` prompts with n samples each is simulated (`rhymerl.histopipe.simulator`),
@@ -35,7 +36,8 @@ from the lake, fits the cost model on its even global steps and replays each odd
 placement with its true lengths (`rhymerl.histopipe.validate`); error = simulated makespan /
 measured - 1 per step. The run must have speculation off (`--set spec.enabled=false`): the cost
 model has one token per iteration. `--check-capacity` is the engine's max_num_seqs (the run does
-not set it; vLLM's default on CPU is 256).
+not set it; vLLM's default on CPU is 256); `--check-warmup N` leaves the first N global steps
+(a freshly started engine's first batches) out of fit and check.
 """
 
 from __future__ import annotations
