@@ -73,3 +73,78 @@ def test_rows_of_other_prompts_or_policies_are_refused():
 def test_prompts_digest_depends_on_order():
     a, b = _prompt(0), _prompt(1)
     assert prompts_digest([a, b]) == prompts_digest([a, b]) != prompts_digest([b, a])
+
+
+# ---------------------------------------------------------------- end to end (slow)
+
+TINY_BUILD = {"steps": 30, "eval_problems": 0}  # a barely trained model is enough here
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from rhymerl.model_build import BuildSpec, build_model
+
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    return build_model(out, BuildSpec(**TINY_BUILD), progress=False)
+
+
+@pytest.mark.slow
+def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
+    # A run dies in global step 2 after its lake commit, before training; the resumed run trains
+    # that step on its committed rows and finishes: every step once, every row once, one MLflow run.
+    from mlflow.tracking import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.run
+    from rhymerl.config import config_to_dict, load_config
+    from storage.checkpoints import CheckpointStore, checkpoint_url
+    from storage.lake import Lake
+
+    monkeypatch.chdir(tmp_path)
+    per_step, n, lake_url, tracking = 3, 4, str(tmp_path / "lake"), f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(None, [
+        f'model.path="{tiny_model}"', "epochs=2", "data.num_prompts=6", f"rollout.prompts_per_step={per_step}",
+        f"rollout.n={n}", "rollout.num_workers=1", "rollout.max_tokens=48", f'lake.url="{lake_url}"',
+        f'tracking.uri="{tracking}"', "train.lr=1e-2", "train.weight_decay=0.5", "pipe.gantt=false",
+    ])
+    real_train, calls = flows.run.train_task, []
+
+    def train_dies_at_global_step_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected crash")
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(flows.run, "train_task", train_dies_at_global_step_2)
+    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
+        with pytest.raises(RuntimeError, match="injected crash"):
+            flows.run.run_flow(config=config_to_dict(cfg))
+        [crashed] = Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist()
+        run_id = crashed["run_id"]
+        assert crashed["status"] == "failed"
+        store = CheckpointStore(checkpoint_url(lake_url))
+        assert store.steps(run_id) == [0, 1]  # step 2 was committed to the lake, never trained
+        checkpointed = store.latest(run_id).meta["history"][-1]
+        monkeypatch.setattr(flows.run, "train_task", real_train)
+        result = flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
+
+    assert result["run_id"] == run_id
+    lake = Lake(lake_url)
+    counts = lake.sql("SELECT epoch, step, count(*) AS n, min(policy_version) AS v0, max(policy_version) AS v1 "
+                      "FROM rollouts GROUP BY epoch, step ORDER BY ALL").to_pylist()
+    # Exactly prompts_per_step x n rows per step, each step sampled by the weights after the one before.
+    assert counts == [{"epoch": g // 2, "step": g % 2, "n": per_step * n, "v0": g, "v1": g} for g in range(4)]
+    assert lake.sql("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 4}]
+    assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]
+    hist = result["history"]
+    assert [h["global_step"] for h in hist] == [0, 1, 2, 3] and hist[1] == checkpointed
+    assert [h.get("reused_lake_rows", 0.0) for h in hist] == [0.0, 0.0, 1.0, 0.0]
+    # The engines got the checkpoint's weights before the first resumed step.
+    assert result["initial_engine_fingerprint"] == pytest.approx(checkpointed["trainer_fingerprint"], rel=1e-6)
+    assert all(h["engine_fingerprint"] == pytest.approx(h["trainer_fingerprint"], rel=1e-6) for h in hist)
+    client = MlflowClient(tracking)
+    [run] = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    assert run.info.run_id == result["mlflow_run_id"] and run.info.status == "FINISHED"
+    rewards = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert sorted(m.step for m in rewards) == [0, 1, 2, 3]
+    assert CheckpointStore(checkpoint_url(lake_url)).steps(run_id) == [2, 3]
