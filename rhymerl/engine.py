@@ -62,7 +62,8 @@ class Engine(Protocol):
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the policy weights in place (HF parameter names)."""
+        """Replace the policy weights in place (HF parameter names); afterwards every token,
+        prompt tokens included, is computed by the new weights (no cached KV survives)."""
         ...
 
     def weights_fingerprint(self) -> float:
@@ -154,6 +155,11 @@ class VllmEngine:
         # Tied weights share storage; safetensors refuses shared tensors, so each gets a copy.
         payload = {name: t.detach().to("cpu").clone().contiguous() for name, t in named_tensors}
         self.llm.collective_rpc("rhymerl_load_weights", args=(save_safetensors(payload),))
+        # The prefix cache holds prompt KV computed by the old weights, and prompts return every
+        # epoch: reusing it would sample the next step partly from the previous policy (off-policy).
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests "
+                               "still running?); load weights only between generate calls")
 
     def weights_fingerprint(self) -> float:
         return float(self.llm.collective_rpc("rhymerl_weights_fingerprint")[0])

