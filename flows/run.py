@@ -82,7 +82,9 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     rt.policy_version += 1
     timings["sync_s"] = sync["sync_s"]
     timings["step_s"] = time.perf_counter() - t0
+    t = time.perf_counter()
     pipe = measure_task(plan, samples, len(rt.workers), rt.tracker, len(rt.history), cfg.pipe.gantt)
+    timings["measure_s"] = time.perf_counter() - t
     stats = step_stats(samples, [r for r, _, _ in scores], [c for _, c, _ in scores], [f for _, _, f in scores])
     record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
               "policy_version": rt.policy_version, **stats.as_metrics(), **timings, **pipe,
@@ -97,9 +99,15 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     if step == 0 and rt.spec_history is not None:  # the epoch's bundle, reported once
         record.update(rt.spec_history.as_metrics("spec/history_"))
     rt.history.append(record)
+    t = time.perf_counter()
     log_step_task(rt, record)
     lake_step_task(cfg.lake.url, rt.run_id, record, cfg.spec.method if speculation is not None else None)
+    t_log = time.perf_counter()
     checkpoint_task(rt, record)
+    # Known only once the step's record is logged: kept in the run's history (the returned
+    # records; `rhymerl bench e2e` splits wall_s from them), not in MLflow or the lake.
+    record.update(log_s=t_log - t, checkpoint_s=time.perf_counter() - t_log,
+                  wall_s=time.perf_counter() - t0)
     return record
 
 
@@ -117,6 +125,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     if skipped:
         log.warning("skipped %d prompts longer than the engine allows", skipped)
     rt = Runtime(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=prompts, skipped=skipped)
+    epoch_wall_s: dict[int, float] = {}
     _RUNTIMES[run_id] = rt
     status = "failed"
     try:
@@ -135,7 +144,9 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                  run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
                  cfg.epochs, cfg.lake.url)
         for epoch in range(start_epoch, cfg.epochs):
+            t = time.perf_counter()
             epoch_flow(run_id, epoch, start_step if epoch == start_epoch else 0)
+            epoch_wall_s[epoch] = time.perf_counter() - t  # steps + history + the subflow's own cost
         plot_task(rt)
         status = "finished"
     finally:
@@ -146,4 +157,4 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                                       rt.mlflow_run_id, skipped))
     return {"run_id": run_id, "mlflow_run_id": rt.mlflow_run_id, "lake": cfg.lake.url,
             "skipped_prompts": skipped, "initial_engine_fingerprint": rt.initial_fingerprint,
-            "epochs": summary, "history": rt.history}
+            "epochs": summary, "history": rt.history, "epoch_wall_s": epoch_wall_s}
