@@ -39,13 +39,24 @@ def _default_config() -> str | None:
 def _resume_config(args: argparse.Namespace, overrides: list[str]):
     """A resumed run's config: the one stored in the lake's runs table, then --set/--lake on top.
 
-    The lake to look in is --lake, else the lake.url of the default config.
+    The lake to look in is --lake, else $RHYMERL_LAKE, else the lake.url of the default config.
+    The environment's settings apply over the stored config as over a config file.
     """
-    from rhymerl.config import apply_overrides, config_from_dict, load_config
+    from rhymerl.config import load_config, resolve_config
     from tasks.resume import stored_config
 
-    lake_url = args.lake or load_config(_default_config()).lake.url
-    return config_from_dict(apply_overrides(stored_config(lake_url, args.resume), overrides))
+    lake_url = args.lake or load_config(_default_config(), env=os.environ).lake.url
+    return resolve_config(stored_config(lake_url, args.resume), overrides, os.environ)
+
+
+def _print_env_sources(overrides: list[str]) -> None:
+    """Say on stderr which keys came from the environment (and which of those --set/--lake beat)."""
+    from rhymerl.switchboard import env_sources
+
+    set_keys = {o.split("=", 1)[0].strip() for o in overrides}
+    for key, name in env_sources(os.environ).items():
+        note = " (overridden by --set/--lake)" if key in set_keys else ""
+        print(f"note: {key} from ${name}{note}", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -60,12 +71,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             _project_env()  # before tasks.resume imports Prefect
             cfg = _resume_config(args, overrides)
         else:
-            cfg = load_config(args.config or _default_config(), overrides)
+            cfg = load_config(args.config or _default_config(), overrides, env=os.environ)
     except (ConfigError, LakeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(json.dumps(config_to_dict(cfg), indent=2))
+        _print_env_sources(overrides)
         return 0
     _project_env()
     from flows.run import run_flow
@@ -110,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run RL training (a Prefect flow; rollouts and training on Ray)",
-                         description="Run GRPO training. Settings come from a TOML file and --set overrides.")
+                         description="Run GRPO training. Settings come from a TOML file, the environment "
+                                     "(RHYMERL_LAKE, RHYMERL_MODEL, RHYMERL_DATASET, MLFLOW_TRACKING_URI, "
+                                     "MLFLOW_EXPERIMENT_NAME) and --set overrides, in rising precedence; "
+                                     "RAY_ADDRESS and PREFECT_API_URL pick the Ray cluster and Prefect server.")
     run.add_argument("--config", help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in "
                                        "defaults; with --resume, the run's stored config)")
     run.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",

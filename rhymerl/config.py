@@ -12,9 +12,10 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Mapping, get_args, get_origin
 
 from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.switchboard import env_layer, merge
 
 
 class ConfigError(ValueError):
@@ -66,6 +67,7 @@ class RolloutConfig:
     max_tokens: int = 160
     kv_cache_gib: float = 0.5  # VLLM_CPU_KVCACHE_SPACE per engine on CPU
     gpu_memory_utilization: float = 0.85  # used on GPUs only
+    tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallelism); GPU clusters only
     enforce_eager: bool = True
 
     def __post_init__(self) -> None:
@@ -76,6 +78,9 @@ class RolloutConfig:
         _check(0.0 < self.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
         _check(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
         _check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "rollout.gpu_memory_utilization",
+               "must be in (0, 1]")
+        _check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,29 @@ class PipeConfig:
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.trend_weight <= 1.0, "pipe.trend_weight", "must be in [0, 1]")
+
+
+_BUILTIN_RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Which Ray nodes the actors may use, by custom resource (`ray start --resources '{"NAME": K}'`).
+
+    Each rollout worker (trainer) then asks for one unit of the named resource as well as its
+    CPU/GPU, so it lands only on nodes started with it; "" = any node with room.
+    """
+
+    rollout_resource: str = ""
+    trainer_resource: str = ""
+
+    def __post_init__(self) -> None:
+        for key, name in (("placement.rollout_resource", self.rollout_resource),
+                          ("placement.trainer_resource", self.trainer_resource)):
+            _check(name == name.strip() and " " not in name, key, f"{name!r} must not contain spaces")
+            _check(name not in _BUILTIN_RAY_RESOURCES, key,
+                   f"{name!r} is a built-in Ray resource; name a custom one (e.g. rollout_node) and "
+                   "start the nodes with ray start --resources '{\"rollout_node\": K}'")
 
 
 @dataclass(frozen=True)
@@ -165,6 +193,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1")
@@ -258,8 +287,18 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     return _build(RunConfig, data)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a TOML config file (optional) and apply `key=value` overrides."""
+def resolve_config(data: dict[str, Any], overrides: list[str] | None = None,
+                   env: Mapping[str, str] | None = None) -> RunConfig:
+    """Build a RunConfig from file-layout `data`, the environment's settings (`rhymerl.switchboard`:
+    RHYMERL_LAKE, MLFLOW_TRACKING_URI, ...) on top, then `key=value` overrides on top of both."""
+    layered = merge(data, env_layer(env)) if env is not None else data
+    return config_from_dict(apply_overrides(layered, overrides or []))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                env: Mapping[str, str] | None = None) -> RunConfig:
+    """Load a TOML config file (optional), then the environment's settings if `env` is given (the
+    CLI passes os.environ; None = ignore the environment), then `key=value` overrides."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -269,7 +308,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
-    return config_from_dict(apply_overrides(data, overrides or []))
+    return resolve_config(data, overrides, env)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

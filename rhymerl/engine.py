@@ -47,6 +47,7 @@ class EngineSpec:
     enforce_eager: bool = True
     kv_cache_gib: float = 0.5  # CPU only: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.85  # GPU only
+    tensor_parallel_size: int = 1  # GPU only: GPUs the engine shards the model over
     cpu_core: int | None = None  # CPU only: pin the engine's threads to this core
     cache_dir: str = ".cache"
     speculation: SpeculationSpec | None = None  # None: no speculative decoding (see rhymerl.spec_guard)
@@ -106,6 +107,11 @@ class VllmEngine:
             kwargs["max_num_seqs"] = spec.max_num_seqs
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
+            kwargs["tensor_parallel_size"] = spec.tensor_parallel_size
+            if spec.tensor_parallel_size > 1:
+                # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the
+                # actor already holds; its shards run as local processes on the actor's GPUs.
+                kwargs["distributed_executor_backend"] = "mp"
         self.spec = spec
         if spec.speculation is None:
             self.llm = LLM(**kwargs)

@@ -21,23 +21,47 @@ from rhymerl.records import Prompt, Sample
 
 @dataclass(frozen=True)
 class Placement:
-    """Ray resources for the actors (logical CPUs on a laptop, GPUs on a cluster)."""
+    """Ray resources for the actors (logical CPUs on a laptop, GPUs on a cluster) and the custom
+    resources (`placement.*_resource`) that pin them to the nodes started with them."""
 
     worker_cpus: float
     worker_gpus: float
     trainer_cpus: float
     trainer_gpus: float
+    worker_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    trainer_resources: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def placement_for(cfg: RunConfig, gpus_available: float) -> Placement:
-    """GPUs when the cluster has them (one per engine and one for the trainer), else CPUs.
+    """GPUs when the cluster has them (`rollout.tensor_parallel_size` per engine and one for the
+    trainer), else CPUs; plus one unit of each configured custom resource.
 
     On CPU the trainer takes no logical CPU: it works while the engines are idle between
     rollouts, and reserving a core for it would leave the engines one core short.
     """
+    pin = lambda name: {name: 1.0} if name else {}  # noqa: E731
+    custom = dict(worker_resources=pin(cfg.placement.rollout_resource),
+                  trainer_resources=pin(cfg.placement.trainer_resource))
     if gpus_available >= 1:
-        return Placement(worker_cpus=1, worker_gpus=1, trainer_cpus=1, trainer_gpus=1)
-    return Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
+        return Placement(worker_cpus=1, worker_gpus=cfg.rollout.tensor_parallel_size,
+                         trainer_cpus=1, trainer_gpus=1, **custom)
+    return Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0, **custom)
+
+
+def missing_resources(place: Placement, workers: int, cluster: dict[str, float]) -> list[str]:
+    """What the cluster lacks for this placement (custom resources only), as fix-it messages.
+
+    Ray would queue such actors forever; the run should stop at once and say why.
+    """
+    need: dict[str, float] = {}
+    for name, units in place.worker_resources.items():
+        need[name] = need.get(name, 0.0) + units * workers
+    for name, units in place.trainer_resources.items():
+        need[name] = need.get(name, 0.0) + units
+    return [f"the Ray cluster has {cluster.get(name, 0.0):g} units of custom resource '{name}', the run "
+            f"needs {units:g}; start nodes with ray start --resources '{{\"{name}\": {units:g}}}' or "
+            "change placement.rollout_resource / placement.trainer_resource"
+            for name, units in need.items() if cluster.get(name, 0.0) < units]
 
 
 @ray.remote
@@ -129,6 +153,9 @@ class TrainerWorker:
     def save(self, out_dir: str) -> str:
         self.trainer.save(out_dir)
         return out_dir
+
+    def info(self) -> dict:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
 @ray.remote

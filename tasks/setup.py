@@ -26,7 +26,7 @@ from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
-from tasks.actors import RolloutWorker, TrainerWorker, placement_for
+from tasks.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
 
 
 @dataclass
@@ -111,24 +111,33 @@ def init_ray(num_workers: int) -> bool:
 def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, float]:
     """Start the trainer and one engine per rollout worker, wait until all are up; also returns
     the first engine's initial weight fingerprint (to show later that weight sync reached it)."""
-    place = placement_for(cfg, ray.cluster_resources().get("GPU", 0))
+    cluster = ray.cluster_resources()
+    place = placement_for(cfg, cluster.get("GPU", 0))
+    missing = missing_resources(place, cfg.rollout.num_workers, cluster)
+    if missing:
+        raise ValueError("; ".join(missing))
     cores = os.cpu_count() or 1
-    trainer = TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus).remote(
-        model_dir, cfg, threads=cores)
+    trainer = TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
+                                    resources=place.trainer_resources).remote(model_dir, cfg, threads=cores)
     workers = []
     for w in range(cfg.rollout.num_workers):
         spec = EngineSpec(
             model_dir=model_dir, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
             seed=cfg.seed + w, enforce_eager=cfg.rollout.enforce_eager,
             kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
             cpu_core=w % cores, cache_dir=str(Path(".cache").absolute()),
             speculation=engine_speculation(cfg.spec),
             # vLLM's counters are the only acceptance figures for its own n-gram drafter.
             log_stats=cfg.spec.enabled and cfg.spec.method == "ngram",
         )
-        workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus)
-                       .remote(w, spec))
-    ray.get([w.info.remote() for w in workers] + [trainer.policy_version.remote()])
+        workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus,
+                                             resources=place.worker_resources).remote(w, spec))
+    infos = ray.get([w.info.remote() for w in workers] + [trainer.info.remote()])
+    for info in infos[:-1]:
+        get_run_logger().info("rollout worker %d: Ray node %s, pid %d", info["worker_id"], info["node_id"],
+                              info["pid"])
+    get_run_logger().info("trainer: Ray node %s, pid %d", infos[-1]["node_id"], infos[-1]["pid"])
     return workers, trainer, ray.get(workers[0].weights_fingerprint.remote())
 
 
@@ -142,6 +151,9 @@ def start_tracking_task(rt: Runtime) -> str:
         rt.speculation = ray.get(rt.workers[0].speculation.remote())
         if cfg.spec.enabled and not rt.speculation["active"]:
             get_run_logger().warning("speculation is off: %s", rt.speculation["message"])
+    if rt.workers:  # where the actors run (on a cluster: which nodes took the engines)
+        params["ray.rollout_nodes"] = ",".join(i["node_id"] for i in ray.get([w.info.remote() for w in rt.workers]))
+        params["ray.trainer_node"] = ray.get(rt.trainer.info.remote())["node_id"]
     params.update({"run_id": rt.run_id, "model_dir": rt.model_dir, "prompts": len(rt.prompts),
                    "prompts_skipped": rt.skipped,
                    **{f"speculation.{k}": v for k, v in rt.speculation.items() if k != "message"}})
