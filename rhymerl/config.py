@@ -178,6 +178,21 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class RecoveryConfig:
+    """Surviving dead actors: rollout workers restart in place, the trainer comes back from its
+    last checkpoint (see tasks/recovery.py)."""
+
+    worker_restarts: int = 3  # Ray restarts per rollout worker over the run; 0 = a dead worker fails the run
+    trainer_restarts: int = 1  # in-run trainer replacements from the last checkpoint; 0 = fail with the resume command
+    restart_timeout_s: float = 600.0  # longest wait for a restarted worker's engine to come up
+
+    def __post_init__(self) -> None:
+        _check(self.worker_restarts >= 0, "recovery.worker_restarts", "must be >= 0")
+        _check(self.trainer_restarts >= 0, "recovery.trainer_restarts", "must be >= 0")
+        _check(self.restart_timeout_s > 0, "recovery.restart_timeout_s", "must be > 0 seconds")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A whole training run."""
 
@@ -193,6 +208,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def __post_init__(self) -> None:
