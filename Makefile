@@ -21,7 +21,8 @@ help:
 	@echo "make run    - install (first time), build the built-in model, run RL training ($(CONFIG))"
 	@echo "make test   - install (first time) and run the whole test suite"
 	@echo "make model  - build the built-in tiny model only"
-	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/)"
+	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/); e2e in its --quick size"
+	@echo "make bench-e2e - the full end-to-end benchmark, RhymeRL vs baseline (~1 h on 2 cores)"
 	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
 
 setup: $(STAMP)
@@ -55,6 +56,14 @@ bench: $(STAMP)
 	mkdir -p $(BENCH_OUT)
 	$(BIN)/python -m bench.pipe_bench --json-out $(BENCH_OUT)/pipe.json
 	$(BIN)/python -m bench.lake_bench --json-out $(BENCH_OUT)/lake.json
+	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
+
+# The headline benchmark at full size: 3 seeds x 4 epochs x 128 prompts per arm, ~1 h on 2 cores.
+# Report: $(BENCH_OUT)/e2e/REPORT.md. Interrupted? `make bench-e2e E2E_ARGS=--resume` keeps finished runs.
+.PHONY: bench-e2e
+bench-e2e: $(STAMP)
+	$(BIN)/rhymerl model build
+	$(BIN)/python -m bench.e2e_bench --out $(BENCH_OUT)/e2e --json-out $(BENCH_OUT)/e2e.json $(E2E_ARGS)
 
 clean:
 	rm -rf lake mlflow.db mlruns .prefect runs

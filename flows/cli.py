@@ -103,7 +103,8 @@ def cmd_model_build(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench"}
+BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench",
+           "e2e": "bench.e2e_bench"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

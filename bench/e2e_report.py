@@ -1,0 +1,154 @@
+"""The end-to-end benchmark's report: JSON (`OUT/e2e.json`), Markdown (`OUT/REPORT.md`), PNG plots.
+
+`build_report(runs, spec, scale)` is pure (numbers only); `write_report` adds the files. Numbers
+come from `bench.e2e_analysis`; the cluster-scale estimate from `bench.e2e_scale`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+from bench.e2e_analysis import SPLIT, compare, parity, step_curves
+from bench.e2e_scale import ScaleSpec, estimate
+
+STEP_TARGET, OVERHEAD_TARGET = 2.6, 0.10
+SPLIT_LABELS = {"rollout_s": "rollout", "reward_s": "reward", "train_s": "train", "sync_s": "weight sync",
+                "index_s": "index build", "plan_s": "plan (forecast query)", "lake_s": "lake write",
+                "measure_s": "measure (bubble, Gantt)", "log_s": "log (MLflow, steps row)",
+                "checkpoint_s": "checkpoint", "dispatch_s": "dispatch (Prefect/Ray)",
+                "flow_s": "epoch flow"}
+
+
+def machine() -> str:
+    """CPU model and core count (the report's 'where')."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, no GPU" if "cuda" not in os.environ.get("EXTRA", "") else model
+
+
+def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
+    """Everything the benchmark reports, JSON-able; `spec` is the bench's E2ESpec."""
+    cmp = compare(runs) if runs else {"epochs": [], "overall": {}}
+    overall = cmp["overall"]
+    report: dict = {
+        "bench": "e2e", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+        "settings": {"seeds": list(spec.seeds), "epochs": spec.epochs, "prompts": spec.prompts,
+                     "workers": spec.workers, "config": spec.config, "overrides": list(spec.overrides),
+                     **_run_shape(runs)},
+        "runs": [{k: r.get(k) for k in ("arm", "seed", "run_id", "run_wall_s", "loadavg_start", "loadavg_end")}
+                 for r in runs],
+        "compare": cmp,
+        "parity": {k: parity(runs, k) for k in ("accuracy", "reward_mean")} if runs else {},
+    }
+    report["scale"] = _scale(cmp, scale) if overall.get("rollout_s") else None
+    report["targets"] = _targets(report)
+    return report
+
+
+def _run_shape(runs: Sequence[dict]) -> dict:
+    """n, max_tokens, steps per epoch: from the first run's config."""
+    if not runs:
+        return {}
+    cfg = runs[0]["config"]
+    return {"n": cfg["rollout"]["n"], "max_tokens": cfg["rollout"]["max_tokens"],
+            "prompts_per_step": cfg["rollout"]["prompts_per_step"],
+            "history_epochs": cfg["spec"]["history_epochs"]}
+
+
+def _scale(cmp: dict, scale: dict) -> dict | None:
+    """The simulator estimate at `scale` with the RhymeRL arm's acceptance from the late epochs."""
+    late = [row for row in cmp["epochs"] if row["epoch"] in cmp["overall"]["epochs"]]
+    accepted = statistics.fmean(row["accepted_len"]["rhymerl"]["mean"] for row in late)
+    base = cmp["overall"]
+    share = base["rollout_s"]["baseline"]["mean"] / base["wall_s"]["baseline"]["mean"]
+    if accepted <= 1.0:
+        return None
+    return estimate(ScaleSpec(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"]),
+                    measured_rollout_share=round(share, 3))
+
+
+def _targets(report: dict) -> dict:
+    """The issue's targets, met or not, with the measured value."""
+    o = report["compare"]["overall"]
+    step = o.get("speedup_wall", {}).get("mean", math.nan)
+    over = max(o.get("overhead_frac_baseline", math.nan), o.get("overhead_frac_rhymerl", math.nan))
+    acc = report["parity"].get("accuracy", {})
+    return {"step_speedup": {"target": STEP_TARGET, "measured": step, "met": bool(step >= STEP_TARGET)},
+            "overhead_frac": {"target": OVERHEAD_TARGET, "measured": over, "met": bool(over <= OVERHEAD_TARGET)},
+            "accuracy_parity": {"p_value": acc.get("p_value"), "diff": acc.get("diff"), "met": acc.get("parity")}}
+
+
+def _f(x, fmt: str = ".2f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _ms(cell: dict, fmt: str = ".2f") -> str:
+    """mean ± sd over seeds (sd only with > 1 seed)."""
+    return _f(cell["mean"], fmt) + (f" ± {_f(cell['sd'], fmt)}" if cell["n"] > 1 else "")
+
+
+def format_text(report: dict) -> str:
+    """The readable table printed to stdout: per epoch and overall, both arms and their ratio."""
+    s = report["settings"]
+    lines = [f"RhymeRL vs baseline (no HistoSpec, naive placement), {report['date']}, {report['machine']}: "
+             f"{len(s['seeds'])} seed(s) x {s['epochs']} epochs x {s['prompts']} prompts, {s['workers']} workers"]
+    head = ("epoch", "step s B", "step s R", "speedup", "rollout B", "rollout R", "tok/s B", "tok/s R",
+            "acc.len R", "bubble B", "bubble R", "acc B", "acc R", "ovh B", "ovh R")
+    rows = [head]
+    for e in report["compare"]["epochs"]:
+        rows.append((str(e["epoch"]), _f(e["wall_s"]["baseline"]["mean"]), _f(e["wall_s"]["rhymerl"]["mean"]),
+                     _f(e["speedup"]["mean"]), _f(e["rollout_s"]["baseline"]["mean"]),
+                     _f(e["rollout_s"]["rhymerl"]["mean"]), _f(e["rollout_tokens_per_s"]["baseline"]["mean"], ".0f"),
+                     _f(e["rollout_tokens_per_s"]["rhymerl"]["mean"], ".0f"), _f(e["accepted_len"]["rhymerl"]["mean"]),
+                     _f(e["bubble_ratio"]["baseline"]["mean"], ".1%"), _f(e["bubble_ratio"]["rhymerl"]["mean"], ".1%"),
+                     _f(e["accuracy"]["baseline"]["mean"], ".3f"), _f(e["accuracy"]["rhymerl"]["mean"], ".3f"),
+                     _f(e["overhead_frac"]["baseline"]["mean"], ".1%"), _f(e["overhead_frac"]["rhymerl"]["mean"], ".1%")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows[:1]]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows[1:]]
+    o = report["compare"]["overall"]
+    if "wall_s" in o:
+        lines.append(f"epochs {o['epochs']}: step time {_f(o['wall_s']['baseline']['mean'])}s -> "
+                     f"{_f(o['wall_s']['rhymerl']['mean'])}s, speed-up {_f(o['speedup_wall']['mean'])}x "
+                     f"(rollout {_f(o['speedup_rollout']['mean'])}x); overhead {_f(o['overhead_frac_baseline'], '.1%')} "
+                     f"/ {_f(o['overhead_frac_rhymerl'], '.1%')} of step time")
+    for key, p in report["parity"].items():
+        lines.append(f"parity {key} (epoch {p.get('epoch')}): RhymeRL - baseline = {_f(p.get('diff'), '+.3f')}, "
+                     f"p = {_f(p.get('p_value'), '.3f')}, parity {p.get('parity')} ({p.get('note', '')})")
+    sc = report.get("scale")
+    if sc:
+        a = sc["arms"]["rhymerl"]
+        lines.append(f"scale estimate ({sc['spec']['workers']} workers, {sc['spec']['max_tokens']}-token cap, "
+                     f"{_f(sc['spec']['accepted_len'])} tok/verify): rollout {_f(a['rollout_speedup'])}x, "
+                     f"step {_f(a['step_speedup'])}x at rollout share {sc['spec']['rollout_share']}")
+    return "\n".join(lines)
+
+
+def write_report(runs: Sequence[dict], spec, scale: dict) -> dict:
+    """Build the report and write OUT/e2e.json, OUT/REPORT.md and the plots; returns the report."""
+    from bench.e2e_markdown import markdown
+    from bench.e2e_plots import plot_all
+
+    out = Path(spec.out)
+    report = build_report(runs, spec, scale)
+    (out / "e2e.json").write_text(json.dumps(report, indent=2))
+    plots = plot_all(runs, report, out) if runs else {}
+    (out / "REPORT.md").write_text(markdown(report, plots))
+    return report
+
+
+__all__ = ["SPLIT", "SPLIT_LABELS", "build_report", "format_text", "write_report", "step_curves"]

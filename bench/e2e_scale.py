@@ -1,0 +1,99 @@
+"""Cluster-scale estimate of the end-to-end speed-up, from the HistoPipe simulator and a measured
+HistoSpec acceptance.
+
+One rollout step of W workers (`bench.pipe_bench`'s heavy-tailed reasoning workload: per-prompt
+lognormal lengths, median 1,024 tokens, capped at `max_tokens`; 32 prompts x n=8 per worker; two
+epochs of history feed the length forecasts) is simulated four ways
+(`rhymerl.histopipe.simulator`, GPU-like cost model 8 ms per iteration + 0.15 ms per running
+request, 256 requests per worker at once):
+
+- baseline: naive placement, one token per engine iteration;
+- HistoPipe: tier-1 placement (``lpt``) from the forecasts;
+- HistoSpec: naive placement, `accepted_len` tokens per iteration;
+- RhymeRL: both.
+
+Assumptions (stated in the report): HistoSpec turns a request of L tokens into ceil(L / a)
+engine iterations, a = the mean accepted tokens per verification step measured in this
+benchmark's RhymeRL arm (bonus token included), the same for every request and over its whole
+length; verifying the drafts makes each iteration `verify_overhead` more expensive (a GPU
+decoding a model that fits is memory-bound, so checking a few extra tokens per sequence costs
+little; 0.2 is assumed, 0 and 0.5 bracket it); the drafter itself is free (it runs on the CPU
+beside the engine). Rollout is a share `rollout_share` of the baseline step (the rest: reward,
+training, weight sync, orchestration, which neither technique changes); the step speed-up is
+1 / ((1 - f) + f / rollout speed-up) (Amdahl).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from bench.pipe_bench import heavy_workload
+from rhymerl.histopipe.costmodel import CostModel
+from rhymerl.histopipe.forecast import ForecastSpec, build_history, forecast_lengths
+from rhymerl.histopipe.schedule import ScheduleRequest, schedule
+from rhymerl.histopipe.simulator import simulate
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """One cluster-scale point."""
+
+    accepted_len: float  # tokens per verification step (measured)
+    workers: int = 64
+    max_tokens: int = 8192
+    prompts_per_worker: int = 32
+    n: int = 8
+    verify_overhead: float = 0.2  # extra cost of an iteration that verifies drafts
+    rollout_share: float = 0.85  # rollout share of the baseline step (the paper: 80-95%)
+    seed: int = 0
+    cost: CostModel = CostModel(base_s=0.008, per_seq_s=1.5e-4, capacity=256)
+
+
+def amdahl(rollout_speedup: float, rollout_share: float) -> float:
+    """Step speed-up when only the rollout share `f` of the step gets `rollout_speedup` faster."""
+    return 1.0 / ((1.0 - rollout_share) + rollout_share / rollout_speedup)
+
+
+def simulate_arms(spec: ScaleSpec) -> dict[str, dict]:
+    """Makespan and bubble ratio of the four arms (module docstring) at one point."""
+    history_epochs = 2
+    wl = heavy_workload(spec.prompts_per_worker * spec.workers, history_epochs + 1, spec.n, spec.seed)
+    clip = lambda x: min(spec.max_tokens, x)  # noqa: E731
+    records = [{"prompt_id": p, "epoch": e, "length": clip(x)}
+               for e in range(history_epochs) for (p, _), x in wl.epochs[e].items()]
+    forecasts = forecast_lengths(build_history(records), wl.prompt_ids,
+                                 ForecastSpec(max_length=float(spec.max_tokens)), wl.prompt_lengths,
+                                 target_epoch=history_epochs)
+    request = ScheduleRequest(tuple(forecasts[p].demand(spec.n) for p in wl.prompt_ids), spec.workers, spec.cost)
+    truth = {k: clip(x) for k, x in wl.epochs[history_epochs].items()}
+    spec_lengths = {k: max(1, math.ceil(x / spec.accepted_len)) for k, x in truth.items()}
+    spec_cost = replace(spec.cost, base_s=spec.cost.base_s * (1 + spec.verify_overhead),
+                        per_seq_s=spec.cost.per_seq_s * (1 + spec.verify_overhead))
+    placements = {"naive": schedule("naive", request), "lpt": schedule("lpt", request)}
+    arms = {"baseline": ("naive", truth, spec.cost), "histopipe": ("lpt", truth, spec.cost),
+            "histospec": ("naive", spec_lengths, spec_cost), "rhymerl": ("lpt", spec_lengths, spec_cost)}
+    out = {}
+    for name, (policy, lengths, cost) in arms.items():
+        res = simulate(placements[policy], lengths, cost)
+        out[name] = {"makespan_s": res.makespan, "bubble_ratio": res.bubble_ratio}
+    return out
+
+
+def estimate(spec: ScaleSpec, measured_rollout_share: float | None = None) -> dict:
+    """The point's rollout and step speed-ups per arm, with verify-overhead and share brackets."""
+    arms = simulate_arms(spec)
+    base = arms["baseline"]["makespan_s"]
+    for row in arms.values():
+        row["rollout_speedup"] = base / row["makespan_s"]
+        row["step_speedup"] = amdahl(row["rollout_speedup"], spec.rollout_share)
+    shares = sorted({0.8, spec.rollout_share, 0.95} | ({measured_rollout_share} if measured_rollout_share else set()))
+    rollout = arms["rhymerl"]["rollout_speedup"]
+    brackets = {"step_speedup_by_rollout_share": {f"{f:.2f}": amdahl(rollout, f) for f in shares}}
+    brackets["rollout_speedup_by_verify_overhead"] = {
+        f"{v:.1f}": base / simulate_arms(replace(spec, verify_overhead=v))["rhymerl"]["makespan_s"]
+        for v in (0.0, 0.5)}
+    brackets["rollout_speedup_by_verify_overhead"][f"{spec.verify_overhead:.1f}"] = rollout
+    spec_dict = asdict(spec)
+    spec_dict["cost"] = asdict(spec.cost)
+    return {"spec": spec_dict, "arms": arms, **brackets, "measured_rollout_share": measured_rollout_share}

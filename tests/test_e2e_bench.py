@@ -1,0 +1,163 @@
+"""End-to-end benchmark: time split, ratios, parity test, report files, run plan (and one slow smoke run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.e2e_analysis import compare, epoch_rows, parity, permutation_pvalue, step_split
+from bench.e2e_bench import ARMS, E2ESpec, load_runs, run_order, run_overrides
+from bench.e2e_report import build_report, format_text, write_report
+from bench.e2e_scale import ScaleSpec, amdahl, simulate_arms
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def record(epoch: int, step: int, gstep: int, rollout: float, acc: float = 0.5, spec: bool = False) -> dict:
+    """A step record as run_step writes it: 10 samples of 20 tokens; parts add to rollout + 3.0 s."""
+    rec = {"epoch": epoch, "step": step, "global_step": gstep, "tokens": 200.0, "length_mean": 20.0,
+           "reward_mean": acc, "accuracy": acc, "plan_s": 0.1, "rollout_s": rollout, "reward_s": 0.2,
+           "lake_s": 0.1, "train_s": 2.0, "sync_s": 0.1, "measure_s": 0.2, "log_s": 0.05,
+           "checkpoint_s": 0.15, "step_s": rollout + 2.5, "wall_s": rollout + 3.0,  # 0.1 s unaccounted
+           "bubble_ratio": 0.1 if step == 0 else 0.3, "makespan_s": 3.0 if step == 0 else 1.0}
+    if spec:
+        rec.update({"spec/steps": 50.0, "spec/tokens": 200.0, "spec/drafted": 300.0, "spec/accepted": 150.0})
+        if step == 0:
+            rec["spec/history_build_s"] = 0.5
+    return rec
+
+
+def run(arm: str, seed: int, rollouts: list[float], acc: float = 0.5, steps: int = 2) -> dict:
+    """A saved run: one epoch per entry of `rollouts` (each step that long), epoch wall = steps + 1 s."""
+    history, walls = [], {}
+    for e, r in enumerate(rollouts):
+        recs = [record(e, s, e * steps + s, r, acc, spec=arm == "rhymerl") for s in range(steps)]
+        history += recs
+        walls[str(e)] = sum(x["wall_s"] for x in recs) + recs[0].get("spec/history_build_s", 0.0) + 1.0
+    return {"arm": arm, "seed": seed, "history": history, "epoch_wall_s": walls, "run_id": f"{arm}-{seed}",
+            "config": {"rollout": {"n": 10, "max_tokens": 40, "prompts_per_step": 1}, "spec": {"history_epochs": 4}},
+            "loadavg_start": [1.0, 1.0, 1.0]}
+
+
+def test_step_split_dispatch_is_wall_minus_every_timed_part() -> None:
+    # parts: 0.1+4+0.2+0.1+2+0.1+0.2+0.05+0.15 = 6.9 of a 7.0 s wall -> 0.1 s dispatch
+    s = step_split(record(0, 0, 0, rollout=4.0))
+    assert s["dispatch_s"] == pytest.approx(0.1) and s["wall_s"] == 7.0
+
+
+def test_epoch_rows_flow_overhead_acceptance_bubble() -> None:
+    row = epoch_rows(run("rhymerl", 0, [4.0]))[0]
+    # epoch wall 2 x 7 + 0.5 index + 1.0 -> flow 1.0; overhead = 2 x (0.1+0.1+0.2+0.05+0.15+0.1) + 1.0
+    assert row["wall_s"] == pytest.approx(15.5) and row["flow_s"] == pytest.approx(1.0)
+    assert row["index_s"] == 0.5 and row["overhead_s"] == pytest.approx(2.4)
+    assert row["overhead_frac"] == pytest.approx(2.4 / 15.5)
+    assert row["accepted_len"] == 4.0 and row["acceptance_rate"] == 0.5  # 400/100 steps; 300/600 drafted
+    assert row["bubble_ratio"] == pytest.approx((0.1 * 3 + 0.3 * 1) / 4)  # makespan-weighted
+    assert row["rollout_tokens_per_s"] == pytest.approx(400 / 8.0)
+    assert epoch_rows(run("baseline", 0, [4.0]))[0]["accepted_len"] == 1.0  # no speculation
+
+
+def test_compare_speedups_and_ratios_per_epoch_and_from_epoch_2() -> None:
+    runs = [run("baseline", s, [8.0, 8.0, 8.0]) for s in (0, 1)] + \
+           [run("rhymerl", s, [8.0, 4.0, 2.0]) for s in (0, 1)]
+    cmp = compare(runs)
+    e2 = cmp["epochs"][2]
+    # epoch 2 wall: baseline 2 x 11 + 1 = 23; RhymeRL 2 x 5 + 0.5 + 1 = 11.5
+    assert e2["speedup"]["per_seed"] == pytest.approx([2.0, 2.0])
+    assert e2["rollout_s"]["ratio"] == pytest.approx(0.25)
+    assert cmp["overall"]["epochs"] == [2]
+    assert cmp["overall"]["speedup_rollout"]["mean"] == pytest.approx(4.0)
+    assert cmp["overall"]["wall_s"]["ratio"] == pytest.approx(0.5)
+    # a crashed run (epoch 2 missing) is left out of the overall totals, kept per epoch
+    partial = runs + [run("rhymerl", 2, [8.0, 4.0])]
+    assert compare(partial)["overall"]["wall_s"]["rhymerl"]["n"] == 2
+    assert compare(partial)["epochs"][1]["wall_s"]["rhymerl"]["n"] == 3
+
+
+def test_permutation_test_is_exact_for_three_seeds() -> None:
+    # fully separated 3 vs 3: 2 of the C(6,3) = 20 relabellings are as extreme -> p = 0.1
+    assert permutation_pvalue([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(0.1)
+    assert permutation_pvalue([0.1, 0.2, 0.3], [0.1, 0.2, 0.3]) == pytest.approx(1.0)
+    # larger samples reject: 8 vs 8 separated -> 2 / C(16,8) ~ 1.6e-4
+    assert permutation_pvalue([0.0] * 8, [1.0] * 8) < 0.001
+
+
+def test_parity_within_and_outside_seed_noise() -> None:
+    base = [run("baseline", s, [4.0], acc=a) for s, a in enumerate((0.50, 0.52, 0.48))]
+    close = [run("rhymerl", s, [2.0], acc=a) for s, a in enumerate((0.51, 0.49, 0.50))]
+    far = [run("rhymerl", s, [2.0], acc=a) for s, a in enumerate((0.70, 0.71, 0.69))]
+    p = parity(base + close)
+    assert p["parity"] is True and p["p_value"] >= 0.05 and p["smallest_p"] == pytest.approx(0.1)
+    q = parity(base + far)
+    assert q["parity"] is False and q["diff"] == pytest.approx(0.2)  # 0.2 > 2 SE (~0.025)
+    assert parity(base[:1] + close[:1])["parity"] is None  # one seed: no test
+
+
+def test_scale_estimate_rules() -> None:
+    assert amdahl(2.0, 0.5) == pytest.approx(1 / 0.75)
+    # no accepted drafts and free verification: speculation changes nothing
+    arms = simulate_arms(ScaleSpec(accepted_len=1.0, workers=4, prompts_per_worker=4, verify_overhead=0.0))
+    assert arms["histospec"]["makespan_s"] == pytest.approx(arms["baseline"]["makespan_s"])
+    faster = simulate_arms(ScaleSpec(accepted_len=3.0, workers=4, prompts_per_worker=4))
+    assert faster["rhymerl"]["makespan_s"] < faster["histopipe"]["makespan_s"] < faster["baseline"]["makespan_s"]
+
+
+def spec_for(out: Path, seeds: int = 3) -> E2ESpec:
+    return E2ESpec(config="configs/default.toml", seeds=tuple(range(seeds)), epochs=3, prompts=8, workers=2,
+                   overrides=("rollout.n=4",), out=str(out))
+
+
+def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:
+    runs = [run("baseline", s, [8.0, 8.0, 8.0], acc=0.5 + 0.01 * s) for s in range(3)] + \
+           [run("rhymerl", s, [8.0, 4.0, 2.0], acc=0.51 - 0.01 * s) for s in range(3)]
+    report = write_report(runs, spec_for(tmp_path), {"workers": 4, "max_tokens": 8192})
+    md = (tmp_path / "REPORT.md").read_text()
+    for png in ("speedup.png", "time_split.png", "acceptance.png", "bubble.png", "reward_curves.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in md
+    assert "Step-time speed-up 2.00x" in md and "permutation p" in md and "Cluster-scale estimate" in md
+    saved = json.loads((tmp_path / "e2e.json").read_text())
+    assert saved["targets"]["step_speedup"]["met"] is False  # 2.0 < 2.6
+    assert saved["scale"]["spec"]["accepted_len"] == 4.0
+    assert "speed-up 2.00x" in format_text(report)
+    assert build_report([], spec_for(tmp_path), {})["runs"] == []  # nothing finished yet: still a report
+
+
+def test_run_plan_alternates_arms_and_resume_keeps_matching_runs(tmp_path: Path) -> None:
+    assert run_order((0, 1)) == [(0, "baseline"), (0, "rhymerl"), (1, "rhymerl"), (1, "baseline")]
+    sets = run_overrides(spec_for(tmp_path), "baseline", 1)
+    assert sets[-2:] == list(ARMS["baseline"]) and "seed=1" in sets and "rollout.n=4" in sets
+    spec = spec_for(tmp_path, seeds=1)
+    (tmp_path / "runs").mkdir()
+    saved = run("baseline", 0, [4.0])
+    (tmp_path / "runs" / "baseline-s0.json").write_text(json.dumps({**saved, "settings": spec.settings()}))
+    other = {**saved, "arm": "rhymerl", "settings": {**spec.settings(), "epochs": 99}}
+    (tmp_path / "runs" / "rhymerl-s0.json").write_text(json.dumps(other))
+    assert [r["arm"] for r in load_runs(spec)] == ["baseline"]  # other settings: not reused
+
+
+@pytest.mark.slow
+def test_bench_e2e_quick_smoke(tmp_path: Path) -> None:
+    """Both arms for real (vLLM, Ray, Prefect), tiny: 2 epochs x 8 prompts x n=4, one seed."""
+    out = tmp_path / "e2e"
+    cmd = [sys.executable, "-m", "flows.cli", "bench", "e2e", "--quick", "--epochs", "2", "--prompts", "8",
+           "--out", str(out), "--json", "--scale-workers", "4",
+           "--set", "rollout.n=4", "rollout.prompts_per_step=8", "rollout.max_tokens=64", "pipe.gantt=false"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert sorted(r["arm"] for r in report["runs"]) == ["baseline", "rhymerl"]
+    epochs = report["compare"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    assert epochs[1]["accepted_len"]["baseline"]["mean"] == 1.0  # no speculation in the baseline
+    assert epochs[1]["accepted_len"]["rhymerl"]["mean"] > 1.2  # epoch 1 drafts from epoch 0's responses
+    for e in epochs:  # every part measured, dispatch small and the split adds up to the wall time
+        for arm in ("baseline", "rhymerl"):
+            assert e["rollout_s"][arm]["mean"] > 0 and e["train_s"][arm]["mean"] > 0
+            assert 0 < e["overhead_frac"][arm]["mean"] < 1
+    assert (out / "REPORT.md").is_file() and (out / "runs" / "rhymerl-s0.json").is_file()
