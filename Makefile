@@ -14,7 +14,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export RAY_AUTH_MODE := disabled
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-.PHONY: setup run test test-fast model bench clean help
+.PHONY: setup run test test-fast model bench clean help ui browser
 BENCH_OUT := bench/out
 
 help:
@@ -23,6 +23,7 @@ help:
 	@echo "make model  - build the built-in tiny model only"
 	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/); e2e in its --quick size"
 	@echo "make bench-e2e - the full end-to-end benchmark, RhymeRL vs baseline (~1 h on 2 cores)"
+	@echo "make ui     - Prefect UI (deployments train/retrain/lake-report + a worker) and MLflow UI on 127.0.0.1"
 	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
 
 setup: $(STAMP)
@@ -45,7 +46,19 @@ run: $(STAMP)
 	$(BIN)/rhymerl model build
 	$(BIN)/rhymerl run --config $(CONFIG)
 
-test: $(STAMP)
+# Headless Chromium and its driver (Debian packages, ~30 s) for the browser test of the Prefect UI.
+# Not fatal: without them that one test skips and says why.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  ( $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver ) \
+	  || echo "warning: could not install chromium + chromium-driver (apt-get); the browser test will skip"; \
+	fi
+
+ui: $(STAMP)
+	$(BIN)/rhymerl ui
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: $(STAMP)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from flows.lake_cli import register as register_lake
 from flows.spec_cli import register as register_spec
+from flows.ui_cli import register as register_ui
 
 DEFAULT_CONFIG = "configs/default.toml"
 
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_lake(sub)
     register_spec(sub)
+    register_ui(sub)
     bench = sub.add_parser("bench", help="benchmarks (readable table; --json for machines)",
                            description="Run one benchmark; its own options follow its name, "
                                        "e.g. `rhymerl bench spec --help`.")

@@ -159,6 +159,13 @@ class MlflowTracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self._active(), text, artifact_file)
 
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set (or overwrite) tags on the active run; credential-like keys are redacted."""
+        run_id = self._active()
+        for key, value in tags.items():
+            self.client.set_tag(run_id, _truncate(str(key), MAX_KEY),
+                                REDACTED if is_secret_key(str(key)) else _truncate(str(value), MAX_TAG_VALUE))
+
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         """Save a dict as a .json or .yaml artifact (by the file's extension)."""
         self.client.log_dict(self._active(), dict(data), artifact_file)

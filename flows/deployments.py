@@ -1,0 +1,62 @@
+"""The flows behind `prefect.yaml`'s deployments: train, retrain and lake-report.
+
+Each takes plain parameters that the Prefect UI shows as a form (descriptions from the Args
+below), checks them first (a bad one fails the flow run within seconds, naming the field) and
+then runs: `train` and `retrain` call `flows.run.run_flow` as a subflow (so the epoch flows and
+their tasks appear under it), `lake-report` attaches a Markdown report to its flow run. The
+heavy imports (torch, Ray, vLLM) happen only after the parameters passed.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.ops import lake_report_task, latest_run_task, retrain_config_task, train_config_task
+
+
+@flow(name="rhymerl-train", flow_run_name="train-{config_file}")
+def train(config_file: str = "configs/default.toml", overrides: list[str] | None = None) -> dict:
+    """Train a policy with GRPO: one run of `rhymerl run`.
+
+    Args:
+        config_file: TOML run config, relative to the project folder ("" = built-in defaults).
+        overrides: settings on top of the file, one `key=value` each, values in TOML syntax,
+            e.g. `epochs=2`, `rollout.n=8`, `lake.url="s3://bucket/lake"`. No credentials here.
+    """
+    config = train_config_task(config_file, overrides)
+    from flows.run import run_flow
+
+    result = run_flow(config=config)
+    return {k: result[k] for k in ("run_id", "mlflow_run_id", "lake", "epochs")}
+
+
+@flow(name="rhymerl-retrain", flow_run_name="retrain-{experiment}")
+def retrain(experiment: str = "rhymerl", extra_epochs: int = 1, lake: str = "lake",
+            overrides: list[str] | None = None) -> dict:
+    """Continue the latest run of an experiment from its latest checkpoint for more epochs.
+
+    Args:
+        experiment: MLflow experiment (`tracking.experiment`) whose most recently started run
+            is continued: same run id, lake rows and MLflow run.
+        extra_epochs: epochs to add to the run's configured `epochs`.
+        lake: lake holding the run (local folder relative to the project, or s3://bucket/prefix).
+        overrides: `key=value` settings on top of the run's stored config (not `data.*`).
+    """
+    run = latest_run_task(lake, experiment)
+    config = retrain_config_task(run, extra_epochs, overrides)
+    from flows.run import run_flow
+
+    result = run_flow(config=config, resume=run["run_id"])
+    return {k: result[k] for k in ("run_id", "mlflow_run_id", "lake", "epochs")}
+
+
+@flow(name="rhymerl-lake-report", flow_run_name="lake-report-{run_id}")
+def lake_report(lake: str = "lake", run_id: str = "") -> dict:
+    """Analyse one run in the rollout lake: per-epoch reward, lengths, rhyme between epochs and
+    length-rank stability, as a Markdown report with plots (artifact `lake-report`).
+
+    Args:
+        lake: local lake folder (relative to the project) or s3://bucket/prefix.
+        run_id: run to analyse; "" = the most recently started run in the lake.
+    """
+    return lake_report_task(lake, run_id)

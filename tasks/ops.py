@@ -1,0 +1,174 @@
+"""Prefect tasks behind the deployments (`flows/deployments.py`): configs from UI parameters,
+the run a scheduled retrain continues, the lake report artifact, and the Prefect <-> MLflow links.
+
+Parameters typed in the Prefect UI are checked here before any heavy work starts, so a bad one
+fails the flow run within seconds with a message naming the field. Credentials never belong in
+parameters (the UI shows them and the API stores them): they come from the worker's environment
+(AWS_*, MLFLOW_TRACKING_PASSWORD, ...), and a URL with a password in it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from rhymerl.config import ConfigError, apply_overrides, config_to_dict, flatten, load_config, resolve_config
+from storage.lake import Lake, LakeError
+from storage.report import lake_report
+
+RUNS_SQL = """SELECT run_id, name, status, started_at, config_json FROM runs
+              ORDER BY started_at DESC NULLS LAST, run_id DESC"""
+
+
+def inline_credentials(config: Mapping[str, Any]) -> list[str]:
+    """Config keys whose value is a URL carrying a password (`scheme://user:secret@host`)."""
+    bad = []
+    for key, value in flatten(dict(config)).items():
+        if isinstance(value, str) and "://" in value:
+            try:
+                if urlsplit(value).password:
+                    bad.append(key)
+            except ValueError:
+                continue
+    return bad
+
+
+def _refuse_credentials(config: Mapping[str, Any], field: str) -> None:
+    bad = inline_credentials(config)
+    if bad:  # name the keys, never echo the values
+        raise ConfigError(f"parameter '{field}': {', '.join(bad)} holds a URL with a password; "
+                          "Prefect shows parameters in the UI: give credentials through the "
+                          "worker's environment (AWS_*, MLFLOW_TRACKING_USERNAME/PASSWORD) instead")
+
+
+def _overrides(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"parameter 'overrides' must be a list of key=value strings, got {value!r}")
+    return list(value)
+
+
+@task(name="resolve-config", cache_policy=NO_CACHE)
+def train_config_task(config_file: str, overrides: list[str] | None) -> dict[str, Any]:
+    """The run config from a TOML file (relative to the project) and `key=value` overrides, with
+    the worker's environment settings between them, as `rhymerl run` does; validated."""
+    try:
+        cfg = load_config(config_file or None, _overrides(overrides), env=os.environ)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid parameters (config_file={config_file!r}, overrides): {exc}") from None
+    data = config_to_dict(cfg)
+    _refuse_credentials(data, "overrides")
+    return data
+
+
+@task(name="find-latest-run", cache_policy=NO_CACHE)
+def latest_run_task(lake_url: str, experiment: str) -> dict[str, Any]:
+    """The most recently started run in the lake logged to MLflow experiment `experiment`."""
+    if not experiment:
+        raise ConfigError("parameter 'experiment' is empty; give the MLflow experiment of the runs "
+                          "to continue (tracking.experiment, 'rhymerl' by default)")
+    try:
+        with Lake(lake_url) as lake:
+            rows = lake.sql(RUNS_SQL).to_pylist()
+    except LakeError as exc:
+        raise LakeError(f"parameter 'lake': {exc}") from None
+    for row in rows:
+        stored = json.loads(row["config_json"])
+        if stored.get("tracking", {}).get("experiment") == experiment:
+            return {**row, "config": stored}
+    found = sorted({json.loads(r["config_json"]).get("tracking", {}).get("experiment", "?") for r in rows})
+    raise LakeError(f"parameter 'experiment': lake {lake_url} has no run of experiment {experiment!r}; "
+                    f"experiments there: {', '.join(found) or 'none'} (train one first with the train "
+                    "deployment)")
+
+
+@task(name="retrain-config", cache_policy=NO_CACHE)
+def retrain_config_task(run: Mapping[str, Any], extra_epochs: int, overrides: list[str] | None) -> dict[str, Any]:
+    """The stored config of `run` with `epochs` raised by `extra_epochs` and `overrides` on top.
+
+    A resumed run must see the same prompts (its checkpoint's digest is checked), so overrides
+    of `data.*` or `rollout.prompts_per_step` are refused here, before any engine starts.
+    """
+    if not isinstance(extra_epochs, int) or extra_epochs < 1:
+        raise ConfigError(f"parameter 'extra_epochs' must be an integer >= 1, got {extra_epochs!r}")
+    stored = run["config"]
+    wanted = [f"epochs={int(stored.get('epochs', 0)) + extra_epochs}", *_overrides(overrides)]
+    try:
+        cfg = config_to_dict(resolve_config(apply_overrides(stored, wanted), env=os.environ))
+    except ConfigError as exc:
+        raise ConfigError(f"invalid parameters (overrides): {exc}") from None
+    before = config_to_dict(resolve_config(stored, env=os.environ))
+    changed = [k for k in ("data", "rollout.prompts_per_step")
+               if _pick(cfg, k) != _pick(before, k)]
+    if changed:
+        raise ConfigError(f"parameter 'overrides' changes {', '.join(changed)}: retrain continues run "
+                          f"{run['run_id']} on the prompts its checkpoints were trained with; for new "
+                          "data start a new run with the train deployment")
+    _refuse_credentials(cfg, "overrides")
+    if run["status"] == "running":
+        get_run_logger().warning("run %s is recorded as running (a crash, or another process still "
+                                 "training it); continuing it from its last checkpoint", run["run_id"])
+    return cfg
+
+
+def _pick(data: Mapping[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part, {}) if isinstance(data, Mapping) else {}
+    return data
+
+
+@task(name="lake-report", cache_policy=NO_CACHE)
+def lake_report_task(lake_url: str, run_id: str) -> dict[str, Any]:
+    """Run the lake's analysis views for one run and attach the Markdown report with its plots
+    to this flow run (artifact key `lake-report`); returns the run id and per-epoch rows."""
+    try:
+        report = lake_report(lake_url, run_id)
+    except LakeError as exc:
+        raise LakeError(f"parameters 'lake'/'run_id': {exc}") from None
+    create_markdown_artifact(markdown=report.markdown_inline(), key="lake-report",
+                             description=f"Lake report of run {report.run_id}")
+    get_run_logger().info("lake report of run %s: %d epoch(s)", report.run_id, len(report.epochs))
+    return {"run_id": report.run_id, "epochs": report.epochs}
+
+
+def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The MLflow UI page of a run: on RHYMERL_MLFLOW_UI_URL (set by `rhymerl ui`), or on the
+    tracking server itself when tracking is over HTTP; None when no UI is known."""
+    base = os.environ.get("RHYMERL_MLFLOW_UI_URL", "")
+    if not base and tracking_uri.startswith(("http://", "https://")):
+        base = tracking_uri
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" if base else None
+
+
+@task(name="link-runs", cache_policy=NO_CACHE)
+def link_runs_task(rt) -> None:
+    """Cross-link the Prefect flow run and the MLflow run: MLflow tags with the flow run's id and
+    URL; a `mlflow-run` artifact on the flow run with the MLflow run's link (or id)."""
+    if rt.tracker is None or not rt.mlflow_run_id:
+        return
+    try:
+        _link(rt)
+    except Exception as exc:  # links are a convenience: never fail a training run over them
+        get_run_logger().warning("could not cross-link the Prefect and MLflow runs: %s", exc)
+
+
+def _link(rt) -> None:
+    ui = flow_run.ui_url
+    rt.tracker.set_tags({"prefect.flow_run_id": flow_run.id or "", "prefect.flow_run_name": flow_run.name or "",
+                         "prefect.flow_run_url": ui or "", "prefect.root_flow_run_id": flow_run.root_flow_run_id or ""})
+    url = mlflow_run_url(rt.cfg.tracking.uri, rt.tracker.experiment_id, rt.mlflow_run_id)
+    text = f"MLflow run {rt.mlflow_run_id} (run {rt.run_id})"
+    if url:
+        create_link_artifact(link=url, link_text=text, key="mlflow-run",
+                             description=f"MLflow run of {rt.run_id}")
+    else:
+        create_markdown_artifact(markdown=f"{text} in `{rt.cfg.tracking.uri}`; browse it with `rhymerl ui`",
+                                 key="mlflow-run", description=f"MLflow run of {rt.run_id}")
