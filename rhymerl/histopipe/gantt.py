@@ -53,13 +53,17 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
     depth = {w: 1 for w in range(result.workers)}
     for s, lane in zip(result.spans, lane_of):
         depth[s.worker] = max(depth[s.worker], lane + 1)
-    for w, intervals in enumerate(result.busy):
-        for a, b in intervals:
-            ax.barh(w, b - a, left=a, height=0.9, color="#dbe7f3", edgecolor="none")
-    for s, lane in zip(result.spans, lane_of):
-        y = s.worker - 0.42 + 0.84 * (lane + 0.5) / depth[s.worker]
-        ax.hlines(y, s.start, s.end, colors="#d62728" if s.migrated else "#1f4e79",
-                  linewidth=max(0.3, min(2.0, 20.0 / depth[s.worker])))
+    # One barh and one hlines call for the whole step: a call per request cost ~1 ms each, which
+    # made this chart ~0.35 s of every step at 256 requests (0.1 s drawn in one go).
+    bars = [(w, a, b) for w, intervals in enumerate(result.busy) for a, b in intervals]
+    if bars:
+        ax.barh([w for w, _, _ in bars], [b - a for _, a, b in bars], left=[a for _, a, _ in bars],
+                height=0.9, color="#dbe7f3", edgecolor="none")
+    if result.spans:
+        ax.hlines([s.worker - 0.42 + 0.84 * (lane + 0.5) / depth[s.worker] for s, lane in zip(result.spans, lane_of)],
+                  [s.start for s in result.spans], [s.end for s in result.spans],
+                  colors=["#d62728" if s.migrated else "#1f4e79" for s in result.spans],
+                  linewidths=[max(0.3, min(2.0, 20.0 / depth[s.worker])) for s in result.spans])
     ax.axvline(result.makespan, color="#555555", linestyle="--", linewidth=0.8)
     ax.set_ylim(-0.6, result.workers - 0.4)
     ax.invert_yaxis()
