@@ -109,10 +109,8 @@ def paired_speedups(runs: Sequence[dict], epochs: Sequence[int], key: str = "wal
     out = []
     for seed in sorted({s for a, s in by if a == "baseline"} & {s for a, s in by if a == "rhymerl"}):
         b, r = by["baseline", seed], by["rhymerl", seed]
-        common = [e for e in epochs if e in b and e in r]
-        den = sum(r[e][key] for e in common)
-        if common and den > 0:
-            out.append(sum(b[e][key] for e in common) / den)
+        if all(e in b and e in r for e in epochs):  # a crashed run that stops short is left out
+            out.append(sum(b[e][key] for e in epochs) / sum(r[e][key] for e in epochs))
     return out
 
 

@@ -35,7 +35,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 ARMS: dict[str, tuple[str, ...]] = {
@@ -133,7 +133,8 @@ def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str]) -> bool:
         for line in proc.stdout:
             fh.write(line)
             if any(k in line for k in _PROGRESS):
-                print(f"  [{arm} s{seed}] {line.rstrip()[-160:]}", file=sys.stderr, flush=True)
+                text = line.rstrip().split(" - ", 1)[-1]  # drop Prefect's time/level/task-run prefix
+                print(f"  [{arm} s{seed}] {text[:200]}", file=sys.stderr, flush=True)
         rc = proc.wait()
     if rc != 0 or not path.is_file():
         tail = log.read_text().splitlines()[-30:]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.e2e_analysis import OVERHEAD, SPLIT
-from bench.e2e_report import SPLIT_LABELS, _f, _ms
+from bench.e2e_report import SPLIT_LABELS, mean_sd, num
 
 ROWS = [("wall_s", "step time (epoch wall), s"), *[(k, f"  {SPLIT_LABELS[k]}, s") for k in SPLIT],
         ("overhead_s", "overhead (plan .. epoch flow), s")]
@@ -18,21 +18,21 @@ def headline(report: dict) -> list[str]:
     o, t = report["compare"]["overall"], report["targets"]
     if "wall_s" not in o:
         return ["No epoch finished by both arms yet."]
-    rows = [[label, _ms(o[k]["baseline"]), _ms(o[k]["rhymerl"]), _f(o[k]["ratio"], ".3f")] for k, label in ROWS]
+    rows = [[label, mean_sd(o[k]["baseline"]), mean_sd(o[k]["rhymerl"]), num(o[k]["ratio"], ".3f")] for k, label in ROWS]
     out = [f"Totals over epochs {', '.join(map(str, o['epochs']))} (mean ± sd over seeds):", ""]
     out += _table(["", "baseline", "RhymeRL", "RhymeRL / baseline"], rows)
     sw, sr = o["speedup_wall"], o["speedup_rollout"]
-    out += ["", f"**Step-time speed-up {_f(sw['mean'])}x** (per seed: {', '.join(_f(x) for x in sw['per_seed'])}); "
-            f"rollout {_f(sr['mean'])}x (per seed: {', '.join(_f(x) for x in sr['per_seed'])}). "
-            f"Overhead: {_f(o['overhead_frac_baseline'], '.1%')} (baseline), "
-            f"{_f(o['overhead_frac_rhymerl'], '.1%')} (RhymeRL) of the step time.", "",
+    out += ["", f"**Step-time speed-up {num(sw['mean'])}x** (per seed: {', '.join(num(x) for x in sw['per_seed'])}); "
+            f"rollout {num(sr['mean'])}x (per seed: {', '.join(num(x) for x in sr['per_seed'])}). "
+            f"Overhead: {num(o['overhead_frac_baseline'], '.1%')} (baseline), "
+            f"{num(o['overhead_frac_rhymerl'], '.1%')} (RhymeRL) of the step time.", "",
             "| target | measured | met |", "|---|---|---|",
-            f"| step time ratio >= {t['step_speedup']['target']}x from epoch 2 | {_f(t['step_speedup']['measured'])}x "
+            f"| step time ratio >= {t['step_speedup']['target']}x from epoch 2 | {num(t['step_speedup']['measured'])}x "
             f"| {_yes(t['step_speedup']['met'])} |",
             f"| orchestration overhead <= {t['overhead_frac']['target']:.0%} (worse arm) | "
-            f"{_f(t['overhead_frac']['measured'], '.1%')} | {_yes(t['overhead_frac']['met'])} |",
-            f"| accuracy parity (final epoch) | diff {_f(t['accuracy_parity']['diff'], '+.3f')}, "
-            f"p = {_f(t['accuracy_parity']['p_value'], '.3f')} | {_yes(t['accuracy_parity']['met'])} |"]
+            f"{num(t['overhead_frac']['measured'], '.1%')} | {_yes(t['overhead_frac']['met'])} |",
+            f"| accuracy parity (final epoch) | diff {num(t['accuracy_parity']['diff'], '+.3f')}, "
+            f"p = {num(t['accuracy_parity']['p_value'], '.3f')} | {_yes(t['accuracy_parity']['met'])} |"]
     return out
 
 
@@ -44,10 +44,10 @@ def per_epoch(report: dict) -> list[str]:
     """One row per epoch: step and rollout time, speed-up, tokens/s, acceptance, bubble, quality."""
     rows = []
     for e in report["compare"]["epochs"]:
-        b = lambda k, f=".2f": _ms(e[k]["baseline"], f)  # noqa: E731
-        r = lambda k, f=".2f": _ms(e[k]["rhymerl"], f)  # noqa: E731
-        rows.append([str(e["epoch"]), b("wall_s"), r("wall_s"), _f(e["speedup"]["mean"]), b("rollout_s"),
-                     r("rollout_s"), _f(e["rollout_s"]["ratio"], ".3f"), b("rollout_tokens_per_s", ".0f"),
+        b = lambda k, f=".2f": mean_sd(e[k]["baseline"], f)  # noqa: E731
+        r = lambda k, f=".2f": mean_sd(e[k]["rhymerl"], f)  # noqa: E731
+        rows.append([str(e["epoch"]), b("wall_s"), r("wall_s"), num(e["speedup"]["mean"]), b("rollout_s"),
+                     r("rollout_s"), num(e["rollout_s"]["ratio"], ".3f"), b("rollout_tokens_per_s", ".0f"),
                      r("rollout_tokens_per_s", ".0f"), r("accepted_len"), b("bubble_ratio", ".3f"),
                      r("bubble_ratio", ".3f"), b("reward_mean", ".3f"), r("reward_mean", ".3f"), b("accuracy", ".3f"),
                      r("accuracy", ".3f"), b("overhead_frac", ".3f"), r("overhead_frac", ".3f")])
@@ -62,7 +62,7 @@ def split_table(report: dict) -> list[str]:
     for e in report["compare"]["epochs"]:
         for k in ("wall_s",) + SPLIT:
             rows.append([str(e["epoch"]), SPLIT_LABELS.get(k, "step time (epoch wall)"),
-                         _f(e[k]["baseline"]["mean"]), _f(e[k]["rhymerl"]["mean"]), _f(e[k]["ratio"], ".3f")])
+                         num(e[k]["baseline"]["mean"]), num(e[k]["rhymerl"]["mean"]), num(e[k]["ratio"], ".3f")])
     return _table(["epoch", "part", "baseline s", "RhymeRL s", "R/B"], rows)
 
 
@@ -72,9 +72,9 @@ def parity_section(report: dict) -> list[str]:
         if p.get("p_value") is None:
             out.append(f"- {key}: {p.get('note')} (baseline {p.get('baseline')}, RhymeRL {p.get('rhymerl')})")
             continue
-        out.append(f"- {key}, epoch {p['epoch']}: baseline {', '.join(_f(v, '.3f') for v in p['baseline'])}; "
-                   f"RhymeRL {', '.join(_f(v, '.3f') for v in p['rhymerl'])}. Difference {_f(p['diff'], '+.3f')}, "
-                   f"standard error {_f(p['se'], '.3f')}, permutation p = {_f(p['p_value'], '.3f')} ({p['note']}). "
+        out.append(f"- {key}, epoch {p['epoch']}: baseline {', '.join(num(v, '.3f') for v in p['baseline'])}; "
+                   f"RhymeRL {', '.join(num(v, '.3f') for v in p['rhymerl'])}. Difference {num(p['diff'], '+.3f')}, "
+                   f"standard error {num(p['se'], '.3f')}, permutation p = {num(p['p_value'], '.3f')} ({p['note']}). "
                    f"Parity (|diff| <= 2 SE and p >= 0.05): {_yes(p['parity'])}.")
     return out
 
@@ -84,16 +84,16 @@ def scale_section(report: dict) -> list[str]:
     if not sc:
         return ["No estimate: needs a RhymeRL run whose speculation accepted drafts."]
     s, arms = sc["spec"], sc["arms"]
-    rows = [[name, _f(a["makespan_s"], ".1f"), _f(a["bubble_ratio"], ".3f"), _f(a["rollout_speedup"]),
-             _f(a["step_speedup"])] for name, a in arms.items()]
+    rows = [[name, num(a["makespan_s"], ".1f"), num(a["bubble_ratio"], ".3f"), num(a["rollout_speedup"]),
+             num(a["step_speedup"])] for name, a in arms.items()]
     out = [f"Simulated rollout step at {s['workers']} workers, {s['prompts_per_worker']} prompts x n={s['n']} per "
            f"worker, responses capped at {s['max_tokens']} tokens (heavy-tailed, median 1,024), "
-           f"{_f(s['accepted_len'])} tokens per verification step (this benchmark's RhymeRL arm, late epochs), "
+           f"{num(s['accepted_len'])} tokens per verification step (this benchmark's RhymeRL arm, late epochs), "
            f"verification overhead {s['verify_overhead']:.0%} per iteration, rollout {s['rollout_share']:.0%} of "
            f"the baseline step:", ""]
     out += _table(["arm", "makespan s", "bubble", "rollout speed-up", "step speed-up"], rows)
-    by_share = ", ".join(f"{k}: {_f(v)}x" for k, v in sc["step_speedup_by_rollout_share"].items())
-    by_verify = ", ".join(f"{k}: {_f(v)}x" for k, v in sc["rollout_speedup_by_verify_overhead"].items())
+    by_share = ", ".join(f"{k}: {num(v)}x" for k, v in sc["step_speedup_by_rollout_share"].items())
+    by_verify = ", ".join(f"{k}: {num(v)}x" for k, v in sc["rollout_speedup_by_verify_overhead"].items())
     out += ["", f"Step speed-up by rollout share of the step ({sc['measured_rollout_share']} measured here): "
             f"{by_share}. Rollout speed-up by verification overhead: {by_verify}.", "",
             "Assumptions: every request's tokens come a per verification step over its whole length "
@@ -116,7 +116,10 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
              "Baseline = `spec.enabled=false pipe.policy=\"naive\"`; RhymeRL = HistoSpec (exact verifier) + "
              "HistoPipe tier 1. One child process per run; seeds alternate which arm runs first.",
              "", f"Runs: {len(report['runs'])}; 1-minute load average at their starts: "
-             f"{', '.join(_f(x, '.1f') for x in loads) or 'n/a'}.", "", "## Headline", ""]
+             f"{', '.join(num(x, '.1f') for x in loads) or 'n/a'}. Set-up per run (outside the epochs: "
+             f"Prefect's temporary API, Ray, engines, trainer; not in any figure below): "
+             f"{', '.join(num(r.get('setup_s'), '.0f') + ' s' for r in report['runs']) or 'n/a'}.",
+             "", "## Headline", ""]
     lines += headline(report)
     if "speedup" in plots:
         lines += ["", f"![speed-up]({plots['speedup']})", f"![time split]({plots['split']})"]

@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bench.e2e_analysis import SPLIT, step_curves  # noqa: E402
 
@@ -103,6 +104,7 @@ def plot_curves(runs: Sequence[dict], path: Path) -> None:
             ax.fill_between(xs, [min(curve[s]) for s in xs], [max(curve[s]) for s in xs], color=style["color"],
                             alpha=0.2)
         ax.set(xlabel="global step", ylabel=key, title=f"{key} per step (band: seed min-max)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from bench.e2e_analysis import SPLIT, compare, parity, step_curves
+from bench.e2e_analysis import compare, parity
 from bench.e2e_scale import ScaleSpec, estimate
 
 STEP_TARGET, OVERHEAD_TARGET = 2.6, 0.10
@@ -27,7 +27,7 @@ SPLIT_LABELS = {"rollout_s": "rollout", "reward_s": "reward", "train_s": "train"
 
 
 def machine() -> str:
-    """CPU model and core count (the report's 'where')."""
+    """CPU model and core count (the report's 'where'; the benchmark itself runs on CPU engines)."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -36,7 +36,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores, no GPU" if "cuda" not in os.environ.get("EXTRA", "") else model
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
@@ -48,14 +48,22 @@ def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
         "settings": {"seeds": list(spec.seeds), "epochs": spec.epochs, "prompts": spec.prompts,
                      "workers": spec.workers, "config": spec.config, "overrides": list(spec.overrides),
                      **_run_shape(runs)},
-        "runs": [{k: r.get(k) for k in ("arm", "seed", "run_id", "run_wall_s", "loadavg_start", "loadavg_end")}
-                 for r in runs],
+        "runs": [_run_row(r) for r in runs],
         "compare": cmp,
         "parity": {k: parity(runs, k) for k in ("accuracy", "reward_mean")} if runs else {},
     }
     report["scale"] = _scale(cmp, scale) if overall.get("rollout_s") else None
     report["targets"] = _targets(report)
     return report
+
+
+def _run_row(run: dict) -> dict:
+    """A run's identity, load and its setup seconds: run wall time minus its epochs (Prefect's
+    temporary API, Ray, engine and trainer start-up, model and prompts, closing the run)."""
+    row = {k: run.get(k) for k in ("arm", "seed", "run_id", "run_wall_s", "loadavg_start", "loadavg_end")}
+    if run.get("run_wall_s") is not None:
+        row["setup_s"] = run["run_wall_s"] - sum(float(v) for v in run.get("epoch_wall_s", {}).values())
+    return row
 
 
 def _run_shape(runs: Sequence[dict]) -> dict:
@@ -91,13 +99,13 @@ def _targets(report: dict) -> dict:
             "accuracy_parity": {"p_value": acc.get("p_value"), "diff": acc.get("diff"), "met": acc.get("parity")}}
 
 
-def _f(x, fmt: str = ".2f") -> str:
+def num(x, fmt: str = ".2f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def _ms(cell: dict, fmt: str = ".2f") -> str:
+def mean_sd(cell: dict, fmt: str = ".2f") -> str:
     """mean ± sd over seeds (sd only with > 1 seed)."""
-    return _f(cell["mean"], fmt) + (f" ± {_f(cell['sd'], fmt)}" if cell["n"] > 1 else "")
+    return num(cell["mean"], fmt) + (f" ± {num(cell['sd'], fmt)}" if cell["n"] > 1 else "")
 
 
 def format_text(report: dict) -> str:
@@ -109,32 +117,32 @@ def format_text(report: dict) -> str:
             "acc.len R", "bubble B", "bubble R", "acc B", "acc R", "ovh B", "ovh R")
     rows = [head]
     for e in report["compare"]["epochs"]:
-        rows.append((str(e["epoch"]), _f(e["wall_s"]["baseline"]["mean"]), _f(e["wall_s"]["rhymerl"]["mean"]),
-                     _f(e["speedup"]["mean"]), _f(e["rollout_s"]["baseline"]["mean"]),
-                     _f(e["rollout_s"]["rhymerl"]["mean"]), _f(e["rollout_tokens_per_s"]["baseline"]["mean"], ".0f"),
-                     _f(e["rollout_tokens_per_s"]["rhymerl"]["mean"], ".0f"), _f(e["accepted_len"]["rhymerl"]["mean"]),
-                     _f(e["bubble_ratio"]["baseline"]["mean"], ".1%"), _f(e["bubble_ratio"]["rhymerl"]["mean"], ".1%"),
-                     _f(e["accuracy"]["baseline"]["mean"], ".3f"), _f(e["accuracy"]["rhymerl"]["mean"], ".3f"),
-                     _f(e["overhead_frac"]["baseline"]["mean"], ".1%"), _f(e["overhead_frac"]["rhymerl"]["mean"], ".1%")))
+        rows.append((str(e["epoch"]), num(e["wall_s"]["baseline"]["mean"]), num(e["wall_s"]["rhymerl"]["mean"]),
+                     num(e["speedup"]["mean"]), num(e["rollout_s"]["baseline"]["mean"]),
+                     num(e["rollout_s"]["rhymerl"]["mean"]), num(e["rollout_tokens_per_s"]["baseline"]["mean"], ".0f"),
+                     num(e["rollout_tokens_per_s"]["rhymerl"]["mean"], ".0f"), num(e["accepted_len"]["rhymerl"]["mean"]),
+                     num(e["bubble_ratio"]["baseline"]["mean"], ".1%"), num(e["bubble_ratio"]["rhymerl"]["mean"], ".1%"),
+                     num(e["accuracy"]["baseline"]["mean"], ".3f"), num(e["accuracy"]["rhymerl"]["mean"], ".3f"),
+                     num(e["overhead_frac"]["baseline"]["mean"], ".1%"), num(e["overhead_frac"]["rhymerl"]["mean"], ".1%")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows[:1]]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows[1:]]
     o = report["compare"]["overall"]
     if "wall_s" in o:
-        lines.append(f"epochs {o['epochs']}: step time {_f(o['wall_s']['baseline']['mean'])}s -> "
-                     f"{_f(o['wall_s']['rhymerl']['mean'])}s, speed-up {_f(o['speedup_wall']['mean'])}x "
-                     f"(rollout {_f(o['speedup_rollout']['mean'])}x); overhead {_f(o['overhead_frac_baseline'], '.1%')} "
-                     f"/ {_f(o['overhead_frac_rhymerl'], '.1%')} of step time")
+        lines.append(f"epochs {o['epochs']}: step time {num(o['wall_s']['baseline']['mean'])}s -> "
+                     f"{num(o['wall_s']['rhymerl']['mean'])}s, speed-up {num(o['speedup_wall']['mean'])}x "
+                     f"(rollout {num(o['speedup_rollout']['mean'])}x); overhead {num(o['overhead_frac_baseline'], '.1%')} "
+                     f"/ {num(o['overhead_frac_rhymerl'], '.1%')} of step time")
     for key, p in report["parity"].items():
-        lines.append(f"parity {key} (epoch {p.get('epoch')}): RhymeRL - baseline = {_f(p.get('diff'), '+.3f')}, "
-                     f"p = {_f(p.get('p_value'), '.3f')}, parity {p.get('parity')} ({p.get('note', '')})")
+        lines.append(f"parity {key} (epoch {p.get('epoch')}): RhymeRL - baseline = {num(p.get('diff'), '+.3f')}, "
+                     f"p = {num(p.get('p_value'), '.3f')}, parity {p.get('parity')} ({p.get('note', '')})")
     sc = report.get("scale")
     if sc:
         a = sc["arms"]["rhymerl"]
         lines.append(f"scale estimate ({sc['spec']['workers']} workers, {sc['spec']['max_tokens']}-token cap, "
-                     f"{_f(sc['spec']['accepted_len'])} tok/verify): rollout {_f(a['rollout_speedup'])}x, "
-                     f"step {_f(a['step_speedup'])}x at rollout share {sc['spec']['rollout_share']}")
+                     f"{num(sc['spec']['accepted_len'])} tok/verify): rollout {num(a['rollout_speedup'])}x, "
+                     f"step {num(a['step_speedup'])}x at rollout share {sc['spec']['rollout_share']}")
     return "\n".join(lines)
 
 
@@ -149,6 +157,3 @@ def write_report(runs: Sequence[dict], spec, scale: dict) -> dict:
     plots = plot_all(runs, report, out) if runs else {}
     (out / "REPORT.md").write_text(markdown(report, plots))
     return report
-
-
-__all__ = ["SPLIT", "SPLIT_LABELS", "build_report", "format_text", "write_report", "step_curves"]
