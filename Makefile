@@ -69,6 +69,8 @@ bench: $(STAMP)
 	mkdir -p $(BENCH_OUT)
 	$(BIN)/python -m bench.pipe_bench --json-out $(BENCH_OUT)/pipe.json
 	$(BIN)/python -m bench.lake_bench --json-out $(BENCH_OUT)/lake.json
+	$(BIN)/rhymerl model build
+	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
 	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
 
 # The headline benchmark at full size: 3 seeds x 4 epochs x 128 prompts per arm, ~1 h on 2 cores.
