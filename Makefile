@@ -73,7 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
 	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
 
-# The headline benchmark at full size: 3 seeds x 4 epochs x 128 prompts per arm, ~1 h on 2 cores.
+# The headline benchmark at full size: 5 seeds x 5 epochs x 128 prompts per arm, 40-60 min on 2 cores.
 # Report: $(BENCH_OUT)/e2e/REPORT.md. Interrupted? `make bench-e2e E2E_ARGS=--resume` keeps finished runs.
 .PHONY: bench-e2e
 bench-e2e: $(STAMP)
