@@ -4,6 +4,7 @@
                                [--capacity 256,64] [--prompts-per-worker 32] [--n 8]
     python -m bench.pipe_bench --check-lake URL --check-run RUN_ID [--check-capacity 256]
                                [--check-fit even|all] [--check-warmup N] [--json]
+    python -m bench.pipe_bench --real-lake URL --real-runs RUN_A,RUN_B [--real-from-epoch 1] [--json]
 
 For each length distribution, batch capacity C and worker count W, one step of
 `prompts_per_worker * W` prompts with n samples each is simulated (`rhymerl.histopipe.simulator`),
@@ -38,6 +39,12 @@ measured - 1 per step. The run must have speculation off (`--set spec.enabled=fa
 model has one token per iteration. `--check-capacity` is the engine's max_num_seqs (the run does
 not set it; vLLM's default on CPU is 256); `--check-warmup N` leaves the first N global steps
 (a freshly started engine's first batches) out of fit and check.
+
+Real runs (`--real-lake/--real-runs`, instead of the sweep): one row per run from the lake's
+steps table, steps of epochs >= `--real-from-epoch` only (epoch 0 has no forecasts): placement
+policy and migration from the run's config, mean and median bubble ratio, mean makespan and
+rollout seconds, migrations, and reward seconds on (`reward_s`) and off (`reward_total_s`) the
+critical path. Runs must be comparable (same W, prompts, n; the table shows them).
 """
 
 from __future__ import annotations
@@ -249,6 +256,45 @@ def format_check(rec: dict) -> str:
     return "\n".join(lines)
 
 
+REAL_STEPS_SQL = ("SELECT count(*) AS steps, avg(bubble_ratio) AS bubble_mean, median(bubble_ratio) AS bubble_median, "
+                  "avg(makespan_s) AS makespan_mean_s, avg(rollout_s) AS rollout_mean_s, "
+                  "CAST(sum(coalesce(migrations, 0)) AS BIGINT) AS migrations, avg(reward_s) AS reward_mean_s, "
+                  "avg(reward_total_s) AS reward_total_mean_s, avg(tokens) AS tokens_mean "
+                  "FROM steps WHERE run_id = ? AND epoch >= ?")
+
+
+def real_runs(url: str, run_ids: list[str], from_epoch: int = 1) -> list[dict]:
+    """One summary row per run (see the module docstring), from the lake at `url`."""
+    out = []
+    with Lake(url) as lake:
+        for run_id in run_ids:
+            config = lake.sql(CHECK_CONFIG_SQL, [run_id]).to_pylist()
+            row = lake.sql(REAL_STEPS_SQL, [run_id, from_epoch]).to_pylist()[0]
+            if not config or not row["steps"]:
+                raise ValueError(f"run {run_id!r} has no config or no steps from epoch {from_epoch} in lake {url}; "
+                                 f"list its runs with `rhymerl lake summary --lake {url}`")
+            cfg = json.loads(config[0]["config_json"])
+            pipe, rollout = cfg.get("pipe", {}), cfg["rollout"]
+            out.append({"run_id": run_id, "policy": pipe.get("policy", "lpt"), "migrate": bool(pipe.get("migrate")),
+                        "workers": rollout["num_workers"], "prompts_per_step": rollout["prompts_per_step"],
+                        "n": rollout["n"], "spec": bool(cfg.get("spec", {}).get("enabled")),
+                        "from_epoch": from_epoch, **row})
+    return out
+
+
+def format_real(rows: list[dict]) -> str:
+    """The real-run rows as a table."""
+    head = (f"{'run':<32} {'policy':<7} {'migrate':<7} {'W':>2} {'steps':>5} {'bubble mean':>11} "
+            f"{'bubble med':>10} {'makespan s':>10} {'rollout s':>9} {'moved':>5} {'reward s':>8} {'reward tot s':>12}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['run_id']:<32} {r['policy']:<7} {str(r['migrate']).lower():<7} {r['workers']:>2} "
+                     f"{r['steps']:>5} {100 * r['bubble_mean']:>10.1f}% {100 * r['bubble_median']:>9.1f}% "
+                     f"{r['makespan_mean_s']:>10.2f} {r['rollout_mean_s']:>9.2f} {int(r['migrations']):>5} "
+                     f"{r['reward_mean_s']:>8.3f} {(r['reward_total_mean_s'] or 0):>12.4f}")
+    return "\n".join(lines)
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
@@ -275,7 +321,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="even: fit on even global steps, check odd ones; all: fit and check every step")
     ap.add_argument("--check-warmup", type=int, default=0, metavar="N",
                     help="leave the run's first N global steps out of fit and check (engine warm-up)")
+    ap.add_argument("--real-lake", metavar="URL", help="summarise real runs in this lake (instead of the "
+                    "sweep; needs --real-runs)")
+    ap.add_argument("--real-runs", metavar="RUN_A,RUN_B", help="comma-separated run ids to summarise")
+    ap.add_argument("--real-from-epoch", type=int, default=1, metavar="E", help="count steps of epochs >= E")
     args = ap.parse_args(argv)
+    if bool(args.real_lake) != bool(args.real_runs):
+        ap.error("--real-lake and --real-runs go together")
+    if args.real_lake:
+        try:
+            rows = real_runs(args.real_lake, [r for r in args.real_runs.split(",") if r], args.real_from_epoch)
+        except (ValueError, LakeError) as exc:
+            ap.exit(2, f"pipe_bench: {exc}\n")
+        print(json.dumps({"real": rows}, indent=2) if args.json else format_real(rows))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps({"real": rows}, indent=2))
+        return 0
     if bool(args.check_lake) != bool(args.check_run):
         ap.error("--check-lake and --check-run go together")
     if args.check_lake:

@@ -65,14 +65,16 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
                                          rt.policy_version)
         speculation = None  # the original rollout's counters died with it
         timings["rollout_s"] = time.perf_counter() - t
-        timings["reward_s"] = 0.0
-    else:
-        samples = rollout_task(rt.workers, plan.placement, spec)
+        timings["reward_s"] = timings["reward_total_s"] = 0.0
+        migrations = 0
+    else:  # scoring starts on finished responses while the rollout's tail still generates
+        rollout = rollout_task(rt.workers, plan, spec, batch, cfg.pipe)
+        samples, migrations = rollout.samples, rollout.migrations
         timings["rollout_s"] = time.perf_counter() - t
         speculation = spec_stats_task(rt.workers)
         t = time.perf_counter()
-        scores = reward_task(batch, samples)
-        timings["reward_s"] = time.perf_counter() - t
+        scores, timings["reward_total_s"] = reward_task(batch, rollout)
+        timings["reward_s"] = time.perf_counter() - t  # what scoring still added after the rollout
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
     t = time.perf_counter()
@@ -93,6 +95,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     stats = step_stats(samples, [r for r, _, _ in scores], [c for _, c, _ in scores], [f for _, _, f in scores])
     record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
               "policy_version": rt.policy_version, **stats.as_metrics(), **timings, **pipe,
+              "migrations": float(migrations),
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],

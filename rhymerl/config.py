@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin
 
+from rhymerl.histopipe.migration import MigrationRule
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.switchboard import env_layer, merge
 
@@ -111,19 +112,37 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class PipeConfig:
-    """HistoPipe: how a step's prompt groups are placed on rollout workers.
+    """HistoPipe: how a step's requests are placed on rollout workers and moved while they run.
 
-    Placement never changes which weights generate a sample (strictly on-policy). Policies that
-    split one prompt's group across workers ("tier2") are simulated (`bench/pipe_bench.py`) but
-    not yet run by the rollout workers.
+    Strictly on-policy, always: placement, streaming and migration never change which weights
+    generate a sample; every sample of step t comes from the weights after step t-1. Bounded
+    staleness (letting step t+1 start before step t's update) is not offered.
+
+    `tier2` places single samples of long groups on several workers (exact sample indices kept)
+    and alternates the worker order between steps. `migrate` (tier 2's other half): in a step's
+    last `migrate_tail` of requests, a request whose generated tokens reached `migrate_threshold`
+    x its prompt's forecast peak is stopped and continued from its prefix on an idle worker.
     """
 
-    policy: Literal["naive", "round_robin", "lpt"] = "lpt"  # lpt = HistoPipe tier 1
+    policy: Literal["naive", "round_robin", "lpt", "tier2"] = "lpt"  # lpt = HistoPipe tier 1
     trend_weight: float = 0.5  # share of a prompt's last epoch-to-epoch length change carried forward
     gantt: bool = True  # attach a Gantt chart of every step to the MLflow run
+    migrate: bool = False  # move stragglers to idle workers in a step's tail
+    migrate_tail: float = 0.10  # act once at most this share of the step's requests is unfinished
+    migrate_threshold: float = 1.0  # straggler: generated tokens >= this x its prompt's forecast peak
+    migrate_per_worker: int = 1  # stragglers an idle worker takes at a time
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.trend_weight <= 1.0, "pipe.trend_weight", "must be in [0, 1]")
+        _check(0.0 < self.migrate_tail <= 1.0, "pipe.migrate_tail", "must be in (0, 1]")
+        _check(self.migrate_threshold >= 0, "pipe.migrate_threshold", "must be >= 0 (0 moves any running "
+               "request in the tail)")
+        _check(self.migrate_per_worker >= 1, "pipe.migrate_per_worker", "must be >= 1")
+
+    def migration_rule(self) -> MigrationRule:
+        """The `rhymerl.histopipe.migration.MigrationRule` these settings describe."""
+        return MigrationRule(tail_fraction=self.migrate_tail, threshold=self.migrate_threshold,
+                             per_worker=self.migrate_per_worker)
 
 
 _BUILTIN_RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")

@@ -15,12 +15,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
 from rhymerl.histospec.drafter import SpecStats
-from rhymerl.records import Prompt, Sample
+from rhymerl.histopipe.migration import join_prefix
+from rhymerl.records import Partial, Prompt, Request, Sample
 from rhymerl.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded
 
 WEIGHT_SYNC_EXTENSION = "rhymerl.vllm_ext.WeightSyncExtension"
@@ -123,37 +124,69 @@ class VllmEngine:
         self._counters: dict = {}
 
     def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
-        """Run all prompts through vLLM's engine loop, stamping each response's finish time.
+        """All n samples of every prompt, grouped by prompt in the given order (see `stream`)."""
+        requests = [Request(p, k) for p in prompts for k in range(spec.n)]
+        done = {(s.prompt_id, s.sample_idx): s for event in self.stream(requests, spec, worker_id)
+                for s in event.finished}
+        return [done[r.key] for r in requests]
 
-        Each of a prompt's n samples is its own request (n=1) so every response gets its own
-        finish time; vLLM's prefix cache shares the prompt's KV blocks among them.
+    def stream(self, requests: Sequence[Request], spec: SamplingSpec, worker_id: int = 0,
+               every_s: float = 0.25, take_stops: Callable[[], set[tuple[str, int]]] | None = None
+               ) -> Iterator[StreamEvent]:
+        """Run the requests through vLLM's engine loop, yielding finished samples as they come.
+
+        Each request is one sample (vLLM n=1) so every response gets its own finish time; vLLM's
+        prefix cache shares a prompt's KV blocks among its samples. Events come at most every
+        `every_s` seconds (and once at the end). With `take_stops` (called between engine steps,
+        returns keys (prompt_id, sample_idx) to stop), outputs stream token by token, events
+        carry every running request's token count, and stopped requests come back as `Partial`s.
+        A request with a `prefix` continues it: prompt + prefix is its prompt, `max_tokens` is
+        reduced by the prefix, and the finished sample is the two parts joined.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
-        params = SamplingParams(
-            n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
-            logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY,
-        )
-        pending: dict[str, tuple[Prompt, int]] = {}  # by our request id and vLLM's internal id
-        order: list[str] = []
+        kind = RequestOutputKind.DELTA if take_stops is not None else RequestOutputKind.FINAL_ONLY
         t_start = time.time()
-        for p in prompts:
-            for k in range(spec.n):
-                self._next_id += 1
-                rid = f"r{self._next_id}"
-                internal = engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p.token_ids)), params)
-                pending[rid] = pending[internal] = (p, k)
-                order.append(rid)
-        done: dict[str, Sample] = {}
+        live: dict[str, _Live] = {}  # by our request id and vLLM's internal id
+        by_key: dict[tuple[str, int], str] = {}
+        for req in requests:
+            prefix = req.prefix.token_ids if req.prefix is not None else ()
+            params = SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p,
+                                    max_tokens=spec.max_tokens - len(prefix), logprobs=0, output_kind=kind)
+            self._next_id += 1
+            rid = f"r{self._next_id}"
+            ids = TokensPrompt(prompt_token_ids=list(req.prompt.token_ids) + list(prefix))
+            internal = engine.add_request(rid, ids, params)
+            live[rid] = live[internal] = _Live(req)
+            by_key[req.key] = rid
+        finished: list[Sample] = []
+        partials: list[Partial] = []
+        last = time.monotonic()
         while engine.has_unfinished_requests():
             for out in engine.step():
-                if out.finished and out.request_id in pending:
-                    prompt, k = pending[out.request_id]
-                    done[(prompt.prompt_id, k)] = _sample_of(out, prompt, k, worker_id, t_start)
-        return [done[(pending[rid][0].prompt_id, pending[rid][1])] for rid in order]
+                state = live.get(out.request_id)
+                if state is None or state.done:
+                    continue
+                state.extend(out.outputs[0])
+                if out.finished:
+                    state.done = True
+                    finished.append(state.sample(out.outputs[0], worker_id, t_start))
+            for key in take_stops() if take_stops is not None else ():
+                state = live.get(by_key.get(key, ""))
+                if state is not None and not state.done:
+                    engine.abort_request([by_key[key]])
+                    state.done = True
+                    partials.append(state.partial(worker_id, t_start))
+            news = finished or partials or take_stops is not None
+            if news and time.monotonic() - last >= every_s:
+                running = {key: len(live[rid].token_ids) for key, rid in by_key.items()
+                           if not live[rid].done} if take_stops is not None else {}
+                yield StreamEvent(tuple(finished), tuple(partials), running)
+                finished, partials, last = [], [], time.monotonic()
+        yield StreamEvent(tuple(finished), tuple(partials), {})
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save as save_safetensors
@@ -189,16 +222,49 @@ class VllmEngine:
         return stats_from_counters({k: _minus(v, before.get(k)) for k, v in now.items()})
 
 
-def _sample_of(out, prompt: Prompt, sample_idx: int, worker_id: int, t_start: float) -> Sample:
-    """Convert one finished single-completion vLLM RequestOutput into a Sample record."""
-    comp = out.outputs[0]
-    ids = tuple(int(t) for t in comp.token_ids)
-    lps = tuple(float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids))
-    return Sample(
-        prompt_id=prompt.prompt_id, sample_idx=sample_idx, token_ids=ids, logprobs=lps,
-        text=comp.text, finish_reason=str(comp.finish_reason or "length"),
-        worker_id=worker_id, t_start=t_start, t_end=time.time(),
-    )
+@dataclass(frozen=True)
+class StreamEvent:
+    """What one worker reports during `VllmEngine.stream`."""
+
+    finished: tuple[Sample, ...]  # responses finished since the last event
+    partials: tuple[Partial, ...]  # requests stopped (for migration) since the last event
+    running: dict[tuple[str, int], int]  # (prompt_id, sample_idx) -> tokens so far; empty unless tracked
+
+
+class _Live:
+    """A request in flight: the tokens, log-probs and text vLLM has reported so far."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text: list[str] = []
+        self.done = False
+
+    def extend(self, comp) -> None:
+        """Append one output (all tokens with FINAL_ONLY, the new ones with DELTA)."""
+        ids = [int(t) for t in comp.token_ids]
+        self.token_ids.extend(ids)
+        self.logprobs.extend(float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids))
+        self.text.append(comp.text)
+
+    def sample(self, comp, worker_id: int, t_start: float) -> Sample:
+        req = self.request
+        s = Sample(prompt_id=req.prompt.prompt_id, sample_idx=req.sample_idx, token_ids=tuple(self.token_ids),
+                   logprobs=tuple(self.logprobs), text="".join(self.text),
+                   finish_reason=str(comp.finish_reason or "length"), worker_id=worker_id,
+                   t_start=t_start, t_end=time.time())
+        return s if req.prefix is None else join_prefix(req.prefix, s)
+
+    def partial(self, worker_id: int, t_start: float) -> Partial:
+        """The generated prefix of a stopped request (joined with an earlier prefix if any)."""
+        req, now = self.request, time.time()
+        first = req.prefix
+        return Partial(prompt_id=req.prompt.prompt_id, sample_idx=req.sample_idx,
+                       token_ids=(first.token_ids if first else ()) + tuple(self.token_ids),
+                       logprobs=(first.logprobs if first else ()) + tuple(self.logprobs),
+                       text=(first.text if first else "") + "".join(self.text), worker_id=worker_id,
+                       t_start=first.t_start if first else t_start, t_stop=now)
 
 
 _COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "drafted",

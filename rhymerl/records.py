@@ -50,5 +50,42 @@ class Sample:
     text: str
     finish_reason: str  # "stop" (EOS/stop string) or "length"
     worker_id: int
-    t_start: float  # unix seconds when the request was admitted
+    t_start: float  # unix seconds when the request was admitted (on its first worker if migrated)
     t_end: float  # unix seconds when the response finished
+    migrated_from_worker: int | None = None  # worker that generated its prefix (HistoPipe migration)
+    migrated_at: float | None = None  # unix seconds when the prefix moved to `worker_id`
+
+    @property
+    def migrations(self) -> int:
+        """Times the request moved between workers (at most once in RhymeRL)."""
+        return 0 if self.migrated_from_worker is None else 1
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The generated prefix of a request stopped on one worker, to be continued on another.
+
+    Stopped between engine steps: every token was sampled by the step's weights, one log-prob each.
+    """
+
+    prompt_id: str
+    sample_idx: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # one per token
+    text: str  # detokenized prefix
+    worker_id: int  # the worker that generated the prefix
+    t_start: float  # unix seconds when the request was first admitted
+    t_stop: float  # unix seconds when it was stopped
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sample to generate: `sample_idx` of `prompt`'s group, continuing `prefix` if migrated."""
+
+    prompt: Prompt
+    sample_idx: int
+    prefix: Partial | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.prompt.prompt_id, self.sample_idx)

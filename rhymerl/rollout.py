@@ -29,14 +29,19 @@ def step_batches(prompts: Sequence[Prompt], per_step: int) -> list[list[Prompt]]
 
 
 def check_groups(prompts: Sequence[Prompt], samples: Sequence[Sample], n: int) -> None:
-    """Raise if the samples are not exactly n per prompt (a lost or duplicated response)."""
-    counts: dict[str, int] = {}
+    """Raise unless the samples are exactly sample indices 0..n-1 of every prompt, each once
+    (a lost, duplicated or misnumbered response; tier 2 splits groups over workers)."""
+    got: dict[str, list[int]] = {}
     for s in samples:
-        counts[s.prompt_id] = counts.get(s.prompt_id, 0) + 1
-    bad = {p.prompt_id: counts.get(p.prompt_id, 0) for p in prompts if counts.get(p.prompt_id, 0) != n}
-    if bad or len(samples) != len(prompts) * n:
-        raise RuntimeError(f"expected {n} samples for each of {len(prompts)} prompts, got {len(samples)}; "
-                           f"mismatched groups: {dict(list(bad.items())[:5])}")
+        got.setdefault(s.prompt_id, []).append(s.sample_idx)
+    want = list(range(n))
+    bad = {p.prompt_id: sorted(got.get(p.prompt_id, [])) for p in prompts
+           if sorted(got.get(p.prompt_id, [])) != want}
+    extra = set(got) - {p.prompt_id for p in prompts}
+    if bad or extra or len(samples) != len(prompts) * n:
+        raise RuntimeError(f"expected sample indices 0..{n - 1} once for each of {len(prompts)} prompts, got "
+                           f"{len(samples)} samples; mismatched groups (their indices): "
+                           f"{dict(list(bad.items())[:5])}; unknown prompts: {sorted(extra)[:5]}")
 
 
 def advantages_for(samples: Sequence[Sample], rewards: Sequence[float], scale: bool, eps: float) -> list[float]:
@@ -108,5 +113,7 @@ def rollout_rows(run_id: str, epoch: int, step: int, prompts: Sequence[Prompt], 
             "length": len(s.token_ids), "finish_reason": s.finish_reason,
             "policy_version": policy_version, "worker_id": s.worker_id,
             "gen_start": s.t_start, "gen_end": s.t_end,
+            "migrations": s.migrations, "migrated_from_worker": s.migrated_from_worker,
+            "migrated_at": s.migrated_at,
         })
     return rows

@@ -24,8 +24,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 
 # 1: the first schemas. 2: steps gain speculative-decoding (spec_*) and scheduling (bubble_ratio,
-# makespan_s, forecast_*) columns.
-SCHEMA_VERSION = 2
+# makespan_s, forecast_*) columns. 3: rollouts gain HistoPipe migration columns (migrations,
+# migrated_from_worker, migrated_at); steps gain reward_total_s and migrations.
+SCHEMA_VERSION = 3
 
 
 class SchemaError(ValueError):
@@ -63,6 +64,11 @@ ROLLOUTS_SCHEMA = _schema("rollouts", [
     _col("worker_id", pa.int32(), "Rollout worker (engine) that generated the response."),
     _col("gen_start", pa.float64(), "Unix seconds when the request was admitted."),
     _col("gen_end", pa.float64(), "Unix seconds when the response finished."),
+    _col("migrations", pa.int16(), "Times the request moved to another worker mid-generation (0 or 1; "
+         "NULL before schema 3)."),
+    _col("migrated_from_worker", pa.int32(), "Worker that generated the response's prefix before it "
+         "moved to worker_id (NULL: never moved)."),
+    _col("migrated_at", pa.float64(), "Unix seconds when the prefix moved to worker_id (NULL: never moved)."),
 ])
 
 STEPS_SCHEMA = _schema("steps", [
@@ -70,7 +76,9 @@ STEPS_SCHEMA = _schema("steps", [
     _col("epoch", pa.int32(), "Epoch of the step.", nullable=False),
     _col("step", pa.int32(), "Training step, as numbered by the training flow.", nullable=False),
     _col("rollout_s", pa.float64(), "Seconds spent generating responses."),
-    _col("reward_s", pa.float64(), "Seconds spent scoring responses."),
+    _col("reward_s", pa.float64(), "Seconds the step waited for scores after its rollout (critical path)."),
+    _col("reward_total_s", pa.float64(), "Seconds of reward compute, summed over scoring chunks (most of it "
+         "overlaps the rollout)."),
     _col("train_s", pa.float64(), "Seconds spent in the policy update."),
     _col("sync_s", pa.float64(), "Seconds spent pushing new weights to the rollout workers."),
     _col("lake_s", pa.float64(), "Seconds spent writing and committing the step's rollouts."),
@@ -97,6 +105,7 @@ STEPS_SCHEMA = _schema("steps", [
          "Seconds to query the lake and ship the epoch's history (first step of an epoch only)."),
     _col("bubble_ratio", pa.float64(), "Idle share of worker time while the step's rollout ran."),
     _col("makespan_s", pa.float64(), "Seconds from the first admission to the last finish."),
+    _col("migrations", pa.int32(), "Requests moved to an idle worker in the step's tail (HistoPipe tier 2)."),
     _col("forecast_spearman", pa.float64(), "Rank correlation of forecast and actual mean lengths."),
     _col("forecast_moved_fraction", pa.float64(),
          "Prompts whose forecast and actual length percentiles differ by > 25 points."),

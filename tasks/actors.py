@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 
 import ray
 
 from rhymerl.config import RunConfig
 from rhymerl.engine import EngineSpec, SamplingSpec
-from rhymerl.records import Prompt, Sample
+from rhymerl.records import Prompt, Request, Sample
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,13 @@ def missing_resources(place: Placement, workers: int, cluster: dict[str, float])
             for name, units in need.items() if cluster.get(name, 0.0) < units]
 
 
-@ray.remote
+@ray.remote(max_concurrency=2)  # `stop` must reach a running `stream` (HistoPipe migration)
 class RolloutWorker:
-    """Holds one vLLM engine; generates a step's responses and takes new weights in place."""
+    """Holds one vLLM engine; generates a step's responses and takes new weights in place.
+
+    Threaded (two calls at once) only so `stop` can run while `stream` drives the engine; the
+    driver never overlaps other calls with a stream.
+    """
 
     def __init__(self, worker_id: int, spec: EngineSpec) -> None:
         from rhymerl.engine import VllmEngine
@@ -81,6 +86,8 @@ class RolloutWorker:
         os.environ[INDEX_ENV] = self.history_path
         self.engine = VllmEngine(spec)
         self.node_id = ray.get_runtime_context().get_node_id()
+        self._stops: set[tuple[str, int]] = set()
+        self._stops_lock = threading.Lock()
 
     def set_history(self, blob: bytes) -> int:
         """Replace the drafter's history (a serialised HistoryBundle) between generate calls."""
@@ -104,6 +111,24 @@ class RolloutWorker:
         if not prompts:
             return []
         return self.engine.generate(prompts, spec, worker_id=self.worker_id)
+
+    def stream(self, requests: list[Request], spec: SamplingSpec, every_s: float, track: bool):
+        """Ray streaming generator: `StreamEvent`s of these requests as they finish (see
+        `VllmEngine.stream`); with `track`, running token counts too, and `stop` takes effect."""
+        with self._stops_lock:
+            self._stops.clear()
+        yield from self.engine.stream(requests, spec, worker_id=self.worker_id, every_s=every_s,
+                                      take_stops=self._take_stops if track else None)
+
+    def stop(self, keys: list[tuple[str, int]]) -> None:
+        """Ask the running `stream` to stop these requests between engine steps (as Partials)."""
+        with self._stops_lock:
+            self._stops.update(keys)
+
+    def _take_stops(self) -> set[tuple[str, int]]:
+        with self._stops_lock:
+            keys, self._stops = self._stops, set()
+        return keys
 
     def load_weights(self, state: dict) -> float:
         """Install new weights; returns the engine's weight fingerprint afterwards."""

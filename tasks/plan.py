@@ -8,8 +8,9 @@ bubble ratio, forecast quality and a Gantt chart from what actually happened.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -17,9 +18,9 @@ from prefect.cache_policies import NO_CACHE
 from rhymerl.config import PipeConfig
 from rhymerl.histopipe.forecast import ForecastSpec, build_history, forecast_lengths, forecast_quality
 from rhymerl.histopipe.gantt import gantt_png
-from rhymerl.histopipe.schedule import ScheduleRequest, schedule
+from rhymerl.histopipe.schedule import Assignment, ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import measure
-from rhymerl.records import Prompt, Sample
+from rhymerl.records import Prompt, Request, Sample
 from storage.lake import Lake
 
 HISTORY_SQL = "SELECT prompt_id, epoch, length FROM rollouts WHERE run_id = ? AND epoch < ?"
@@ -27,17 +28,39 @@ HISTORY_SQL = "SELECT prompt_id, epoch, length FROM rollouts WHERE run_id = ? AN
 
 @dataclass(frozen=True)
 class Plan:
-    """A step's placement: prompts per worker in admission order, and the forecast means."""
+    """A step's placement: requests per worker in admission order, and the forecasts."""
 
-    placement: list[list[Prompt]]
+    placement: list[list[Prompt]]  # (W,) the distinct prompts each worker samples, in admission order
     forecast_mean: dict[str, float]  # prompt_id -> forecast mean length (history only)
     policy: str
+    requests: list[list[Request]] = field(default_factory=list)  # (W,) one per sample, admission order
+    forecast_peak: dict[str, float] = field(default_factory=dict)  # prompt_id -> longest forecast sample
+
+
+def work_units(assignment: Assignment, prompts: Sequence[Prompt], n: int) -> list[list[Request]]:
+    """Per worker, one `Request` per (prompt, sample index) the assignment places there, in
+    admission order. Raises unless every sample of every prompt is placed exactly once (a tier2
+    group split over workers keeps its exact sample indices 0..n-1)."""
+    by_id = {p.prompt_id: p for p in prompts}
+    unknown = {u.prompt_id for units in assignment.workers for u in units} - set(by_id)
+    if unknown:
+        raise ValueError(f"{assignment.policy}: placement names prompts {sorted(unknown)[:5]} that are not "
+                         "in the step's batch")
+    out = [[Request(by_id[pid], k) for pid, k in assignment.requests(w)] for w in range(len(assignment.workers))]
+    placed = [r.key for reqs in out for r in reqs]
+    want = {(p.prompt_id, k) for p in prompts for k in range(n)}
+    if len(placed) != len(set(placed)) or set(placed) != want:
+        raise ValueError(f"{assignment.policy}: placement covers {len(set(placed))} of {len(want)} requests "
+                         f"with {len(placed) - len(set(placed))} duplicates; every (prompt, sample) must be "
+                         "placed exactly once")
+    return out
 
 
 @task(name="plan", cache_policy=NO_CACHE, retries=1)
 def plan_task(cfg: PipeConfig, lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
               workers: int, n: int, max_tokens: int) -> Plan:
-    """Forecast from the lake and place whole prompt groups on workers (long requests first)."""
+    """Forecast from the lake and place the step's requests on workers (long requests first):
+    whole prompt groups, or with `tier2` single samples of long groups spread over workers."""
     history = {}
     if epoch > 0:
         with Lake(lake_url) as lake:
@@ -50,9 +73,11 @@ def plan_task(cfg: PipeConfig, lake_url: str, run_id: str, epoch: int, step: int
     request = ScheduleRequest(demands=tuple(forecasts[pid].demand(n) for pid in by_id), workers=workers,
                               step=step)
     assignment = schedule(cfg.policy, request)
-    placement = [[by_id[u.prompt_id] for u in units] for units in assignment.workers]
+    requests = work_units(assignment, prompts, n)
+    placement = [list({r.prompt.prompt_id: r.prompt for r in reqs}.values()) for reqs in requests]
     means = {pid: f.mean for pid, f in forecasts.items() if f.source == "history"}
-    return Plan(placement=placement, forecast_mean=means, policy=cfg.policy)
+    return Plan(placement=placement, forecast_mean=means, policy=cfg.policy, requests=requests,
+                forecast_peak={pid: f.peak for pid, f in forecasts.items()})
 
 
 @task(name="measure", cache_policy=NO_CACHE)
@@ -60,7 +85,8 @@ def measure_task(plan: Plan, samples: list[Sample], workers: int, tracker, globa
                  gantt: bool) -> dict[str, float]:
     """Bubble ratio and makespan of the step; forecast quality where history existed; Gantt chart."""
     rows = [{"prompt_id": s.prompt_id, "sample_idx": s.sample_idx, "worker_id": s.worker_id,
-             "gen_start": s.t_start, "gen_end": s.t_end, "length": len(s.token_ids)} for s in samples]
+             "gen_start": s.t_start, "gen_end": s.t_end, "length": len(s.token_ids),
+             "migrated_from_worker": s.migrated_from_worker, "migrated_at": s.migrated_at} for s in samples]
     result = measure(rows, workers)
     out = {"bubble_ratio": float(result.bubble_ratio), "makespan_s": float(result.makespan)}
     if len(plan.forecast_mean) >= 3:

@@ -57,7 +57,8 @@ _OPTIONAL_COLUMNS = {"spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "
                      "spec/drafter_seconds": "spec_drafter_s", "spec/history_build_s": "spec_history_s",
                      "bubble_ratio": "bubble_ratio", "makespan_s": "makespan_s",
                      "forecast_spearman": "forecast_spearman",
-                     "forecast_moved_fraction": "forecast_moved_fraction"}
+                     "forecast_moved_fraction": "forecast_moved_fraction",
+                     "reward_total_s": "reward_total_s", "migrations": "migrations"}
 
 
 @task(name="lake-step-row", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
@@ -68,6 +69,8 @@ def lake_step_task(lake_url: str, run_id: str, record: dict, spec_method: str | 
     values["tokens"] = int(values["tokens"])
     values["policy_version"] = int(record["policy_version"]) - 1  # the weights that generated it
     values.update({col: record[key] for key, col in _OPTIONAL_COLUMNS.items() if key in record})
+    if "migrations" in values:
+        values["migrations"] = int(values["migrations"])
     if "spec/steps" in record:
         values["spec_method"] = spec_method
         for col in ("spec_steps", "spec_tokens", "spec_drafted", "spec_accepted"):

@@ -14,30 +14,34 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
+from rhymerl.config import PipeConfig
 from rhymerl.engine import SamplingSpec
 from rhymerl.records import Prompt, Sample
 from rhymerl.rollout import advantages_for, check_groups, rollout_rows
 from rhymerl.trainer import TrainExample
 from storage.lake import LakeWriter, rows_to_table
-from tasks.actors import score_remote
+from tasks.plan import Plan
+from tasks.stream import StreamedRollout, collect_scores, stream_rollout
 
 
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def rollout_task(workers: list, placement: list[list[Prompt]], spec: SamplingSpec) -> list[Sample]:
-    """Generate n responses per prompt on the workers given by `placement` (one prompt list per
-    worker, in admission order); exactly prompts x n come back."""
-    prompts = [p for chunk in placement for p in chunk]
-    refs = [w.generate.remote(chunk, spec) for w, chunk in zip(workers, placement)]
-    samples = [s for part in ray.get(refs) for s in part]
-    check_groups(prompts, samples, spec.n)
-    return samples
+def rollout_task(workers: list, plan: Plan, spec: SamplingSpec, prompts: list[Prompt], pipe: PipeConfig
+                 ) -> StreamedRollout:
+    """Generate the plan's requests (per worker, in admission order), scoring finished responses
+    while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly
+    sample indices 0..n-1 of every prompt come back, once each."""
+    gold = {p.prompt_id: p.answer for p in prompts}
+    rule = pipe.migration_rule() if pipe.migrate else None
+    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak)
+    check_groups(prompts, out.samples, spec.n)
+    return out
 
 
 @task(name="reward", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def reward_task(prompts: list[Prompt], samples: list[Sample]) -> list[tuple[float, bool, bool]]:
-    """Score every response on a Ray worker: (reward, correct, formatted)."""
-    gold = {p.prompt_id: p.answer for p in prompts}
-    return ray.get(score_remote.remote([s.text for s in samples], [gold[s.prompt_id] for s in samples]))
+def reward_task(prompts: list[Prompt], rollout: StreamedRollout) -> tuple[list[tuple[float, bool, bool]], float]:
+    """Every response's (reward, correct, formatted), waiting only for scoring the rollout has
+    not finished yet; also the reward compute seconds summed over all its chunks."""
+    return collect_scores(rollout, {p.prompt_id: p.answer for p in prompts})
 
 
 @task(name="lake-write", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2)

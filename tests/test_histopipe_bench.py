@@ -79,3 +79,31 @@ def test_pipe_bench_check_refuses_speculative_and_unknown_runs(tmp_path: Path, c
     with pytest.raises(SystemExit):
         main(["--check-lake", url, "--check-run", "nope"])
     assert "no rollouts of run 'nope'" in capsys.readouterr().err
+
+
+def test_real_runs_summarise_the_steps_table_from_an_epoch(tmp_path, capsys) -> None:
+    # Run A (lpt): epoch 0 bubble 0.5 (left out), epochs 1-2 bubbles 0.1 and 0.3 -> mean 0.2.
+    # Run B (tier2 + migrate): 0.05 and 0.15 -> mean 0.1, 3 migrations; its config names the policy.
+    url = str(tmp_path / "lake")
+    writer = LakeWriter(url)
+    runs = {"A": ({"policy": "lpt"}, [0.5, 0.1, 0.3], [0, 0, 0]),
+            "B": ({"policy": "tier2", "migrate": True}, [0.5, 0.05, 0.15], [2, 1, 2])}
+    for run_id, (pipe, bubbles, moved) in runs.items():
+        writer.write_run(run_id, run_id, {"pipe": pipe, "spec": {"enabled": False},
+                                          "rollout": {"num_workers": 2, "prompts_per_step": 4, "n": 2}})
+        for epoch, (b, m) in enumerate(zip(bubbles, moved)):
+            writer.write_steps_row(run_id, epoch, 0, {"bubble_ratio": b, "makespan_s": 2.0 + epoch, "rollout_s": 3.0,
+                                                      "migrations": m, "reward_s": 0.1, "reward_total_s": 0.4,
+                                                      "tokens": 100})
+    assert main(["--real-lake", url, "--real-runs", "A,B", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["real"]
+    assert [(r["run_id"], r["policy"], r["migrate"], r["steps"]) for r in rows] == [("A", "lpt", False, 2),
+                                                                                    ("B", "tier2", True, 2)]
+    assert [r["bubble_mean"] for r in rows] == pytest.approx([0.2, 0.1])
+    assert [r["makespan_mean_s"] for r in rows] == pytest.approx([3.5, 3.5])
+    assert [r["migrations"] for r in rows] == [0, 3]
+    assert main(["--real-lake", url, "--real-runs", "A", "--real-from-epoch", "0"]) == 0
+    assert "lpt" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--real-lake", url, "--real-runs", "C"])
+    assert "no config or no steps" in capsys.readouterr().err

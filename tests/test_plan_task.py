@@ -54,3 +54,43 @@ def test_measure_bubble_ratio(tmp_path):
     samples = [S("p0", 0, 10, worker=0, start=0.0, end=4.0), S("p1", 0, 5, worker=1, start=0.0, end=1.0)]
     out = measure_task.fn(plan, samples, 2, None, 0, gantt=False)
     assert out["bubble_ratio"] == pytest.approx(0.375) and out["makespan_s"] == pytest.approx(4.0)
+
+
+def test_tier2_plan_splits_a_long_group_with_exact_sample_indices(tmp_path):
+    # History: p0 is 10x longer than p1..p3, so tier2 runs p0 as single samples on both workers.
+    # Every (prompt, sample) is one request on one worker; p0's indices 0..3 are split, not renumbered.
+    url = str(tmp_path / "lake")
+    prompts = [P(i) for i in range(4)]
+    write_epoch(url, prompts, {"p0": 150, "p1": 15, "p2": 15, "p3": 15}, epoch=0)
+    plan = plan_task.fn(PipeConfig(policy="tier2"), url, "run", 1, 0, prompts, 2, 4, 160)
+    keys = [[r.key for r in reqs] for reqs in plan.requests]
+    assert sorted(k for ks in keys for k in ks) == [(f"p{i}", k) for i in range(4) for k in range(4)]
+    p0_on = {w for w, ks in enumerate(keys) for pid, _ in ks if pid == "p0"}
+    assert p0_on == {0, 1}
+    assert all(ks[0][0] == "p0" for ks in keys)  # the long requests are admitted first
+    assert plan.forecast_peak["p0"] == pytest.approx(150)
+    # placement lists each worker's distinct prompts (p0 on both).
+    assert all(c[0].prompt_id == "p0" for c in plan.placement)
+    # Odd steps visit workers in the other order: the same requests, mirrored.
+    odd = plan_task.fn(PipeConfig(policy="tier2"), url, "run", 1, 1, prompts, 2, 4, 160)
+    assert [[r.key for r in reqs] for reqs in odd.requests] == keys[::-1]
+
+
+def test_work_units_refuse_a_placement_that_loses_or_repeats_a_sample():
+    from rhymerl.histopipe.schedule import Assignment, Unit
+    from tasks.plan import work_units
+
+    prompts = [P(0), P(1)]
+    good = Assignment("t", ((Unit("p0", (0, 2), 2, 1), Unit("p1", (0, 1, 2), 3, 1)), (Unit("p0", (1,), 1, 1),)))
+    units = work_units(good, prompts, 3)
+    assert [[r.key for r in w] for w in units] == [[("p0", 0), ("p0", 2), ("p1", 0), ("p1", 1), ("p1", 2)],
+                                                   [("p0", 1)]]
+    lost = Assignment("t", ((Unit("p0", (0, 2), 2, 1), Unit("p1", (0, 1, 2), 3, 1)), ()))
+    with pytest.raises(ValueError, match="exactly once"):
+        work_units(lost, prompts, 3)
+    twice = Assignment("t", ((Unit("p0", (0, 1, 2), 3, 1), Unit("p1", (0, 1, 2), 3, 1)), (Unit("p0", (1,), 1, 1),)))
+    with pytest.raises(ValueError, match="1 duplicates"):
+        work_units(twice, prompts, 3)
+    stranger = Assignment("t", ((Unit("p9", (0,), 1, 1),),))
+    with pytest.raises(ValueError, match="p9"):
+        work_units(stranger, prompts, 3)

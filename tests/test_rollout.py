@@ -35,6 +35,10 @@ def test_check_groups_catches_lost_and_duplicated():
         check_groups(prompts, good[:3], 2)  # one lost
     with pytest.raises(RuntimeError):
         check_groups(prompts, good + [S("p1", 1)], 2)  # one duplicated
+    with pytest.raises(RuntimeError, match=r"p1.*\[0, 0\]"):
+        check_groups(prompts, good[:3] + [S("p1", 0)], 2)  # right count, sample index 1 missing, 0 twice
+    with pytest.raises(RuntimeError, match="p9"):
+        check_groups(prompts, good[:3] + [S("p9", 1)], 2)  # a prompt not in the step
 
 
 def test_advantages_grouped_by_prompt_in_any_order():

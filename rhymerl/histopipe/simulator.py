@@ -116,14 +116,25 @@ def summarize(spans: Sequence[RequestSpan], workers: int, migrations: int = 0) -
 
 def measure(records: Iterable[Mapping[str, Any]], workers: int) -> SimResult:
     """The same metrics for a measured step: lake rows with prompt_id, sample_idx, worker_id,
-    gen_start, gen_end, length. Times count from the earliest gen_start of the rows."""
+    gen_start, gen_end, length, and optionally migrated_from_worker / migrated_at (a migrated
+    request is two spans: on its first worker until it moved, then on worker_id; the first span's
+    token count is not recorded and reads 0). Times count from the earliest gen_start."""
     rows = list(records)
     if not rows:
         return summarize([], workers)
     t0 = min(r["gen_start"] for r in rows)
-    spans = [RequestSpan(r["prompt_id"], r["sample_idx"], r["worker_id"], r["gen_start"] - t0,
-                         r["gen_end"] - t0, r["length"]) for r in rows]
-    return summarize(spans, workers)
+    spans, moves = [], 0
+    for r in rows:
+        src, at = r.get("migrated_from_worker"), r.get("migrated_at")
+        if src is None or at is None:
+            spans.append(RequestSpan(r["prompt_id"], r["sample_idx"], r["worker_id"], r["gen_start"] - t0,
+                                     r["gen_end"] - t0, r["length"]))
+            continue
+        moves += 1
+        spans.append(RequestSpan(r["prompt_id"], r["sample_idx"], src, r["gen_start"] - t0, at - t0, 0))
+        spans.append(RequestSpan(r["prompt_id"], r["sample_idx"], r["worker_id"], at - t0, r["gen_end"] - t0,
+                                 r["length"], migrated=True))
+    return summarize(spans, workers, moves)
 
 
 class _Worker:
