@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +122,21 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     return 0
 
 
-def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str]) -> bool:
-    """Run one (arm, seed) as a child process; stream its progress lines; True if it finished."""
+def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """Interrupt a run that outlived its time limit: SIGINT first, so the flow's `finally` stops
+    its Ray cluster and closes the MLflow run; SIGKILL if it is still there after `grace_s`."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str], timeout_s: float) -> bool:
+    """Run one (arm, seed) as a child process; stream its progress lines; True if it finished.
+    A run still going after `timeout_s` is stopped and counts as failed (a hung engine must not
+    hold the whole benchmark)."""
     path = result_path(spec, arm, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     log = path.with_suffix(".log")
@@ -130,12 +145,16 @@ def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str]) -> bool:
            "--set", *run_overrides(spec, arm, seed)]
     with open(log, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                 text=True, env=env) as proc:
+        watchdog = threading.Timer(timeout_s, _stop, args=(proc,))
+        watchdog.daemon = True
+        watchdog.start()
         for line in proc.stdout:
             fh.write(line)
             if any(k in line for k in _PROGRESS):
                 text = line.rstrip().split(" - ", 1)[-1]  # drop Prefect's time/level/task-run prefix
                 print(f"  [{arm} s{seed}] {text[:200]}", file=sys.stderr, flush=True)
         rc = proc.wait()
+        watchdog.cancel()
     if rc != 0 or not path.is_file():
         tail = log.read_text().splitlines()[-30:]
         print(f"  [{arm} s{seed}] FAILED (exit {rc}); last lines of {log}:\n    " + "\n    ".join(tail),
@@ -153,7 +172,7 @@ def child_env(spec: E2ESpec) -> dict[str, str]:
     return env
 
 
-def run_all(spec: E2ESpec, resume: bool, scale: dict) -> dict:
+def run_all(spec: E2ESpec, resume: bool, scale: dict, timeout_s: float) -> dict:
     """Every (seed, arm) run not already done; rebuilds the report after each. Returns the report."""
     from bench.e2e_report import write_report
 
@@ -168,7 +187,7 @@ def run_all(spec: E2ESpec, resume: bool, scale: dict) -> dict:
         print(f"[{i}/{len(order)}] {arm} seed {seed}: {spec.epochs} epochs x {spec.prompts} prompts, "
               f"{spec.workers} workers; load average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        ok = launch(spec, arm, seed, env)
+        ok = launch(spec, arm, seed, env, timeout_s)
         print(f"[{i}/{len(order)}] {arm} seed {seed}: {'finished' if ok else 'FAILED'} in "
               f"{time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
         write_report(load_runs(spec), spec, scale)
@@ -193,6 +212,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench/out/e2e", help="results, logs, lake, report (default bench/out/e2e)")
     p.add_argument("--resume", action="store_true", help="keep runs already finished with the same settings")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from saved runs; run nothing")
+    p.add_argument("--run-timeout", type=float, default=3600.0,
+                   help="seconds one run may take before it is stopped and counted as failed (default 3600)")
     p.add_argument("--scale-workers", type=int, default=64, help="scale estimate: workers (default 64)")
     p.add_argument("--scale-max-tokens", type=int, default=8192,
                    help="scale estimate: response token cap (default 8192)")
@@ -224,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.e2e_report import write_report
         report = write_report(load_runs(spec), spec, scale)
     else:
-        report = run_all(spec, args.resume, scale)
+        report = run_all(spec, args.resume, scale, args.run_timeout)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.e2e_analysis import compare, epoch_rows, parity, permutation_pvalue, step_split
-from bench.e2e_bench import ARMS, E2ESpec, load_runs, run_order, run_overrides
+from bench.e2e_bench import ARMS, E2ESpec, _stop, load_runs, run_order, run_overrides
 from bench.e2e_report import build_report, format_text, write_report
 from bench.e2e_scale import ScaleSpec, amdahl, simulate_arms
 
@@ -138,6 +138,25 @@ def test_run_plan_alternates_arms_and_resume_keeps_matching_runs(tmp_path: Path)
     other = {**saved, "arm": "rhymerl", "settings": {**spec.settings(), "epochs": 99}}
     (tmp_path / "runs" / "rhymerl-s0.json").write_text(json.dumps(other))
     assert [r["arm"] for r in load_runs(spec)] == ["baseline"]  # other settings: not reused
+
+
+def _started(setup: str) -> subprocess.Popen:
+    """A Python child that sleeps inside try/finally, once it has printed 'up'."""
+    code = (f"{setup}\ntry:\n    print('up', flush=True)\n    time.sleep(60)\n"
+            f"finally:\n    print('cleaned up', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def test_stop_interrupts_then_kills_a_run_that_ignores_it() -> None:
+    # SIGINT: KeyboardInterrupt, the finally block runs, then Python exits by SIGINT (-2)
+    polite = _started("import time")
+    _stop(polite, grace_s=30)
+    assert polite.returncode == -2 and polite.stdout.read().strip() == "cleaned up"
+    stubborn = _started("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+    _stop(stubborn, grace_s=0.5)
+    assert stubborn.returncode == -9 and stubborn.stdout.read() == ""  # SIGKILL after the grace period
 
 
 @pytest.mark.slow
