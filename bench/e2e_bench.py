@@ -122,15 +122,19 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     return 0
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
-    """Interrupt a run that outlived its time limit: SIGINT first, so the flow's `finally` stops
-    its Ray cluster and closes the MLflow run; SIGKILL if it is still there after `grace_s`."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Stop a run that outlived its time limit: SIGINT (the flow's `finally` stops its Ray cluster
+    and closes the MLflow run), then SIGTERM (seen to take the run's Ray processes down with it when
+    a blocked main thread ignored SIGINT), then SIGKILL, each after `grace_s`."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    proc.wait()
 
 
 def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str], timeout_s: float) -> bool:
@@ -169,6 +173,7 @@ def child_env(spec: E2ESpec) -> dict[str, str]:
     if not env.get("PREFECT_API_URL"):  # the temporary local API keeps its database here
         env["PREFECT_HOME"] = str((Path(spec.out) / ".prefect").absolute())
     env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    env["PYTHONUNBUFFERED"] = "1"  # progress lines as they happen, not when a pipe buffer fills
     return env
 
 

@@ -149,14 +149,17 @@ def _started(setup: str) -> subprocess.Popen:
     return proc
 
 
-def test_stop_interrupts_then_kills_a_run_that_ignores_it() -> None:
+def test_stop_interrupts_then_terminates_then_kills() -> None:
     # SIGINT: KeyboardInterrupt, the finally block runs, then Python exits by SIGINT (-2)
     polite = _started("import time")
     _stop(polite, grace_s=30)
     assert polite.returncode == -2 and polite.stdout.read().strip() == "cleaned up"
-    stubborn = _started("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+    deaf = _started("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+    _stop(deaf, grace_s=0.5)
+    assert deaf.returncode == -15 and deaf.stdout.read() == ""  # SIGTERM after the grace period
+    stubborn = _started("import signal, time\nfor s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)")
     _stop(stubborn, grace_s=0.5)
-    assert stubborn.returncode == -9 and stubborn.stdout.read() == ""  # SIGKILL after the grace period
+    assert stubborn.returncode == -9  # SIGKILL last
 
 
 @pytest.mark.slow
