@@ -100,6 +100,9 @@ class TrainConfig:
     kl_coef: float = 0.0  # > 0 adds a k3 KL penalty to a frozen reference policy
     adv_eps: float = 1e-6
     scale_rewards: bool = True  # divide advantages by the group's reward std
+    # The trainer's weights and optimizer dtype; "" = model.dtype. float32 keeps small updates
+    # that bfloat16 weights would round away; the engines take the weights cast to model.dtype.
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "train.lr", "must be > 0")
@@ -158,6 +161,7 @@ class PlacementConfig:
 
     rollout_resource: str = ""
     trainer_resource: str = ""
+    share_gpu: bool = False  # one GPU for one engine and the trainer (half each): 1-GPU machines
 
     def __post_init__(self) -> None:
         for key, name in (("placement.rollout_resource", self.rollout_resource),
@@ -232,6 +236,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1")
+        if self.placement.share_gpu:
+            _check(self.rollout.num_workers == 1 and self.rollout.tensor_parallel_size == 1,
+                   "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
+            _check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
+                   "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
 
     @property
     def steps_per_epoch(self) -> int:

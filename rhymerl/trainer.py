@@ -112,6 +112,8 @@ class Trainer:
         self.cfg = cfg
         self.model_dir = str(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[dtype])
+        if torch.cuda.is_available():  # a GPU node: Ray gave this process its GPU; else CPU
+            self.model.to("cuda")
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])

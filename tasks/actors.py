@@ -43,6 +43,8 @@ def placement_for(cfg: RunConfig, gpus_available: float) -> Placement:
     pin = lambda name: {name: 1.0} if name else {}  # noqa: E731
     custom = dict(worker_resources=pin(cfg.placement.rollout_resource),
                   trainer_resources=pin(cfg.placement.trainer_resource))
+    if gpus_available >= 1 and cfg.placement.share_gpu:
+        return Placement(worker_cpus=1, worker_gpus=0.5, trainer_cpus=1, trainer_gpus=0.5, **custom)
     if gpus_available >= 1:
         return Placement(worker_cpus=1, worker_gpus=cfg.rollout.tensor_parallel_size,
                          trainer_cpus=1, trainer_gpus=1, **custom)
@@ -50,16 +52,21 @@ def placement_for(cfg: RunConfig, gpus_available: float) -> Placement:
 
 
 def missing_resources(place: Placement, workers: int, cluster: dict[str, float]) -> list[str]:
-    """What the cluster lacks for this placement (custom resources only), as fix-it messages.
+    """What the cluster lacks for this placement (GPUs and custom resources), as fix-it messages.
 
     Ray would queue such actors forever; the run should stop at once and say why.
     """
+    gpus = place.worker_gpus * workers + place.trainer_gpus
+    short = [] if gpus <= cluster.get("GPU", 0.0) else [
+        f"the Ray cluster has {cluster.get('GPU', 0.0):g} GPUs, the run needs {gpus:g} (rollout.num_workers x "
+        "rollout.tensor_parallel_size, plus 1 for the trainer); lower rollout.num_workers, or on one GPU "
+        "set placement.share_gpu=true"]
     need: dict[str, float] = {}
     for name, units in place.worker_resources.items():
         need[name] = need.get(name, 0.0) + units * workers
     for name, units in place.trainer_resources.items():
         need[name] = need.get(name, 0.0) + units
-    return [f"the Ray cluster has {cluster.get(name, 0.0):g} units of custom resource '{name}', the run "
+    return short + [f"the Ray cluster has {cluster.get(name, 0.0):g} units of custom resource '{name}', the run "
             f"needs {units:g}; start nodes with ray start --resources '{{\"{name}\": {units:g}}}' or "
             "change placement.rollout_resource / placement.trainer_resource"
             for name, units in need.items() if cluster.get(name, 0.0) < units]
@@ -149,7 +156,8 @@ class TrainerWorker:
     def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:
         from rhymerl.trainer import Trainer
 
-        self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.model.dtype, threads=threads)
+        self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
+                               threads=threads)
 
     def train_step(self, batch: list) -> dict:
         return self.trainer.train_step(batch)

@@ -1,12 +1,12 @@
 """The switchboard: environment settings, their precedence, and the README table that lists them."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from flows.cli import main
+from infra_helpers import readme_settings_table
 from rhymerl.config import ConfigError, load_config, resolve_config
 from rhymerl.switchboard import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
 
@@ -71,16 +71,8 @@ def test_env_values_are_validated_like_any_other(monkeypatch, capsys):
     assert env_sources({"RHYMERL_DATASET": "d.jsonl"}) == {"data.dataset": "RHYMERL_DATASET"}
 
 
-def _readme_settings_table() -> dict[str, str]:
-    """{variable: row} from the README's "Settings" table (rows starting with a `NAME`)."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Settings: one table", 1)[1].split("\n## ", 1)[0]
-    return {m.group(1): line for line in section.splitlines()
-            if (m := re.match(r"\|\s*`([A-Z][A-Z0-9_]+)`", line))}
-
-
 def test_readme_table_lists_every_setting_and_its_key():
-    table = _readme_settings_table()
+    table = readme_settings_table()
     assert set(table) >= {s.name for s in ALL_ENV}
     for s in CONFIG_ENV:  # the row names the config key the variable sets
         assert f"`{s.key}`" in table[s.name], s.name
