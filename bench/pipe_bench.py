@@ -220,6 +220,9 @@ def check_lake(url: str, run_id: str, capacity: int = 256, fit: str = "even", wa
         used = f"{spec['method']} on {spec['steps']} steps" if spec["steps"] else "spec.enabled=true in its config"
         raise ValueError(f"run {run_id} used speculative decoding ({used}); the cost model has one token per "
                          f"engine iteration, so check a run made with --set spec.enabled=false")
+    if cfg.get("pipe", {}).get("migrate"):
+        raise ValueError(f"run {run_id} used straggler migration (pipe.migrate=true): the check replays each "
+                         "worker's requests where they started, so check a run made without pipe.migrate")
     workers = cfg["rollout"]["num_workers"] if "rollout" in cfg else None
     return check_run(rows, capacity=capacity, workers=workers, fit=fit, warmup=warmup)
 

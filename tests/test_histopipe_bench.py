@@ -30,12 +30,14 @@ def test_pipe_bench_json_smoke() -> None:
     assert set(result["targets"]) == {"tier1", "tier1+2"}
 
 
-def _write_run(url: str, run_id: str, spec_method: str | None = None, spec_enabled: bool = False) -> None:
+def _write_run(url: str, run_id: str, spec_method: str | None = None, spec_enabled: bool = False,
+               migrate: bool = False) -> None:
     """A 2-step, 2-worker run whose timings follow one cost model exactly, written as the flow does:
     one file per step, each worker's rows in admission order under one gen_start."""
     cost = CostModel(base_s=0.02, per_seq_s=0.001, startup_s=0.3, capacity=4)
     writer = LakeWriter(url)
-    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2}, "spec": {"enabled": spec_enabled}})
+    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2}, "spec": {"enabled": spec_enabled},
+                                       "pipe": {"migrate": migrate}})
     for step in range(2):
         rows = []
         for w in range(2):
@@ -107,3 +109,12 @@ def test_real_runs_summarise_the_steps_table_from_an_epoch(tmp_path, capsys) -> 
     with pytest.raises(SystemExit):
         main(["--real-lake", url, "--real-runs", "C"])
     assert "no config or no steps" in capsys.readouterr().err
+
+
+def test_pipe_bench_check_refuses_a_run_with_migration(tmp_path: Path, capsys) -> None:
+    # a migrated request ran on two workers: replaying it where it started would be wrong
+    url = str(tmp_path / "lake")
+    _write_run(url, "moved", migrate=True)
+    with pytest.raises(SystemExit):
+        main(["--check-lake", url, "--check-run", "moved"])
+    assert "without pipe.migrate" in capsys.readouterr().err
