@@ -24,7 +24,7 @@ COPY bench ./bench
 COPY configs ./configs
 COPY prefect.yaml ./prefect.yaml
 COPY infra/docker/join-ray.sh ./infra/docker/join-ray.sh
-RUN pip install ".[cpu]" \
-    && pip uninstall -y torchvision torchaudio torchcodec triton || true
+RUN pip install ".[cpu]"
+RUN pip uninstall -y torchvision torchaudio torchcodec triton
 RUN python -c "import torch, vllm, prefect, ray, duckdb, mlflow; print('stack ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 CMD ["rhymerl", "--help"]

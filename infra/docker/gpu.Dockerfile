@@ -1,9 +1,9 @@
 # RhymeRL on NVIDIA GPUs (upstream vLLM): Ray GPU worker nodes (engines and the trainer).
-# CUDA base image for the driver-facing libraries; Python 3.11 (the project's version) from
+# CUDA runtime base (torch's wheels bring cuDNN and the rest); Python 3.11 (the project's version) from
 # Ubuntu 22.04; torch's CUDA wheel pinned first, then the project with the `gpu` extra (vllm).
 #
 #   docker build -f infra/docker/gpu.Dockerfile -t rhymerl-gpu:0.1.0 .
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+FROM nvidia/cuda:12.8.1-runtime-ubuntu22.04
 
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false \
