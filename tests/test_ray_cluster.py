@@ -90,8 +90,11 @@ def _ray_env() -> dict[str, str]:
 
 
 def _start_node(args: list[str], temp_dir: str, log: Path) -> subprocess.Popen:
+    # Every port a node opens is a free one: other Ray instances may run on this machine.
+    ports = [f"--{name}-port={_free_port()}" for name in
+             ("dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export", "runtime-env-agent")]
     common = [f"--node-ip-address={HOST}", "--num-gpus=0", f"--temp-dir={temp_dir}", "--block",
-              "--disable-usage-stats", "--object-store-memory=300000000"]
+              "--disable-usage-stats", "--object-store-memory=300000000", *ports]
     return subprocess.Popen([str(BIN / "ray"), "start", *args, *common], env=_ray_env(),
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
