@@ -168,3 +168,19 @@ def test_prefect_job_template_joins_ray_and_takes_the_settings(objects):
     (worker,) = [d for d in _by_kind(objects, "Deployment") if d["metadata"]["name"] == "prefect-worker"]
     args = worker["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--type") + 1] == "kubernetes"
+
+
+def test_job_template_placeholders_are_declared_and_render(objects):
+    # Prefect fills the template with its own templating; an undeclared placeholder would stay
+    # unrendered (or vanish) in the Job it creates.
+    from prefect.utilities.templating import apply_values, find_placeholders
+
+    template = _job_template(objects)
+    declared = template["variables"]["properties"]
+    used = {p.name for p in find_placeholders(template["job_configuration"])}
+    assert used <= set(declared), f"undeclared: {used - set(declared)}"
+    defaults = {k: v["default"] for k, v in declared.items() if "default" in v}
+    job = apply_values(template["job_configuration"], defaults)["job_manifest"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == declared["image"]["default"] and job["metadata"]["namespace"] == "rhymerl"
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
