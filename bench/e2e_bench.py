@@ -258,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(json.dumps(report, indent=2) if args.json else format_text(report))
     print(f"report: {Path(spec.out) / 'REPORT.md'}", file=sys.stderr)
-    return 0 if report["runs"] else 1
+    planned = len(run_order(spec.seeds))
+    if len(report["runs"]) < planned:  # the report covers what finished; the exit status says it is partial
+        print(f"rhymerl bench e2e: {len(report['runs'])} of {planned} runs finished; see OUT/runs/*.log, "
+              "then run again with --resume to do the rest", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

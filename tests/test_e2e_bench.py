@@ -171,6 +171,7 @@ def test_bench_e2e_quick_smoke(tmp_path: Path) -> None:
            "--set", "rollout.n=4", "rollout.prompts_per_step=8", "rollout.max_tokens=64", "pipe.gantt=false"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    (tmp_path / "bench.stderr").write_text(res.stderr)  # progress, and a failed run's last log lines
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout)
     assert sorted(r["arm"] for r in report["runs"]) == ["baseline", "rhymerl"]
