@@ -73,7 +73,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
         timings["rollout_s"] = time.perf_counter() - t
         speculation = spec_stats_task(rt.workers)
         t = time.perf_counter()
-        scores, timings["reward_total_s"] = reward_task(batch, rollout)
+        scores, timings["reward_total_s"] = reward_task(batch, quote(rollout))  # quote: see lake_write_task below
         timings["reward_s"] = time.perf_counter() - t  # what scoring still added after the rollout
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
