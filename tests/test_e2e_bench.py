@@ -122,6 +122,8 @@ def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:
     assert "Step-time speed-up 2.00x" in md and "permutation p" in md and "Cluster-scale estimate" in md
     saved = json.loads((tmp_path / "e2e.json").read_text())
     assert saved["targets"]["step_speedup"]["met"] is False  # 2.0 < 2.6
+    # baseline epoch 2: 16 s of rollout in a 23 s epoch -> a free rollout gives at most 23 / 7
+    assert saved["targets"]["step_speedup"]["ceiling_if_rollout_free"] == pytest.approx(23 / 7)
     assert saved["scale"]["spec"]["accepted_len"] == 4.0
     assert "speed-up 2.00x" in format_text(report)
     assert build_report([], spec_for(tmp_path), {})["runs"] == []  # nothing finished yet: still a report
