@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.utilities.urls import url_for
 
 from rhymerl.config import ConfigError, apply_overrides, config_to_dict, flatten, load_config, resolve_config
 from storage.lake import Lake, LakeError
@@ -161,7 +162,8 @@ def link_runs_task(rt) -> None:
 
 
 def _link(rt) -> None:
-    ui = flow_run.ui_url
+    # url_for gives the UI's page of the run (runtime's flow_run.ui_url names an API-style path).
+    ui = url_for("flow-run", obj_id=flow_run.id) if flow_run.id else None
     rt.tracker.set_tags({"prefect.flow_run_id": flow_run.id or "", "prefect.flow_run_name": flow_run.name or "",
                          "prefect.flow_run_url": ui or "", "prefect.root_flow_run_id": flow_run.root_flow_run_id or ""})
     url = mlflow_run_url(rt.cfg.tracking.uri, rt.tracker.experiment_id, rt.mlflow_run_id)
