@@ -72,12 +72,14 @@ def missing_resources(place: Placement, workers: int, cluster: dict[str, float])
             for name, units in need.items() if cluster.get(name, 0.0) < units]
 
 
-@ray.remote(max_concurrency=2)  # `stop` must reach a running `stream` (HistoPipe migration)
+@ray.remote(max_concurrency=3)  # `stop` must reach a running `stream` (HistoPipe migration)
 class RolloutWorker:
     """Holds one vLLM engine; generates a step's responses and takes new weights in place.
 
-    Threaded (two calls at once) only so `stop` can run while `stream` drives the engine; the
-    driver never overlaps other calls with a stream.
+    Threaded only so `stop` can run while `stream` drives the engine. Every call that touches the
+    engine holds `_engine_lock`, so a stream left running by a failed driver (a retried rollout)
+    finishes before the next stream starts or new weights load: never two engine loops at once,
+    never a weight update under running requests.
     """
 
     def __init__(self, worker_id: int, spec: EngineSpec) -> None:
@@ -95,6 +97,7 @@ class RolloutWorker:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._stops: set[tuple[str, int]] = set()
         self._stops_lock = threading.Lock()
+        self._engine_lock = threading.Lock()
 
     def set_history(self, blob: bytes) -> int:
         """Replace the drafter's history (a serialised HistoryBundle) between generate calls."""
@@ -106,7 +109,8 @@ class RolloutWorker:
 
     def spec_stats(self) -> dict | None:
         """Speculation counters since the last call (a `SpecStats` as a dict), None when off."""
-        stats = self.engine.spec_stats()
+        with self._engine_lock:
+            stats = self.engine.spec_stats()
         return dataclasses.asdict(stats) if stats is not None else None
 
     def speculation(self) -> dict:
@@ -117,15 +121,17 @@ class RolloutWorker:
     def generate(self, prompts: list[Prompt], spec: SamplingSpec) -> list[Sample]:
         if not prompts:
             return []
-        return self.engine.generate(prompts, spec, worker_id=self.worker_id)
+        with self._engine_lock:
+            return self.engine.generate(prompts, spec, worker_id=self.worker_id)
 
     def stream(self, requests: list[Request], spec: SamplingSpec, every_s: float, track: bool):
         """Ray streaming generator: `StreamEvent`s of these requests as they finish (see
         `VllmEngine.stream`); with `track`, running token counts too, and `stop` takes effect."""
-        with self._stops_lock:
-            self._stops.clear()
-        yield from self.engine.stream(requests, spec, worker_id=self.worker_id, every_s=every_s,
-                                      take_stops=self._take_stops if track else None)
+        with self._engine_lock:
+            with self._stops_lock:
+                self._stops.clear()
+            yield from self.engine.stream(requests, spec, worker_id=self.worker_id, every_s=every_s,
+                                          take_stops=self._take_stops if track else None)
 
     def stop(self, keys: list[tuple[str, int]]) -> None:
         """Ask the running `stream` to stop these requests between engine steps (as Partials)."""
@@ -139,11 +145,13 @@ class RolloutWorker:
 
     def load_weights(self, state: dict) -> float:
         """Install new weights; returns the engine's weight fingerprint afterwards."""
-        self.engine.load_weights(state.items())
-        return self.engine.weights_fingerprint()
+        with self._engine_lock:
+            self.engine.load_weights(state.items())
+            return self.engine.weights_fingerprint()
 
     def weights_fingerprint(self) -> float:
-        return self.engine.weights_fingerprint()
+        with self._engine_lock:
+            return self.engine.weights_fingerprint()
 
     def info(self) -> dict:
         return {"worker_id": self.worker_id, "node_id": self.node_id, "pid": os.getpid()}
