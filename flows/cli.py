@@ -83,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _project_env()
     from flows.run import run_flow
     from rhymerl.data import DatasetError
+    from tasks.recovery import TrainerLost, WorkerLost
 
     t0 = time.perf_counter()
     try:  # the flow logs the per-epoch summary table
@@ -92,6 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the user needs the one line that names the problem and the fix.
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (TrainerLost, WorkerLost) as exc:  # an actor died for good; the message says how to resume
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     print(f"run {result['run_id']} done in {time.perf_counter() - t0:.0f}s wall time")
     return 0
 

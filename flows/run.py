@@ -22,6 +22,7 @@ from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_tas
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
+from tasks.recovery import WorkerGuard, recover_trainer, trainer_lost
 from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task
 from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
@@ -38,7 +39,7 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     spec = SamplingSpec(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                         top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
     order = epoch_order(rt.prompts, epoch, cfg.seed)
-    rt.spec_history = history_task(cfg.spec, cfg.lake.url, rt.run_id, epoch, order, rt.workers)
+    rt.spec_history = history_task(cfg.spec, cfg.lake.url, rt.run_id, epoch, order, rt.workers, rt.guard)
     records = []
     for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
         if step >= start_step:
@@ -68,7 +69,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
         timings["reward_s"] = timings["reward_total_s"] = 0.0
         migrations = 0
     else:  # scoring starts on finished responses while the rollout's tail still generates
-        rollout = rollout_task(rt.workers, plan, spec, batch, cfg.pipe)
+        rollout = rollout_task(rt.workers, plan, spec, batch, cfg.pipe, guard=rt.guard)
         samples, migrations = rollout.samples, rollout.migrations
         timings["rollout_s"] = time.perf_counter() - t
         speculation = spec_stats_task(rt.workers)
@@ -100,6 +101,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
               **{f"train_{k}": v for k, v in train.items()}}
+    record["worker_restarts"] = float(rt.guard.new_restarts()) if rt.guard is not None else 0.0
     if (epoch, step) in rt.reuse:  # rollout_s above is the lake read, not a rollout
         record["reused_lake_rows"] = 1.0
     if speculation is not None:
@@ -148,13 +150,25 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             start_epoch, start_step = start.epoch, start.step
         else:
             start_tracking_task(rt)
+        # Restarted rollout workers get the trainer's weights and the history before they sample.
+        rt.guard = WorkerGuard.watch(rt.workers, rt.trainer, cfg.recovery.restart_timeout_s, run_id,
+                                     cfg.lake.url)
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
                  cfg.epochs, cfg.lake.url)
-        for epoch in range(start_epoch, cfg.epochs):
+        epoch = start_epoch
+        while epoch < cfg.epochs:
             t = time.perf_counter()
-            epoch_flow(run_id, epoch, start_step if epoch == start_epoch else 0)
+            try:
+                epoch_flow(run_id, epoch, start_step)
+            except Exception as exc:  # a dead trainer comes back from the last checkpoint
+                if not trainer_lost(rt.trainer, exc):
+                    raise
+                plan = recover_trainer(rt, rt.guard, exc)  # or TrainerLost with the resume command
+                epoch, start_step = plan.epoch, plan.step
+                continue
             epoch_wall_s[epoch] = time.perf_counter() - t  # steps + history + the subflow's own cost
+            epoch, start_step = epoch + 1, 0
         plot_task(rt)
         status = "finished"
     finally:

@@ -51,6 +51,7 @@ class Runtime:
     speculation: dict = field(default_factory=dict)  # what the engines run (verifier, message)
     logged_steps: set[int] = field(default_factory=set)  # global steps MLflow has (a resumed run)
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
+    guard: object = None  # tasks.recovery.WorkerGuard once the actors are up (dead actors)
 
 
 def new_run_id(name: str) -> str:
@@ -131,8 +132,10 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
             # vLLM's counters are the only acceptance figures for its own n-gram drafter.
             log_stats=cfg.spec.enabled and cfg.spec.method == "ngram",
         )
+        # Ray restarts a dead worker with these arguments (initial weights): tasks.recovery resyncs it.
         workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus,
-                                             resources=place.worker_resources).remote(w, spec))
+                                             resources=place.worker_resources,
+                                             max_restarts=cfg.recovery.worker_restarts).remote(w, spec))
     infos = ray.get([w.info.remote() for w in workers] + [trainer.info.remote()])
     for info in infos[:-1]:
         get_run_logger().info("rollout worker %d: Ray node %s, pid %d", info["worker_id"], info["node_id"],

@@ -23,11 +23,12 @@ from storage.lake import Lake
 
 @task(name="spec-history", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, prompts: list[Prompt],
-                 workers: list) -> BundleInfo | None:
+                 workers: list, guard=None) -> BundleInfo | None:
     """Build epoch `epoch`'s history bundle from the lake and hand it to every worker.
 
     Epoch 0 (or `history_epochs = 0`) gets a bundle of prompts without history: drafts then come
-    from each group's siblings only. None when the run does not use HistoSpec.
+    from each group's siblings only. None when the run does not use HistoSpec. With a
+    `tasks.recovery.WorkerGuard`, a worker that is down (or restarts later) gets the bundle too.
     """
     if not uses_bundle(spec):
         return None
@@ -41,7 +42,10 @@ def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, promp
     query_s = time.perf_counter() - t0
     blob, info = bundle_for_epoch(prompts, columns, spec)
     ref = ray.put(blob)
-    ray.get([w.set_history.remote(ref) for w in workers])
+    if guard is not None:
+        guard.share_history(ref)
+    else:
+        ray.get([w.set_history.remote(ref) for w in workers])
     info = BundleInfo(**{**info.__dict__, "build_s": time.perf_counter() - t0})
     get_run_logger().info(
         "HistoSpec history for epoch %d: %d/%d prompts with history, %d responses, %d tokens, "

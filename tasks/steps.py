@@ -25,14 +25,18 @@ from tasks.stream import StreamedRollout, collect_scores, stream_rollout
 
 
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def rollout_task(workers: list, plan: Plan, spec: SamplingSpec, prompts: list[Prompt], pipe: PipeConfig
-                 ) -> StreamedRollout:
+def rollout_task(workers: list, plan: Plan, spec: SamplingSpec, prompts: list[Prompt], pipe: PipeConfig,
+                 guard=None) -> StreamedRollout:
     """Generate the plan's requests (per worker, in admission order), scoring finished responses
     while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly
-    sample indices 0..n-1 of every prompt come back, once each."""
+    sample indices 0..n-1 of every prompt come back, once each. With `guard`
+    (`tasks.recovery.WorkerGuard`), restarted workers get the current weights and history first,
+    and a worker that dies mid-step re-runs only its unfinished requests after its restart."""
+    if guard is not None:
+        guard.ensure_current()
     gold = {p.prompt_id: p.answer for p in prompts}
     rule = pipe.migration_rule() if pipe.migrate else None
-    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak)
+    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard)
     check_groups(prompts, out.samples, spec.n)
     return out
 

@@ -58,8 +58,11 @@ class _Driver:
     """State of one streamed step on W workers (see the module docstring)."""
 
     def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSpec, gold: dict[str, str],
-                 rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float) -> None:
+                 rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
+                 guard=None) -> None:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
+        self.guard = guard  # tasks.recovery.WorkerGuard: brings a dead worker back (None: fail)
+        self.assigned: list[dict[tuple[str, int], Request]] = [{} for _ in workers]  # not yet finished
         self.forecast_peak, self.every_s = forecast_peak, every_s
         self.total = sum(len(r) for r in requests)
         self.out = StreamedRollout()
@@ -74,6 +77,7 @@ class _Driver:
                 self.start(w, reqs)
 
     def start(self, w: int, reqs: list[Request]) -> None:
+        self.assigned[w].update({(r.prompt.prompt_id, r.sample_idx): r for r in reqs})
         self.open[w] = self.workers[w].stream.remote(reqs, self.spec, self.every_s, self.rule is not None)
 
     def run(self) -> StreamedRollout:
@@ -87,6 +91,9 @@ class _Driver:
                     del self.open[w]
                     self.running[w] = {}
                     continue
+                except ray.exceptions.RayActorError as exc:  # the worker's process died
+                    self.lost(w, exc)
+                    continue
                 self.take(w, event)
             self.out.submit_scoring(self.gold, force=not self.open)
             if self.rule is not None:
@@ -98,13 +105,26 @@ class _Driver:
 
     def take(self, w: int, event) -> None:
         for s in event.finished:
+            self.assigned[w].pop((s.prompt_id, s.sample_idx), None)
             self.out.samples.append(s)
             self.unfinished[w] -= 1
             self.stopping.pop((s.prompt_id, s.sample_idx), None)  # finished before the stop landed
         for p in event.partials:
+            self.assigned[w].pop((p.prompt_id, p.sample_idx), None)
             self.unfinished[w] -= 1
             self.resume(p)
         self.running[w] = dict(event.running)
+
+    def lost(self, w: int, exc: BaseException) -> None:
+        """Worker `w` died mid-stream: once the guard has its restart on the current weights and
+        history, run the requests it had not finished again there (its finished samples stay)."""
+        if self.guard is None:
+            raise exc
+        del self.open[w]
+        self.running[w] = {}
+        self.guard.recover(w, exc)
+        if self.assigned[w]:
+            self.start(w, list(self.assigned[w].values()))
 
     def resume(self, p: Partial) -> None:
         """Continue a stopped request on the worker reserved for it."""
@@ -127,17 +147,18 @@ class _Driver:
 
 def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSpec, gold: dict[str, str],
                    rule: MigrationRule | None = None, forecast_peak: dict[str, float] | None = None,
-                   every_s: float = 0.25) -> StreamedRollout:
+                   every_s: float = 0.25, guard=None) -> StreamedRollout:
     """Run `requests[w]` on `workers[w]`, scoring finished samples while the rest generate.
 
     `gold[prompt_id]` is the answer the reward checks. With `rule`, stragglers (judged against
-    `forecast_peak[prompt_id]`) move to idle workers. Returns every sample once; its scoring may
-    still be running (see `collect_scores`).
+    `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`tasks.recovery.WorkerGuard`),
+    a worker that dies is restarted on the current weights and re-runs its unfinished requests.
+    Returns every sample once; its scoring may still be running (see `collect_scores`).
     """
     if len(requests) != len(workers):
         raise ValueError(f"stream_rollout: {len(requests)} request lists for {len(workers)} workers; "
                          "pass one list per worker (empty for an idle one)")
-    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s).run()
+    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard).run()
 
 
 def collect_scores(rollout: StreamedRollout, gold: dict[str, str]) -> tuple[list[tuple[float, bool, bool]], float]:

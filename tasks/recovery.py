@@ -1,0 +1,252 @@
+"""Surviving dead actors mid-run: rollout workers restart in place, the trainer comes back from
+its last checkpoint.
+
+Rollout workers are Ray actors with `max_restarts` (`recovery.worker_restarts`). Ray restarts a
+dead one by running its constructor again, so the new engine holds the model directory's
+*initial* weights and no HistoSpec history; sampling from it would be off-policy. `WorkerGuard`
+never lets a restarted worker generate before it holds the trainer's current weights (checked
+by fingerprint against the trainer) and the epoch's history bundle: `ensure_current` runs at the
+start of every rollout (a worker that died between steps), `recover` when a worker dies during
+one, after which the dispatcher re-runs only the requests that worker had not finished.
+
+The trainer has no Ray restarts: a trainer restarted behind the flow's back would train from the
+initial weights. A dead trainer is replaced by a new actor loaded from the run's last checkpoint
+(`recover_trainer`, the same restore as `rhymerl run --resume`, with the same guarantees: steps
+committed to the lake after the checkpoint train on their committed rows, no step trained
+twice). When that is not possible the run fails with `TrainerLost`, whose message gives the
+exact resume command.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import ray
+from prefect import get_run_logger
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
+from rhymerl.config import RunConfig
+from rhymerl.resume import ResumePlan
+from tasks.actors import TrainerWorker, placement_for
+
+FINGERPRINT_RTOL = 1e-6  # engine and trainer sum the same weights in a different order
+
+
+class WorkerLost(RuntimeError):
+    """A rollout worker is gone for good (restarts used up, or it never came back in time)."""
+
+
+class TrainerLost(RuntimeError):
+    """The trainer died and the run could not bring it back itself; the message says how to resume."""
+
+
+def resume_command(run_id: str, lake_url: str) -> str:
+    """The command that continues `run_id` from its last checkpoint."""
+    return f"rhymerl run --resume {run_id} --lake {lake_url}"
+
+
+def _info_key(info: dict) -> str:
+    # A restarted actor is a new process: (node, pid) names one incarnation (Linux hands out pids
+    # in sequence, so a restart never gets its predecessor's pid back in practice).
+    return f"{info['node_id']}:{info['pid']}"
+
+
+@dataclass(frozen=True)
+class WorkerRestart:
+    """One rollout worker brought back: what it took, and the proof that it holds the policy."""
+
+    worker: int
+    old_pid: int
+    new_pid: int
+    wait_s: float  # until Ray's restarted actor answered (its engine start-up)
+    sync_s: float  # weights and history
+    engine_fingerprint: float
+    trainer_fingerprint: float
+    mid_rollout: bool  # it died during a rollout (else: between rollouts)
+
+
+@dataclass
+class WorkerGuard:
+    """Keeps every rollout worker on the current policy and history across Ray restarts.
+
+    Lives in the flow process (never crosses a process boundary). `trainer` is replaced when the
+    trainer is recovered; `history` is the epoch's bundle in Ray's object store (None without
+    HistoSpec). `restarts` lists every restart of the run, in order.
+    """
+
+    workers: list
+    trainer: object
+    timeout_s: float = 600.0
+    history: object = None
+    incarnations: list[str] = field(default_factory=list)
+    restarts: list[WorkerRestart] = field(default_factory=list)
+    trainer_restarts: int = 0
+    resume_hint: str = ""  # appended to WorkerLost messages: how to continue the run
+    _reported: int = 0
+
+    @classmethod
+    def watch(cls, workers: list, trainer, timeout_s: float, run_id: str = "",
+              lake_url: str = "") -> WorkerGuard:
+        """Start guarding freshly started (and already synced) workers of run `run_id`."""
+        infos = ray.get([w.info.remote() for w in workers])
+        hint = (f"; continue the run from its last checkpoint with: {resume_command(run_id, lake_url)}"
+                if run_id else "")
+        return cls(workers=list(workers), trainer=trainer, timeout_s=timeout_s,
+                   incarnations=[_info_key(i) for i in infos], resume_hint=hint)
+
+    def share_history(self, ref) -> None:
+        """Give every worker the epoch's bundle `ref`; a worker that is down gets it when it is
+        resynced (`ensure_current` before the next rollout)."""
+        self.history = ref
+        for w, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.set_history.remote(ref))
+            except RayActorError as exc:
+                get_run_logger().warning("rollout worker %d is down (%s); it gets the history when it "
+                                         "is back", w, str(exc).splitlines()[0])
+
+    def new_restarts(self) -> int:
+        """Restarts since the last call (a step record's `worker_restarts`)."""
+        n, self._reported = len(self.restarts) - self._reported, len(self.restarts)
+        return n
+
+    def ensure_current(self) -> int:
+        """Before a rollout: bring every worker that restarted since it was last synced up to date
+        (waiting for one Ray is still restarting); returns how many were."""
+        done = 0
+        for w in range(len(self.workers)):
+            t0 = time.perf_counter()
+            info = self._wait_alive(w)
+            if _info_key(info) != self.incarnations[w]:
+                self._resync(w, info, time.perf_counter() - t0, mid_rollout=False)
+                done += 1
+        return done
+
+    def recover(self, w: int, cause: BaseException | None = None) -> WorkerRestart | None:
+        """Worker `w` failed a call with an actor error: wait for Ray's restart and resync it.
+
+        Returns the restart, or None if the same process answers again (a transient error).
+        Raises `WorkerLost` when Ray gave up on it or it did not come back within `timeout_s`.
+        """
+        get_run_logger().warning("rollout worker %d failed: %s; waiting for Ray to restart it", w,
+                                 str(cause).splitlines()[0] if cause else "actor error")
+        t0 = time.perf_counter()
+        info = self._wait_alive(w)
+        if _info_key(info) == self.incarnations[w]:
+            return None
+        return self._resync(w, info, time.perf_counter() - t0, mid_rollout=True)
+
+    def _wait_alive(self, w: int) -> dict:
+        deadline, delay = time.monotonic() + self.timeout_s, 0.5
+        while True:
+            try:
+                return ray.get(self.workers[w].info.remote(), timeout=min(30.0, self.timeout_s))
+            except ActorDiedError as exc:  # restarts used up (or the actor was killed for good)
+                raise WorkerLost(f"rollout worker {w} died and Ray will not restart it again "
+                                 f"(recovery.worker_restarts used up): {str(exc).splitlines()[0]}"
+                                 f"{self.resume_hint}") from exc
+            except (RayActorError, GetTimeoutError) as exc:  # restarting: its engine is starting up
+                if time.monotonic() > deadline:
+                    raise WorkerLost(f"rollout worker {w} did not come back within "
+                                     f"{self.timeout_s:.0f} s (recovery.restart_timeout_s)"
+                                     f"{self.resume_hint}") from exc
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
+
+    def _resync(self, w: int, info: dict, wait_s: float, mid_rollout: bool) -> WorkerRestart:
+        """The trainer's current weights (fingerprint-checked) and the history into worker `w`."""
+        t0 = time.perf_counter()
+        old_pid = int(self.incarnations[w].rsplit(":", 1)[1])
+        engine_print = ray.get(self.workers[w].load_weights.remote(self.trainer.state_for_engine.remote()))
+        trainer_print = ray.get(self.trainer.weights_fingerprint.remote())
+        if not math.isclose(engine_print, trainer_print, rel_tol=FINGERPRINT_RTOL):
+            raise WorkerLost(f"rollout worker {w} restarted but its weights (fingerprint {engine_print!r}) "
+                             f"differ from the trainer's ({trainer_print!r}) after the sync; refusing to "
+                             f"sample off-policy{self.resume_hint}")
+        if self.history is not None:
+            ray.get(self.workers[w].set_history.remote(self.history))
+        self.incarnations[w] = _info_key(info)
+        restart = WorkerRestart(worker=w, old_pid=old_pid, new_pid=int(info["pid"]), wait_s=wait_s,
+                                sync_s=time.perf_counter() - t0, engine_fingerprint=float(engine_print),
+                                trainer_fingerprint=float(trainer_print), mid_rollout=mid_rollout)
+        self.restarts.append(restart)
+        get_run_logger().warning(
+            "rollout worker %d restarted (pid %d -> %d, back after %.1f s): trainer weights loaded "
+            "(fingerprint %.6g = trainer %.6g)%s in %.1f s; restart %d of the run", w, old_pid,
+            restart.new_pid, wait_s, engine_print, trainer_print,
+            " and HistoSpec history" if self.history is not None else "", restart.sync_s, len(self.restarts))
+        return restart
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+def start_trainer(cfg: RunConfig, model_dir: str):
+    """A new trainer actor (initial weights), placed like the run's first one."""
+    cluster = ray.cluster_resources()
+    place = placement_for(cfg, cluster.get("GPU", 0))
+    return TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
+                                 resources=place.trainer_resources).remote(model_dir, cfg,
+                                                                           threads=os.cpu_count() or 1)
+
+
+def trainer_lost(trainer, exc: BaseException) -> bool:
+    """True when `exc`, or an exception it came from, says the `trainer` actor died."""
+    actor_id = trainer._actor_id.hex() if trainer is not None else None
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RayActorError) and getattr(exc, "actor_id", None) == actor_id:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def lost_message(run_id: str, lake_url: str, why: str) -> str:
+    """What a run that lost its trainer for good tells the user."""
+    return (f"run {run_id}: the trainer actor died and {why}. Continue the run from its last "
+            f"checkpoint with:\n    {resume_command(run_id, lake_url)}")
+
+
+def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
+    """Replace the dead trainer with one loaded from the last checkpoint; returns where to continue.
+
+    Runs in the run flow (its tasks show in Prefect). Raises `TrainerLost` (from `exc`) when
+    checkpoints are off, none is committed yet, or `recovery.trainer_restarts` are used up.
+    """
+    from tasks.resume import restore_task
+    from tasks.steps import sync_task
+
+    cfg = rt.cfg
+    if cfg.checkpoint.every_steps == 0:
+        raise TrainerLost(f"run {rt.run_id}: the trainer actor died and checkpoints are off "
+                          "(checkpoint.every_steps = 0), so the run cannot continue; start it again "
+                          "with checkpoint.every_steps >= 1") from exc
+    if guard.trainer_restarts >= cfg.recovery.trainer_restarts:
+        why = f"the run's in-run trainer restarts are used up (recovery.trainer_restarts = {cfg.recovery.trainer_restarts})"
+        raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, why)) from exc
+    log = get_run_logger()
+    log.warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
+                rt.run_id, str(exc).splitlines()[0])
+    ray.kill(rt.trainer)  # already dead: frees its handle's resources, no effect otherwise
+    rt.trainer = guard.trainer = start_trainer(cfg, rt.model_dir)
+    logged = set(rt.logged_steps) | {int(h["global_step"]) for h in rt.history}
+    try:
+        plan = restore_task(rt)
+    except ValueError as err:  # no committed checkpoint yet (the trainer died in the first step)
+        raise TrainerLost(f"run {rt.run_id}: the trainer actor died and {err}; start the run again") from exc
+    rt.logged_steps = logged  # MLflow already has these steps: a retrained step is not logged twice
+    sync = sync_task(rt.trainer, rt.workers)
+    if not math.isclose(sync["engine_fingerprint"], sync["trainer_fingerprint"], rel_tol=FINGERPRINT_RTOL):
+        raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, "the engines did not take the restored "
+                                       "weights")) from exc
+    guard.trainer_restarts += 1
+    if rt.tracker is not None:
+        rt.tracker.log_metrics({"trainer_restarts": float(guard.trainer_restarts)}, step=plan.global_step)
+    log.warning("run %s: trainer restored from the checkpoint at global step %d (restart %d of %d); "
+                "continuing with epoch %d step %d", rt.run_id, plan.global_step - 1, guard.trainer_restarts,
+                cfg.recovery.trainer_restarts, plan.epoch, plan.step)
+    return plan

@@ -1,0 +1,227 @@
+"""Dead actors mid-run: a killed rollout worker restarts on the current policy, a killed trainer
+comes back from its checkpoint (in-run, or with `rhymerl run --resume`), no row lost or doubled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from rhymerl.config import ConfigError, load_config
+from tasks.recovery import TrainerLost, WorkerGuard, recover_trainer, resume_command, trainer_lost
+
+
+class _Handle:  # what trainer_lost reads from a Ray actor handle
+    def __init__(self, actor_id: str) -> None:
+        self._actor_id = SimpleNamespace(hex=lambda: actor_id)
+
+
+def _died(actor_id: str) -> ActorDiedError:
+    exc = ActorDiedError()
+    exc.actor_id = actor_id
+    return exc
+
+
+def test_trainer_lost_only_for_the_trainers_own_death():
+    # Rule: only an actor error naming the trainer's actor id (directly or as a cause) counts.
+    trainer = _Handle("t1")
+    assert trainer_lost(trainer, _died("t1"))
+    try:
+        try:
+            raise _died("t1")
+        except ActorDiedError as inner:
+            raise RuntimeError("train task failed") from inner
+    except RuntimeError as wrapped:
+        assert trainer_lost(trainer, wrapped)
+    assert not trainer_lost(trainer, _died("w0"))  # a rollout worker died: not the trainer
+    assert not trainer_lost(trainer, RuntimeError("t1"))
+
+
+def _rt(**sets):
+    cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])
+    return SimpleNamespace(cfg=cfg, run_id="rhymerl-x-1", trainer=_Handle("t1"))
+
+
+def test_a_trainer_that_cannot_come_back_names_the_resume_command():
+    guard = WorkerGuard(workers=[], trainer=None)
+    with pytest.raises(TrainerLost) as err:
+        recover_trainer(_rt(**{"recovery.trainer_restarts": 0, "lake.url": '"s3://b/lake"'}), guard, _died("t1"))
+    assert "rhymerl run --resume rhymerl-x-1 --lake s3://b/lake" in str(err.value)
+    assert resume_command("r", "lake") == "rhymerl run --resume r --lake lake"
+    with pytest.raises(TrainerLost, match="checkpoints are off"):
+        recover_trainer(_rt(**{"checkpoint.every_steps": 0}), guard, _died("t1"))
+
+
+def test_recovery_config_is_checked():
+    with pytest.raises(ConfigError, match="recovery.worker_restarts"):
+        load_config(None, ["recovery.worker_restarts=-1"])
+    assert load_config(None, []).recovery.trainer_restarts == 1
+
+
+# ---------------------------------------------------------------- end to end (slow)
+
+TINY_BUILD = {"steps": 30, "eval_problems": 0}  # a barely trained model is enough here
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from rhymerl.model_build import BuildSpec, build_model
+
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    return build_model(out, BuildSpec(**TINY_BUILD), progress=False)
+
+
+def _config(tiny_model, tmp_path, *extra):
+    return load_config(None, [
+        f'model.path="{tiny_model}"', "epochs=2", f'lake.url="{tmp_path / "lake"}"',
+        f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"', "train.lr=1e-2", "train.weight_decay=0.5",
+        "pipe.gantt=false", *extra])
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL `pid` and wait until it is gone."""
+    os.kill(pid, signal.SIGKILL)
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def _lake_checks(lake_url: str, steps: int, rows: int) -> list[dict]:
+    from storage.lake import Lake
+
+    lake = Lake(lake_url)
+    dup = lake.sql("SELECT count(*) AS n FROM (SELECT run_id, epoch, step, prompt_id, sample_idx FROM rollouts "
+                   "GROUP BY ALL HAVING count(*) > 1)").to_pylist()
+    assert dup == [{"n": 0}]  # no (run, epoch, step, prompt, sample) twice
+    counts = lake.sql("SELECT epoch, step, count(*) AS n, min(policy_version) AS v0, max(policy_version) AS v1 "
+                      "FROM rollouts GROUP BY epoch, step ORDER BY ALL").to_pylist()
+    # Exactly prompts x n rows per step, each step sampled by the weights after the one before.
+    assert counts == [{"epoch": g // 2, "step": g % 2, "n": rows, "v0": g, "v1": g} for g in range(steps)]
+    assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]
+    return counts
+
+
+@pytest.mark.slow
+def test_killed_worker_and_trainer_recover_in_run(tiny_model, tmp_path, monkeypatch):
+    # Worker 1's process is SIGKILLed while it still has requests generating (from global step 1
+    # on, at its first streamed event that leaves requests unfinished); the trainer's process is
+    # SIGKILLed before epoch 1. The run finishes by itself: Ray restarts the worker, which gets the
+    # trainer's weights and the history before re-running its unfinished requests; a new trainer
+    # is loaded from the checkpoint and trains step (1, 0) on its committed lake rows.
+    from mlflow.tracking import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.run
+    import tasks.stream
+    from rhymerl.config import config_to_dict
+
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    per_step, n = 8, 8  # 32 requests x up to 128 tokens per worker: seconds of generation
+    cfg = _config(tiny_model, tmp_path, "data.num_prompts=16", f"rollout.prompts_per_step={per_step}",
+                  f"rollout.n={n}", "rollout.num_workers=2", "rollout.max_tokens=128")
+    real_rollout, real_history, real_take, seen = (flows.run.rollout_task, flows.run.history_task,
+                                                   tasks.stream._Driver.take, {"rollouts": 0})
+
+    def rollout_arming_the_kill(workers, *args, **kwargs):
+        seen["guard"] = kwargs["guard"]
+        seen["rollouts"] += 1
+        if seen["rollouts"] >= 2 and "killed_at" not in seen:  # from global step 1 on
+            seen["pid"] = ray.get(workers[1].info.remote())["pid"]
+        return real_rollout(workers, *args, **kwargs)
+
+    def take_then_kill_worker_1(driver, w, event):
+        real_take(driver, w, event)
+        if w == 1 and "pid" in seen and "killed_at" not in seen and driver.unfinished[1] > 0:
+            seen["killed_at"] = seen["rollouts"] - 1  # the global step being rolled out
+            _kill(seen["pid"])
+
+    def history_killing_the_trainer(*args, **kwargs):
+        if args[3] == 1 and "trainer_pid" not in seen:  # epoch 1, first time
+            rt = flows.run._RUNTIMES[args[2]]
+            seen["trainer_pid"] = ray.get(rt.trainer.info.remote())["pid"]
+            _kill(seen["trainer_pid"])
+        return real_history(*args, **kwargs)
+
+    monkeypatch.setattr(flows.run, "rollout_task", rollout_arming_the_kill)
+    monkeypatch.setattr(tasks.stream._Driver, "take", take_then_kill_worker_1)
+    monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
+    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
+        result = flows.run.run_flow(config=config_to_dict(cfg))
+
+    _lake_checks(str(tmp_path / "lake"), steps=4, rows=per_step * n)
+    [restart] = seen["guard"].restarts
+    assert restart.worker == 1 and restart.mid_rollout and restart.new_pid != seen["pid"]
+    assert restart.engine_fingerprint == pytest.approx(restart.trainer_fingerprint, rel=1e-6)
+    assert seen["guard"].trainer_restarts == 1
+    hist = result["history"]
+    assert [h["global_step"] for h in hist] == [0, 1, 2, 3]
+    assert [h["worker_restarts"] for h in hist] == [float(g == seen["killed_at"]) for g in range(4)]
+    assert [h.get("reused_lake_rows", 0.0) for h in hist] == [0.0, 0.0, 1.0, 0.0]
+    assert all(h["engine_fingerprint"] == pytest.approx(h["trainer_fingerprint"], rel=1e-6) for h in hist)
+    client = MlflowClient(cfg.tracking.uri)
+    [run] = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    assert run.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [0, 1, 2, 3]
+    assert sum(m.value for m in client.get_metric_history(run.info.run_id, "worker_restarts")) == 1.0
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "trainer_restarts")] == [1.0]
+
+
+@pytest.mark.slow
+def test_dead_trainer_fails_with_resume_command_then_resume_matches_uninterrupted(tiny_model, tmp_path,
+                                                                                  monkeypatch):
+    # With in-run trainer restarts off, killing the trainer's process after epoch 0 fails the run
+    # with the exact resume command; resuming it gives what an uninterrupted run of the same
+    # config and seed gives: the same rows per epoch and steps, one MLflow run.
+    from mlflow.tracking import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.run
+    from rhymerl.config import config_to_dict
+    from storage.lake import Lake
+
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    small = ["data.num_prompts=6", "rollout.prompts_per_step=3", "rollout.n=4", "rollout.num_workers=1",
+             "rollout.max_tokens=48", "recovery.trainer_restarts=0"]
+    (tmp_path / "base").mkdir()
+    base_cfg, cfg = _config(tiny_model, tmp_path / "base", *small), _config(tiny_model, tmp_path, *small)
+    real_history, killed = flows.run.history_task, []
+
+    def history_killing_the_trainer(*args, **kwargs):
+        if args[3] == 1 and not killed:  # epoch 1 of the interrupted run
+            killed.append(ray.get(flows.run._RUNTIMES[args[2]].trainer.info.remote())["pid"])
+            _kill(killed[0])
+        return real_history(*args, **kwargs)
+
+    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
+        base = flows.run.run_flow(config=config_to_dict(base_cfg))
+        monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
+        with pytest.raises(TrainerLost) as err:
+            flows.run.run_flow(config=config_to_dict(cfg))
+        [crashed] = Lake(cfg.lake.url).sql("SELECT run_id, status FROM runs").to_pylist()
+        assert crashed["status"] == "failed"
+        assert f"rhymerl run --resume {crashed['run_id']} --lake {cfg.lake.url}" in str(err.value)
+        monkeypatch.setattr(flows.run, "history_task", real_history)
+        resumed = flows.run.run_flow(config=config_to_dict(cfg), resume=crashed["run_id"])
+
+    per_epoch = "SELECT epoch, count(*) AS n, count(DISTINCT step) AS steps FROM rollouts GROUP BY epoch ORDER BY epoch"
+    assert Lake(cfg.lake.url).sql(per_epoch).to_pylist() == Lake(base_cfg.lake.url).sql(per_epoch).to_pylist() \
+        == [{"epoch": e, "n": 24, "steps": 2} for e in range(2)]
+    _lake_checks(cfg.lake.url, steps=4, rows=12)
+    key = lambda h: (h["epoch"], h["step"], h["global_step"], h["policy_version"])  # noqa: E731
+    assert [key(h) for h in resumed["history"]] == [key(h) for h in base["history"]]
+    assert [h.get("reused_lake_rows", 0.0) for h in resumed["history"]] == [0.0, 0.0, 1.0, 0.0]
+    client = MlflowClient(cfg.tracking.uri)
+    [run] = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    assert run.info.run_id == resumed["mlflow_run_id"] and run.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [0, 1, 2, 3]
