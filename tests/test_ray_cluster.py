@@ -3,7 +3,7 @@
 The head (`ray start --head`, custom resource `trainer_node`) and a worker node (`ray start
 --address`, custom resource `rollout_node`) are separate `ray start --block` processes with their
 own temp dir; the run is the `rhymerl` CLI in its own process, pointed at everything through the
-switchboard's environment (RAY_ADDRESS, RHYMERL_MODEL, RHYMERL_LAKE, MLFLOW_TRACKING_URI). The
+switchboard's environment (RAY_ADDRESS, RHYMERL_MODEL, RHYMERL_LAKE on S3, MLFLOW_TRACKING_URI). The
 config pins the rollout worker to `rollout_node` and the trainer to `trainer_node`, so the test can
 check each landed on its own node.
 
@@ -133,7 +133,8 @@ def tiny_model(tmp_path_factory):
                        progress=False)
 
 
-def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path):
+def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path, s3_url):
+    # The lake is on S3 over HTTP (moto, started by conftest): the cluster path of a real deployment.
     from mlflow.tracking import MlflowClient
 
     from storage.lake import Lake
@@ -164,9 +165,9 @@ def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path):
         rollout_resource = "rollout_node"
         trainer_resource = "trainer_node"
     """))
-    lake, db = tmp_path / "lake", tmp_path / "mlflow.db"
+    lake, db = s3_url, tmp_path / "mlflow.db"
     env = {**_ray_env(), "RAY_ADDRESS": ray_cluster.address, "RHYMERL_MODEL": str(tiny_model),
-           "RHYMERL_LAKE": str(lake), "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
+           "RHYMERL_LAKE": lake, "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
            "PREFECT_HOME": str(tmp_path / ".prefect"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([str(BIN / "rhymerl"), "run", "--config", str(config)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -180,7 +181,7 @@ def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path):
     assert run.data.params["ray.trainer_node"] == head_node
     assert run.data.params["model.path"] == str(tiny_model)  # RHYMERL_MODEL reached the config
     # ...and every step is in the lake that RHYMERL_LAKE named: prompts_per_step x n rows each.
-    rows = Lake(str(lake)).sql("SELECT step, count(*) AS k FROM rollouts GROUP BY step ORDER BY step").to_pylist()
+    rows = Lake(lake).sql("SELECT step, count(*) AS k FROM rollouts GROUP BY step ORDER BY step").to_pylist()
     assert rows == [{"step": s, "k": per_step * n} for s in range(prompts // per_step)]
 
 
