@@ -245,16 +245,33 @@ class ServerStack:
 
     def deploy(self, prefect_file: str = "prefect.yaml") -> None:
         """Create the process work pool (if absent) and register the project's deployments."""
-        for argv in ([_bin("prefect"), "--no-prompt", "work-pool", "create", self.cfg.work_pool,
-                      "--type", "process", "--overwrite"],
-                     [_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", prefect_file]):
-            t0 = time.monotonic()
-            done = subprocess.run(argv, cwd=self.cfg.project, env=self.env(), capture_output=True,
-                                  text=True, timeout=self.cfg.startup_timeout_s)
-            if done.returncode != 0:
-                raise ServerError(f"`{' '.join(argv[1:])}` failed (exit {done.returncode}):\n"
-                                  f"{(done.stdout + done.stderr)[-3000:]}")
-            self.say(f"`prefect {argv[2]}` done in {time.monotonic() - t0:.0f}s")
+        self.ensure_work_pool()
+        argv = [_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", prefect_file]
+        t0 = time.monotonic()
+        done = subprocess.run(argv, cwd=self.cfg.project, env=self.env(), capture_output=True,
+                              text=True, timeout=self.cfg.startup_timeout_s)
+        if done.returncode != 0:
+            raise ServerError(f"`{' '.join(argv[1:])}` failed (exit {done.returncode}):\n"
+                              f"{(done.stdout + done.stderr)[-3000:]}")
+        self.say(f"deployments of {prefect_file} registered in {time.monotonic() - t0:.0f}s")
+
+    def ensure_work_pool(self) -> None:
+        """The process work pool, with Prefect's default job template, created unless it exists
+        (in this process: a `prefect work-pool create` would start another interpreter)."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import WorkPoolCreate
+        from prefect.exceptions import ObjectAlreadyExists
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.workers.process import ProcessWorker
+
+        pool = WorkPoolCreate(name=self.cfg.work_pool, type="process",
+                              base_job_template=ProcessWorker.get_default_base_job_template())
+        with temporary_settings({PREFECT_API_URL: self.cfg.prefect_api_url}), \
+                get_client(sync_client=True) as client:
+            try:
+                client.create_work_pool(pool)
+            except ObjectAlreadyExists:
+                pass
 
     def stop(self) -> None:
         """Stop every child, the last started first (worker before the servers it talks to)."""
