@@ -84,7 +84,11 @@ class RayCluster:
 
 
 def _ray_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+    """This process's environment without any switchboard setting a developer may have exported."""
+    from rhymerl.switchboard import CONFIG_ENV
+
+    drop = {"RAY_ADDRESS", "PREFECT_API_URL"} | {s.name for s in CONFIG_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     return env
 
