@@ -19,6 +19,7 @@ exact resume command.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 import ray
 from prefect import get_run_logger
+from prefect.exceptions import MissingContextError
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
 from rhymerl.config import RunConfig
@@ -46,6 +48,14 @@ class TrainerLost(RuntimeError):
 def resume_command(run_id: str, lake_url: str) -> str:
     """The command that continues `run_id` from its last checkpoint."""
     return f"rhymerl run --resume {run_id} --lake {lake_url}"
+
+
+def _log() -> logging.Logger:
+    """The Prefect run logger inside a flow or task (the run's log), else this module's logger."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 def _info_key(info: dict) -> str:
@@ -105,7 +115,7 @@ class WorkerGuard:
             try:
                 ray.get(worker.set_history.remote(ref))
             except RayActorError as exc:
-                get_run_logger().warning("rollout worker %d is down (%s); it gets the history when it "
+                _log().warning("rollout worker %d is down (%s); it gets the history when it "
                                          "is back", w, str(exc).splitlines()[0])
 
     def new_restarts(self) -> int:
@@ -131,7 +141,7 @@ class WorkerGuard:
         Returns the restart, or None if the same process answers again (a transient error).
         Raises `WorkerLost` when Ray gave up on it or it did not come back within `timeout_s`.
         """
-        get_run_logger().warning("rollout worker %d failed: %s; waiting for Ray to restart it", w,
+        _log().warning("rollout worker %d failed: %s; waiting for Ray to restart it", w,
                                  str(cause).splitlines()[0] if cause else "actor error")
         t0 = time.perf_counter()
         info = self._wait_alive(w)
@@ -173,7 +183,7 @@ class WorkerGuard:
                                 sync_s=time.perf_counter() - t0, engine_fingerprint=float(engine_print),
                                 trainer_fingerprint=float(trainer_print), mid_rollout=mid_rollout)
         self.restarts.append(restart)
-        get_run_logger().warning(
+        _log().warning(
             "rollout worker %d restarted (pid %d -> %d, back after %.1f s): trainer weights loaded "
             "(fingerprint %.6g = trainer %.6g)%s in %.1f s; restart %d of the run", w, old_pid,
             restart.new_pid, wait_s, engine_print, trainer_print,
@@ -228,7 +238,7 @@ def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
     if guard.trainer_restarts >= cfg.recovery.trainer_restarts:
         why = f"the run's in-run trainer restarts are used up (recovery.trainer_restarts = {cfg.recovery.trainer_restarts})"
         raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, why)) from exc
-    log = get_run_logger()
+    log = _log()
     log.warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
                 rt.run_id, str(exc).splitlines()[0])
     ray.kill(rt.trainer)  # already dead: frees its handle's resources, no effect otherwise

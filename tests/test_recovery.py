@@ -62,6 +62,75 @@ def test_recovery_config_is_checked():
     assert load_config(None, []).recovery.trainer_restarts == 1
 
 
+@pytest.mark.slow  # starts a local Ray (seconds; no vLLM)
+def test_streamed_rollout_reruns_only_a_dead_workers_unfinished_requests(tmp_path):
+    # Small real fakes on a real Ray: each "engine" streams one sample per request stamped with the
+    # weights and history it holds and its pid; worker 1's first process dies before its 3rd.
+    import ray
+
+    from rhymerl.engine import SamplingSpec, StreamEvent
+    from rhymerl.records import Prompt, Request, Sample
+    from tasks.stream import stream_rollout
+
+    flag = tmp_path / "die-once"
+    flag.write_text("")
+
+    class FakeWorker:
+        def __init__(self, wid):
+            self.wid, self.weights, self.history = wid, 0.0, b""  # a restart starts from scratch
+
+        def info(self):
+            return {"node_id": "n", "pid": os.getpid(), "worker_id": self.wid}
+
+        def load_weights(self, state):
+            self.weights = state["w"]
+            return self.weights
+
+        def set_history(self, blob):
+            self.history = blob
+            return len(blob)
+
+        def stream(self, reqs, spec, every_s, track):
+            for i, r in enumerate(reqs):
+                if self.wid == 1 and i == 2 and flag.exists():
+                    flag.unlink()
+                    time.sleep(0.5)  # the samples it reported reach the driver first
+                    os._exit(1)
+                text = f"{self.weights}|{self.history.decode()}|{os.getpid()}"
+                yield StreamEvent((Sample(r.prompt.prompt_id, r.sample_idx, (1,), (-0.1,), text, "stop", self.wid,
+                                          0.0, 0.0),), (), {})
+
+    class FakeTrainer:
+        def state_for_engine(self):
+            return {"w": 7.0}
+
+        def weights_fingerprint(self):
+            return 7.0
+
+    prompts = [Prompt(prompt_id=f"p{i}", index=i, text=f"q{i}", token_ids=(i + 1,), answer=str(i)) for i in range(4)]
+    requests = [[Request(p, k) for p in prompts[2 * w:2 * w + 2] for k in range(2)] for w in range(2)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        workers = [ray.remote(FakeWorker).options(max_restarts=1, max_concurrency=2).remote(w) for w in range(2)]
+        ray.get([w.load_weights.remote({"w": 7.0}) for w in workers])  # the run's synced state
+        guard = WorkerGuard.watch(workers, ray.remote(FakeTrainer).remote(), timeout_s=120)
+        guard.share_history(ray.put(b"H"))
+        out = stream_rollout(workers, requests, SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
+                             {p.prompt_id: p.answer for p in prompts}, guard=guard)
+    finally:
+        ray.shutdown()
+    # Every request exactly once, each from the current weights and history (the restarted
+    # process was resynced before it generated).
+    assert sorted((s.prompt_id, s.sample_idx) for s in out.samples) == [(p.prompt_id, k) for p in prompts
+                                                                         for k in range(2)]
+    assert {tuple(s.text.split("|")[:2]) for s in out.samples} == {("7.0", "H")}
+    [restart] = guard.restarts
+    assert restart.worker == 1 and restart.mid_rollout and restart.engine_fingerprint == 7.0
+    # Worker 1's two reported samples were kept; only its two unfinished requests ran again.
+    pids = [s.text.split("|")[2] for s in out.samples if s.worker_id == 1]
+    assert sorted(pids) == sorted([str(restart.old_pid)] * 2 + [str(restart.new_pid)] * 2)
+
+
 # ---------------------------------------------------------------- end to end (slow)
 
 TINY_BUILD = {"steps": 30, "eval_problems": 0}  # a barely trained model is enough here
