@@ -103,6 +103,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     from flows.cli import _project_env
 
     _project_env()
+    from bench.e2e_report import git_commit
     from flows.run import run_flow
     from rhymerl.config import config_to_dict, load_config
 
@@ -114,7 +115,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
                "config": config_to_dict(cfg), "history": out["history"],
                "epoch_wall_s": {str(k): v for k, v in out["epoch_wall_s"].items()},
                "run_wall_s": time.perf_counter() - t0, "started": started, "finished": time.time(),
-               "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg())}
+               "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit()}
     path = Path(result)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, default=float))

@@ -112,7 +112,8 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     s = report["settings"]
     loads = [r["loadavg_start"][0] for r in report["runs"] if r.get("loadavg_start")]
     lines = ["# RhymeRL end-to-end benchmark", "",
-             f"Generated {report['date']} on {report['machine']} by `rhymerl bench e2e`. "
+             f"Generated {report['date']} on {report['machine']} by `rhymerl bench e2e` "
+             f"(code {report.get('commit') or 'unknown'}). "
              f"{len(s['seeds'])} seed(s) per arm x {s['epochs']} epochs x {s['prompts']} prompts "
              f"(n = {s.get('n')}, max_tokens {s.get('max_tokens')}, {s.get('prompts_per_step')} prompts per step), "
              f"{s['workers']} rollout workers, config `{s['config']}` {' '.join(s['overrides'])}. "

@@ -39,12 +39,27 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+def git_commit() -> str:
+    """The measured code's commit (with '+dirty' for local changes), '' outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("+dirty" if head and dirty else "")
+
+
 def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
     """Everything the benchmark reports, JSON-able; `spec` is the bench's E2ESpec."""
     cmp = compare(runs) if runs else {"epochs": [], "overall": {}}
     overall = cmp["overall"]
     report: dict = {
         "bench": "e2e", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+        "commit": ", ".join(sorted({r["commit"] for r in runs if r.get("commit")})) or git_commit(),
         "settings": {"seeds": list(spec.seeds), "epochs": spec.epochs, "prompts": spec.prompts,
                      "workers": spec.workers, "config": spec.config, "overrides": list(spec.overrides),
                      **_run_shape(runs)},
