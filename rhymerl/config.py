@@ -207,7 +207,7 @@ class RecoveryConfig:
 
     worker_restarts: int = 3  # Ray restarts per rollout worker over the run; 0 = a dead worker fails the run
     trainer_restarts: int = 1  # in-run trainer replacements from the last checkpoint; 0 = fail with the resume command
-    restart_timeout_s: float = 600.0  # longest wait for a restarted worker's engine to come up
+    restart_timeout_s: float = 600.0  # longest wait for a worker's engine to come up (at start, after a restart)
 
     def __post_init__(self) -> None:
         _check(self.worker_restarts >= 0, "recovery.worker_restarts", "must be >= 0")

@@ -64,6 +64,24 @@ def _info_key(info: dict) -> str:
     return f"{info['node_id']}:{info['pid']}"
 
 
+def wait_alive(actor, timeout_s: float, what: str, hint: str = "") -> dict:
+    """`actor.info()` once the actor answers, waiting through a Ray restart (its engine starting)
+    for up to `timeout_s`; `WorkerLost` (message + `hint`) when Ray gave up on it or time ran out."""
+    deadline, delay = time.monotonic() + timeout_s, 0.5
+    while True:
+        try:
+            return ray.get(actor.info.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        except ActorDiedError as exc:  # restarts used up (or the actor was killed for good)
+            raise WorkerLost(f"{what} died and Ray will not restart it again (recovery.worker_restarts "
+                             f"used up): {str(exc).splitlines()[0]}{hint}") from exc
+        except (RayActorError, GetTimeoutError) as exc:  # restarting: its engine is starting up
+            if time.monotonic() >= deadline:
+                raise WorkerLost(f"{what} did not answer within {timeout_s:.0f} s "
+                                 f"(recovery.restart_timeout_s){hint}") from exc
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+
 @dataclass(frozen=True)
 class WorkerRestart:
     """One rollout worker brought back: what it took, and the proof that it holds the policy."""
@@ -150,21 +168,7 @@ class WorkerGuard:
         return self._resync(w, info, time.perf_counter() - t0, mid_rollout=True)
 
     def _wait_alive(self, w: int) -> dict:
-        deadline, delay = time.monotonic() + self.timeout_s, 0.5
-        while True:
-            try:
-                return ray.get(self.workers[w].info.remote(), timeout=min(30.0, self.timeout_s))
-            except ActorDiedError as exc:  # restarts used up (or the actor was killed for good)
-                raise WorkerLost(f"rollout worker {w} died and Ray will not restart it again "
-                                 f"(recovery.worker_restarts used up): {str(exc).splitlines()[0]}"
-                                 f"{self.resume_hint}") from exc
-            except (RayActorError, GetTimeoutError) as exc:  # restarting: its engine is starting up
-                if time.monotonic() > deadline:
-                    raise WorkerLost(f"rollout worker {w} did not come back within "
-                                     f"{self.timeout_s:.0f} s (recovery.restart_timeout_s)"
-                                     f"{self.resume_hint}") from exc
-                time.sleep(delay)
-                delay = min(2 * delay, 5.0)
+        return wait_alive(self.workers[w], self.timeout_s, f"rollout worker {w}", self.resume_hint)
 
     def _resync(self, w: int, info: dict, wait_s: float, mid_rollout: bool) -> WorkerRestart:
         """The trainer's current weights (fingerprint-checked) and the history into worker `w`."""

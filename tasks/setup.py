@@ -27,6 +27,7 @@ from rhymerl.records import Prompt
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from tasks.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
+from tasks.recovery import wait_alive
 
 
 @dataclass
@@ -136,7 +137,10 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
         workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus,
                                              resources=place.worker_resources,
                                              max_restarts=cfg.recovery.worker_restarts).remote(w, spec))
-    infos = ray.get([w.info.remote() for w in workers] + [trainer.info.remote()])
+    # A worker killed while its engine starts (Ray's OOM killer, say) is restarted by Ray: wait for it.
+    infos = [wait_alive(w, cfg.recovery.restart_timeout_s, f"rollout worker {i}")
+             for i, w in enumerate(workers)]
+    infos.append(ray.get(trainer.info.remote()))
     for info in infos[:-1]:
         get_run_logger().info("rollout worker %d: Ray node %s, pid %d", info["worker_id"], info["node_id"],
                               info["pid"])
