@@ -197,11 +197,3 @@ class TrainerWorker:
 
     def info(self) -> dict:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
-
-
-@ray.remote
-def score_remote(texts: list[str], golds: list[str]) -> list[tuple[float, bool, bool]]:
-    """Verifiable reward on a Ray worker: (reward, correct, formatted) per response."""
-    from rhymerl.reward import score_batch
-
-    return [(r.reward, r.correct, r.formatted) for r in score_batch(texts, golds)]
