@@ -23,6 +23,7 @@ from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
 from tasks.recovery import WorkerGuard, recover_trainer, trainer_lost
+from tasks.ops import link_runs_task
 from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task
 from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
@@ -153,6 +154,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         # Restarted rollout workers get the trainer's weights and the history before they sample.
         rt.guard = WorkerGuard.watch(rt.workers, rt.trainer, cfg.recovery.restart_timeout_s, run_id,
                                      cfg.lake.url)
+        link_runs_task(rt)  # Prefect flow run <-> MLflow run, both ways
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
                  cfg.epochs, cfg.lake.url)
