@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import ray
 
@@ -66,9 +67,12 @@ class _Driver:
         self.forecast_peak, self.every_s = forecast_peak, every_s
         self.total = sum(len(r) for r in requests)
         self.out = StreamedRollout()
-        self.open: dict[int, object] = {}  # worker -> its open ObjectRefGenerator
+        # A worker may have more than one stream open (migrated requests arriving at different
+        # times); its engine lock runs them one after another. Streams are keyed by an id.
+        self.open: dict[int, tuple[int, object]] = {}  # stream id -> (worker, its ObjectRefGenerator)
+        self.next_sid = 0
         self.unfinished = [len(r) for r in requests]
-        self.running: list[dict[tuple[str, int], int]] = [{} for _ in workers]
+        self.running: dict[int, dict[tuple[str, int], int]] = {}  # stream id -> tokens so far per request
         self.stopping: dict[tuple[str, int], int] = {}  # key -> reserved destination worker
         self.moved: set[tuple[str, int]] = set()
         self.prompts = {r.prompt.prompt_id: r.prompt for reqs in requests for r in reqs}
@@ -78,23 +82,28 @@ class _Driver:
 
     def start(self, w: int, reqs: list[Request]) -> None:
         self.assigned[w].update({(r.prompt.prompt_id, r.sample_idx): r for r in reqs})
-        self.open[w] = self.workers[w].stream.remote(reqs, self.spec, self.every_s, self.rule is not None)
+        self.open[self.next_sid] = (w, self.workers[w].stream.remote(reqs, self.spec, self.every_s,
+                                                                     self.rule is not None))
+        self.next_sid += 1
 
     def run(self) -> StreamedRollout:
         while self.open:
-            ready, _ = ray.wait(list(self.open.values()), num_returns=1, timeout=self.every_s)
+            ready, _ = ray.wait([g for _, g in self.open.values()], num_returns=1, timeout=self.every_s)
             for gen in ready:
-                w = next(k for k, g in self.open.items() if g is gen)
+                sid = next((k for k, (_, g) in self.open.items() if g is gen), None)
+                if sid is None:  # closed meanwhile (its worker was lost)
+                    continue
+                w = self.open[sid][0]
                 try:
                     event = ray.get(next(gen))
                 except StopIteration:
-                    del self.open[w]
-                    self.running[w] = {}
+                    del self.open[sid]
+                    self.running.pop(sid, None)
                     continue
                 except ray.exceptions.RayActorError as exc:  # the worker's process died
                     self.lost(w, exc)
                     continue
-                self.take(w, event)
+                self.take(sid, w, event)
             self.out.submit_scoring(self.gold, force=not self.open)
             if self.rule is not None:
                 self.migrate()
@@ -103,7 +112,7 @@ class _Driver:
                                f"{sorted(self.stopping)[:3]}")
         return self.out
 
-    def take(self, w: int, event) -> None:
+    def take(self, sid: int, w: int, event) -> None:
         for s in event.finished:
             self.assigned[w].pop((s.prompt_id, s.sample_idx), None)
             self.out.samples.append(s)
@@ -112,31 +121,42 @@ class _Driver:
         for p in event.partials:
             self.assigned[w].pop((p.prompt_id, p.sample_idx), None)
             self.unfinished[w] -= 1
-            self.resume(p)
-        self.running[w] = dict(event.running)
+        self.resume(event.partials)
+        self.running[sid] = dict(event.running)
 
     def lost(self, w: int, exc: BaseException) -> None:
         """Worker `w` died mid-stream: once the guard has its restart on the current weights and
         history, run the requests it had not finished again there (its finished samples stay)."""
         if self.guard is None:
             raise exc
-        del self.open[w]
-        self.running[w] = {}
+        for sid in [sid for sid, (v, _) in self.open.items() if v == w]:
+            del self.open[sid]
+            self.running.pop(sid, None)
+        for key in [k for k in self.stopping if k in self.assigned[w]]:
+            del self.stopping[key]  # its stop died with the worker: it re-runs there from scratch
         self.guard.recover(w, exc)
         if self.assigned[w]:
             self.start(w, list(self.assigned[w].values()))
 
-    def resume(self, p: Partial) -> None:
-        """Continue a stopped request on the worker reserved for it."""
-        dest = self.stopping.pop((p.prompt_id, p.sample_idx))
-        self.unfinished[dest] += 1
-        self.out.migrations += 1
-        self.start(dest, [Request(self.prompts[p.prompt_id], p.sample_idx, prefix=p)])
+    def resume(self, partials: Sequence[Partial]) -> None:
+        """Continue stopped requests on the workers reserved for them (one stream per worker)."""
+        by_dest: dict[int, list[Request]] = {}
+        for p in partials:
+            dest = self.stopping.pop((p.prompt_id, p.sample_idx))
+            by_dest.setdefault(dest, []).append(Request(self.prompts[p.prompt_id], p.sample_idx, prefix=p))
+        for dest, reqs in by_dest.items():
+            self.unfinished[dest] += len(reqs)
+            self.out.migrations += len(reqs)
+            self.start(dest, reqs)
 
     def migrate(self) -> None:
         reserved = set(self.stopping.values())
-        views = [WorkerView(running=self.running[w], queued=max(0, self.unfinished[w] - len(self.running[w])),
-                            busy=w in self.open or w in reserved) for w in range(len(self.workers))]
+        streaming = {w for w, _ in self.open.values()}
+        views = []
+        for w in range(len(self.workers)):
+            running = {k: n for sid, (v, _) in self.open.items() if v == w for k, n in self.running.get(sid, {}).items()}
+            views.append(WorkerView(running=running, queued=max(0, self.unfinished[w] - len(running)),
+                                    busy=w in streaming or w in reserved))
         finished = len(self.out.samples)
         for move in select_migrations(self.rule, self.total, finished, views, self.forecast_peak,
                                       self.spec.max_tokens, self.moved | set(self.stopping)):

@@ -1,0 +1,121 @@
+"""The streamed rollout driver (`tasks/stream.py`) on Ray with small real fake workers: every
+sample comes back once, scores line up, and forced migrations join prefix and continuation.
+
+A fake worker "generates" one token per request every tick; token i of every response is i and
+its log-prob -i/100, so a correctly joined migrated response is exactly 0..L-1 with matching
+log-probs, and a lost, repeated or misplaced token shows."""
+
+import time
+
+import pytest
+
+from rhymerl.engine import SamplingSpec, StreamEvent
+from rhymerl.histopipe.migration import MigrationRule, join_prefix
+from rhymerl.records import Partial, Prompt, Request, Sample
+
+ray = pytest.importorskip("ray")
+
+TICK_S = 0.01
+
+
+def true_length(prompt_id: str, sample_idx: int) -> int:
+    return 100 if prompt_id == "long" else 4 + sample_idx  # "long" samples are the stragglers
+
+
+@ray.remote(max_concurrency=3)
+class FakeWorker:
+    """Runs `RolloutWorker.stream`'s protocol over a token clock instead of an engine."""
+
+    def __init__(self, worker_id: int) -> None:
+        import threading
+
+        self.worker_id, self.stops, self.lock = worker_id, set(), threading.Lock()
+        self.engine = threading.Lock()  # one stream at a time, as RolloutWorker's engine lock
+
+    def stop(self, keys):
+        with self.lock:
+            self.stops.update(keys)
+
+    def stream(self, requests, spec, every_s, track):
+        with self.engine:
+            t0, live, last = time.time(), {r.key: r for r in requests}, time.monotonic()
+            done_tokens = {r.key: len(r.prefix.token_ids) if r.prefix else 0 for r in requests}
+            while live:
+                time.sleep(TICK_S)
+                finished, partials = [], []
+                for key, req in list(live.items()):
+                    done_tokens[key] += 1
+                    if done_tokens[key] >= true_length(*key):
+                        finished.append(self._sample(req, done_tokens[key], t0))
+                        del live[key]
+                with self.lock:
+                    stops, self.stops = self.stops, set()
+                for key in stops & set(live) if track else ():
+                    req = live.pop(key)
+                    n = done_tokens[key]
+                    partials.append(Partial(key[0], key[1], tuple(range(n)), tuple(-i / 100 for i in range(n)),
+                                            "x" * n, self.worker_id, t0, time.time()))
+                running = {k: done_tokens[k] for k in live} if track else {}
+                if finished or partials or (track and time.monotonic() - last >= every_s):
+                    yield StreamEvent(tuple(finished), tuple(partials), running)
+                    last = time.monotonic()
+
+    def _sample(self, req: Request, n: int, t0: float) -> Sample:
+        start = len(req.prefix.token_ids) if req.prefix else 0
+        s = Sample(req.prompt.prompt_id, req.sample_idx, tuple(range(start, n)),
+                   tuple(-i / 100 for i in range(start, n)), "x" * (n - start), "stop", self.worker_id,
+                   t0, time.time())
+        return join_prefix(req.prefix, s) if req.prefix else s
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def prompt(pid: str) -> Prompt:
+    return Prompt(pid, 0, pid, (1, 2), answer="7")
+
+
+def run(requests, rule):
+    from tasks.stream import collect_scores, stream_rollout
+
+    workers = [FakeWorker.remote(w) for w in range(len(requests))]
+    gold = {r.prompt.prompt_id: "7" for reqs in requests for r in reqs}
+    out = stream_rollout(workers, requests, SamplingSpec(n=4, max_tokens=100), gold, rule,
+                         {pid: 1.0 for pid in gold}, every_s=0.02)
+    scores, total_s = collect_scores(out, gold)
+    return out, scores, total_s
+
+
+def test_forced_migration_returns_every_sample_once_joined(ray_local):
+    # Worker 0: the four 100-token "long" samples and two short groups; worker 1: one short group,
+    # idle after ~7 ticks. Threshold 0 and the whole step as tail: worker 1 takes up to 2 stragglers
+    # at a time (both in one stop: they come back in one event and must become one stream, not two).
+    w0 = [Request(prompt("long"), k) for k in range(4)] + [Request(prompt(p), k) for p in ("a", "b") for k in range(4)]
+    w1 = [Request(prompt("c"), k) for k in range(4)]
+    out, scores, total_s = run([w0, w1], MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=2))
+    keys = sorted((s.prompt_id, s.sample_idx) for s in out.samples)
+    assert keys == sorted((p, k) for p in ("long", "a", "b", "c") for k in range(4))
+    for s in out.samples:  # every response is exactly tokens 0..L-1, one log-prob each
+        assert s.token_ids == tuple(range(true_length(s.prompt_id, s.sample_idx)))
+        assert s.logprobs == tuple(-i / 100 for i in range(len(s.token_ids)))
+    moved = [s for s in out.samples if s.migrated_from_worker is not None]
+    assert out.migrations == len(moved) >= 2
+    assert all(s.migrated_from_worker != s.worker_id for s in moved)
+    assert any(s.prompt_id == "long" for s in moved)  # the most overdue (most tokens) move first
+    assert len(scores) == len(out.samples) and total_s >= 0
+    assert all(not c and not f for _, c, f in scores)  # "xxx" has no "#### 7": scored, and wrong
+
+
+def test_without_a_rule_nothing_moves(ray_local):
+    w0 = [Request(prompt("long"), k) for k in range(2)]
+    w1 = [Request(prompt("c"), k) for k in range(2)]
+    out, scores, _ = run([w0, w1], None)
+    assert out.migrations == 0 and len(out.samples) == len(scores) == 4
+    assert all(s.migrated_from_worker is None for s in out.samples)
