@@ -44,7 +44,11 @@ Real runs (`--real-lake/--real-runs`, instead of the sweep): one row per run fro
 steps table, steps of epochs >= `--real-from-epoch` only (epoch 0 has no forecasts): placement
 policy and migration from the run's config, mean and median bubble ratio, mean makespan and
 rollout seconds, migrations, and reward seconds on (`reward_s`) and off (`reward_total_s`) the
-critical path. Runs must be comparable (same W, prompts, n; the table shows them).
+critical path, and `vs oracle`: each step's placement and the oracle's (single samples placed
+longest-first knowing the true lengths) simulated on the step's true lengths with a cost model
+fitted on the run's own steps (`--check-capacity` is its capacity), mean of simulated(placement) /
+simulated(oracle) - 1; "-" for runs with speculation or migration, which a replay cannot stand
+for. Runs must be comparable (same W, prompts, n; the table shows them).
 """
 
 from __future__ import annotations
@@ -59,11 +63,11 @@ from pathlib import Path
 from typing import Callable
 
 from rhymerl.builtin_task import builtin_problems
-from rhymerl.histopipe.costmodel import CostModel
+from rhymerl.histopipe.costmodel import CostModel, calibrate
 from rhymerl.histopipe.forecast import ForecastSpec, build_history, epoch_means, forecast_lengths, forecast_quality
 from rhymerl.histopipe.schedule import Demand, ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import MigrationSpec, simulate
-from rhymerl.histopipe.validate import FIT_SETS, RunCheck, check_run
+from rhymerl.histopipe.validate import FIT_SETS, RunCheck, check_rows, check_run, oracle_gap
 from storage.lake import Lake, LakeError
 
 POLICIES = ("naive", "tier1", "tier1+2", "oracle")
@@ -266,7 +270,25 @@ REAL_STEPS_SQL = ("SELECT count(*) AS steps, avg(bubble_ratio) AS bubble_mean, m
                   "FROM steps WHERE run_id = ? AND epoch >= ?")
 
 
-def real_runs(url: str, run_ids: list[str], from_epoch: int = 1) -> list[dict]:
+def _real_oracle(lake: Lake, run_id: str, cfg: dict, from_epoch: int, capacity: int) -> float | None:
+    """Mean over the run's steps (epochs >= from_epoch) of simulated(its placement) /
+    simulated(oracle) - 1, with the cost model fitted on those steps; None where a replay cannot
+    stand for the run (speculation changes tokens per iteration; migration moves requests)."""
+    if cfg.get("spec", {}).get("enabled") or cfg.get("pipe", {}).get("migrate"):
+        return None
+    rows = [r for r in lake.sql(CHECK_ROWS_SQL, [run_id]).to_pylist() if r["epoch"] >= from_epoch]
+    if not rows:  # a steps table without rollouts (nothing to replay)
+        return None
+    rows = check_rows(rows)
+    by_step: dict[tuple[int, int], list] = {}
+    for r in rows:
+        by_step.setdefault((int(r["epoch"]), int(r["step"])), []).append(r)
+    cal = calibrate(rows, capacity)
+    gaps = [oracle_gap(by_step[k], cal, cfg["rollout"]["num_workers"]).gap for k in sorted(by_step)]
+    return sum(gaps) / len(gaps)
+
+
+def real_runs(url: str, run_ids: list[str], from_epoch: int = 1, capacity: int = 256) -> list[dict]:
     """One summary row per run (see the module docstring), from the lake at `url`."""
     out = []
     with Lake(url) as lake:
@@ -281,20 +303,27 @@ def real_runs(url: str, run_ids: list[str], from_epoch: int = 1) -> list[dict]:
             out.append({"run_id": run_id, "policy": pipe.get("policy", "lpt"), "migrate": bool(pipe.get("migrate")),
                         "workers": rollout["num_workers"], "prompts_per_step": rollout["prompts_per_step"],
                         "n": rollout["n"], "spec": bool(cfg.get("spec", {}).get("enabled")),
-                        "from_epoch": from_epoch, **row})
+                        "from_epoch": from_epoch, **row,
+                        "vs_oracle_sim": _real_oracle(lake, run_id, cfg, from_epoch, capacity)})
     return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def format_real(rows: list[dict]) -> str:
     """The real-run rows as a table."""
     head = (f"{'run':<32} {'policy':<7} {'migrate':<7} {'W':>2} {'steps':>5} {'bubble mean':>11} "
-            f"{'bubble med':>10} {'makespan s':>10} {'rollout s':>9} {'moved':>5} {'reward s':>8} {'reward tot s':>12}")
+            f"{'bubble med':>10} {'makespan s':>10} {'rollout s':>9} {'moved':>5} {'reward s':>8} {'reward tot s':>12} "
+            f"{'vs oracle':>9}")
     lines = [head]
     for r in rows:
         lines.append(f"{r['run_id']:<32} {r['policy']:<7} {str(r['migrate']).lower():<7} {r['workers']:>2} "
                      f"{r['steps']:>5} {100 * r['bubble_mean']:>10.1f}% {100 * r['bubble_median']:>9.1f}% "
                      f"{r['makespan_mean_s']:>10.2f} {r['rollout_mean_s']:>9.2f} {int(r['migrations']):>5} "
-                     f"{r['reward_mean_s']:>8.3f} {(r['reward_total_mean_s'] or 0):>12.4f}")
+                     f"{r['reward_mean_s']:>8.3f} {(r['reward_total_mean_s'] or 0):>12.4f} "
+                     f"{_pct(r['vs_oracle_sim']):>9}")
     return "\n".join(lines)
 
 
@@ -333,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--real-lake and --real-runs go together")
     if args.real_lake:
         try:
-            rows = real_runs(args.real_lake, [r for r in args.real_runs.split(",") if r], args.real_from_epoch)
+            rows = real_runs(args.real_lake, [r for r in args.real_runs.split(",") if r], args.real_from_epoch,
+                             args.check_capacity)
         except (ValueError, LakeError) as exc:
             ap.exit(2, f"pipe_bench: {exc}\n")
         print(json.dumps({"real": rows}, indent=2) if args.json else format_real(rows))

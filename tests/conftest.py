@@ -56,3 +56,15 @@ def lake_url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "local":
         return str(tmp_path / "lake")
     return request.getfixturevalue("s3_url")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    """A barely trained built-in model (30 SFT steps, ~10 s), built once for every slow run test.
+
+    What it learns does not matter to the tests that use it (they check plumbing, rows, weights
+    and recovery); one build per session instead of one per module saves a build per file."""
+    from rhymerl.model_build import BuildSpec, build_model
+
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    return build_model(out, BuildSpec(steps=30, eval_problems=0), progress=False)

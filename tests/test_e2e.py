@@ -1,23 +1,15 @@
-"""End to end: a tiny 2-epoch run through the real flow (Prefect harness, Ray local, vLLM on CPU)."""
+"""End to end: a tiny 2-epoch run through the real flow (Prefect harness, Ray local, vLLM on CPU).
+
+The lake is on S3 over HTTP (moto, started by conftest), the harder of the two backends; the
+slow resume, recovery, migration and benchmark tests run on local lakes, and the lake protocol
+tests run on both."""
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSpec, build_model
-
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    return build_model(out, BuildSpec(**TINY_BUILD), progress=False)
-
-
-TINY_BUILD = {"steps": 30, "eval_problems": 0}  # a barely trained model is enough here
-
-
-def test_two_epoch_run(tiny_model, lake_url, tmp_path, monkeypatch):
-    # Runs on a local lake and on S3 over HTTP (moto): both must hold exactly the same rows.
+def test_two_epoch_run(tiny_model, s3_url, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
     from prefect.testing.utilities import prefect_test_harness
 
@@ -30,7 +22,7 @@ def test_two_epoch_run(tiny_model, lake_url, tmp_path, monkeypatch):
     cfg = load_config(None, [
         f'model.path="{tiny_model}"', "epochs=2", f"data.num_prompts={prompts}",
         f"rollout.prompts_per_step={per_step}", f"rollout.n={n}", "rollout.num_workers=1",
-        "rollout.max_tokens=48", f'lake.url="{lake_url}"',
+        "rollout.max_tokens=48", f'lake.url="{s3_url}"',
         f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"', "train.lr=1e-2",
         # A barely trained model may score 0 on every sample (zero advantages, zero gradient);
         # decoupled weight decay still moves the weights each step, so the sync path is exercised.
@@ -39,7 +31,7 @@ def test_two_epoch_run(tiny_model, lake_url, tmp_path, monkeypatch):
     with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
         result = run_flow(config=config_to_dict(cfg))
 
-    lake = Lake(lake_url)
+    lake = Lake(s3_url)
     counts = lake.sql("SELECT epoch, step, count(*) AS n FROM rollouts GROUP BY ALL ORDER BY ALL").to_pylist()
     # Every step of every epoch has exactly prompts_per_step x n rows.
     assert counts == [{"epoch": e, "step": s, "n": per_step * n} for e in range(2) for s in range(2)]

@@ -165,12 +165,18 @@ def test_stop_interrupts_then_terminates_then_kills() -> None:
 
 
 @pytest.mark.slow
-def test_bench_e2e_quick_smoke(tmp_path: Path) -> None:
-    """Both arms for real (vLLM, Ray, Prefect), tiny: 2 epochs x 8 prompts x n=4, one seed."""
+def test_bench_e2e_quick_smoke(tmp_path: Path, tiny_model: Path) -> None:
+    """Both arms for real (vLLM, Ray, Prefect), tiny: 2 epochs x 8 prompts x n=4, one seed.
+
+    The session's barely trained test model stands in for the built-in one (whose build would
+    cost minutes here): its responses rhyme little, so epoch 1 only has to show speculation on and
+    accepting some drafts in the rhymerl arm; the acceptance the real model reaches is the
+    benchmark's business (README, bench/results)."""
     out = tmp_path / "e2e"
     cmd = [sys.executable, "-m", "flows.cli", "bench", "e2e", "--quick", "--epochs", "2", "--prompts", "8",
            "--out", str(out), "--json", "--scale-workers", "4",
-           "--set", "rollout.n=4", "rollout.prompts_per_step=8", "rollout.max_tokens=64", "pipe.gantt=false"]
+           "--set", "rollout.n=4", "rollout.prompts_per_step=8", "rollout.max_tokens=64", "pipe.gantt=false",
+           f'model.path="{tiny_model}"']
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     (tmp_path / "bench.stderr").write_text(res.stderr)  # progress, and a failed run's last log lines
@@ -180,7 +186,7 @@ def test_bench_e2e_quick_smoke(tmp_path: Path) -> None:
     epochs = report["compare"]["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1]
     assert epochs[1]["accepted_len"]["baseline"]["mean"] == 1.0  # no speculation in the baseline
-    assert epochs[1]["accepted_len"]["rhymerl"]["mean"] > 1.2  # epoch 1 drafts from epoch 0's responses
+    assert epochs[1]["accepted_len"]["rhymerl"]["mean"] > 1.0  # epoch 1 drafts from epoch 0's responses
     for e in epochs:  # every part measured, dispatch small and the split adds up to the wall time
         for arm in ("baseline", "rhymerl"):
             assert e["rollout_s"][arm]["mean"] > 0 and e["train_s"][arm]["mean"] > 0

@@ -36,7 +36,8 @@ def _write_run(url: str, run_id: str, spec_method: str | None = None, spec_enabl
     one file per step, each worker's rows in admission order under one gen_start."""
     cost = CostModel(base_s=0.02, per_seq_s=0.001, startup_s=0.3, capacity=4)
     writer = LakeWriter(url)
-    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2}, "spec": {"enabled": spec_enabled},
+    writer.write_run(run_id, "check", {"rollout": {"num_workers": 2, "prompts_per_step": 10, "n": 2},
+                                       "spec": {"enabled": spec_enabled},
                                        "pipe": {"migrate": migrate}})
     for step in range(2):
         rows = []
@@ -104,11 +105,27 @@ def test_real_runs_summarise_the_steps_table_from_an_epoch(tmp_path, capsys) -> 
     assert [r["bubble_mean"] for r in rows] == pytest.approx([0.2, 0.1])
     assert [r["makespan_mean_s"] for r in rows] == pytest.approx([3.5, 3.5])
     assert [r["migrations"] for r in rows] == [0, 3]
+    assert [r["vs_oracle_sim"] for r in rows] == [None, None]  # A: no rollouts to replay; B: migrated
     assert main(["--real-lake", url, "--real-runs", "A", "--real-from-epoch", "0"]) == 0
     assert "lpt" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--real-lake", url, "--real-runs", "C"])
     assert "no config or no steps" in capsys.readouterr().err
+
+
+def test_real_runs_put_a_replayable_run_next_to_the_oracle(tmp_path, capsys) -> None:
+    # r1 follows one cost model; its placement and the oracle's are replayed with the fitted model
+    # (the arithmetic is tests/test_histopipe_validate.py's); speculation or migration: no replay.
+    url = str(tmp_path / "lake")
+    _write_run(url, "r1")
+    _write_run(url, "spec", spec_enabled=True)
+    _write_run(url, "moved", migrate=True)
+    assert main(["--real-lake", url, "--real-runs", "r1,spec,moved", "--real-from-epoch", "0",
+                 "--check-capacity", "4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["real"]
+    gap = rows[0]["vs_oracle_sim"]
+    assert isinstance(gap, float) and -0.5 < gap < 1.0 and gap != 0.0
+    assert [r["vs_oracle_sim"] for r in rows[1:]] == [None, None]
 
 
 def test_pipe_bench_check_refuses_a_run_with_migration(tmp_path: Path, capsys) -> None:

@@ -7,14 +7,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSpec, build_model
-
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    return build_model(out, BuildSpec(steps=30, eval_problems=0), progress=False)
-
-
 def test_forced_migration_keeps_every_sample_once(tiny_model, tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 

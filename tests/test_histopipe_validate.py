@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from rhymerl.histopipe.costmodel import CostModel
+from rhymerl.histopipe.costmodel import Calibration, CostModel
 from rhymerl.histopipe.schedule import Assignment, Unit
 from rhymerl.histopipe.simulator import simulate
-from rhymerl.histopipe.validate import check_run, measured_assignment
+from rhymerl.histopipe.validate import check_run, measured_assignment, oracle_gap
 
 TRUTH = CostModel(base_s=0.02, per_seq_s=0.001, startup_s=0.3, capacity=8)  # 8 slots: queues form
 
@@ -136,3 +136,21 @@ def test_bad_rows_name_the_column() -> None:
         check_run([], capacity=8)
     with pytest.raises(ValueError, match="appears twice"):
         check_run(_rows(_steps(2), TRUTH) + _rows(_steps(2), TRUTH)[40:41], capacity=8)
+
+
+def _placed_rows(placed: list[list[tuple[str, int, int]]]) -> list[dict]:
+    return [{"epoch": 0, "step": 0, "prompt_id": p, "sample_idx": k, "worker_id": w, "length": x,
+             "gen_start": 0.0, "gen_end": 1.0} for w, mine in enumerate(placed) for p, k, x in mine]
+
+
+def test_oracle_gap_by_hand() -> None:
+    # One request at a time, 0.1 s per token: a worker's time is the sum of its lengths.
+    cal = Calibration(CostModel(base_s=0.1, per_seq_s=0.0, capacity=1), requests=4, groups=1, rms_s=0.0, r2=1.0)
+    # Both long samples on worker 0: 10 + 10 tokens = 2.0 s; the oracle pairs long with short: 1.1 s.
+    bad = oracle_gap(_placed_rows([[("a", 0, 10), ("a", 1, 10)], [("b", 0, 1), ("b", 1, 1)]]), cal, workers=2)
+    assert bad.placement_s == pytest.approx(2.0) and bad.oracle_s == pytest.approx(1.1)
+    assert bad.gap == pytest.approx(2.0 / 1.1 - 1)
+    good = oracle_gap(_placed_rows([[("a", 0, 10), ("b", 0, 1)], [("a", 1, 10), ("b", 1, 1)]]), cal, workers=2)
+    assert good.gap == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="expected 0..1"):  # sample indices must be 0..n-1
+        oracle_gap(_placed_rows([[("a", 0, 10), ("a", 2, 10)]]), cal, workers=1)

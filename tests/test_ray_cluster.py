@@ -131,14 +131,6 @@ def ray_cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSpec, build_model
-
-    return build_model(tmp_path_factory.mktemp("model") / "tiny", BuildSpec(steps=30, eval_problems=0),
-                       progress=False)
-
-
 def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path, s3_url):
     # The lake is on S3 over HTTP (moto, started by conftest): the cluster path of a real deployment.
     from mlflow.tracking import MlflowClient

@@ -1,5 +1,6 @@
 """Dead actors mid-run: a killed rollout worker restarts on the current policy, a killed trainer
-comes back from its checkpoint (in-run, or with `rhymerl run --resume`), no row lost or doubled."""
+comes back from its checkpoint in-run, no row lost or doubled (a dead trainer with restarts off,
+then `rhymerl run --resume`, is tests/test_resume.py's end-to-end test)."""
 
 from __future__ import annotations
 
@@ -133,17 +134,6 @@ def test_streamed_rollout_reruns_only_a_dead_workers_unfinished_requests(tmp_pat
 
 # ---------------------------------------------------------------- end to end (slow)
 
-TINY_BUILD = {"steps": 30, "eval_problems": 0}  # a barely trained model is enough here
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSpec, build_model
-
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    return build_model(out, BuildSpec(**TINY_BUILD), progress=False)
-
-
 def _config(tiny_model, tmp_path, *extra):
     return load_config(None, [
         f'model.path="{tiny_model}"', "epochs=2", f'lake.url="{tmp_path / "lake"}"',
@@ -207,8 +197,8 @@ def test_killed_worker_and_trainer_recover_in_run(tiny_model, tmp_path, monkeypa
             seen["pid"] = ray.get(workers[1].info.remote())["pid"]
         return real_rollout(workers, *args, **kwargs)
 
-    def take_then_kill_worker_1(driver, w, event):
-        real_take(driver, w, event)
+    def take_then_kill_worker_1(driver, sid, w, event):
+        real_take(driver, sid, w, event)
         if w == 1 and "pid" in seen and "killed_at" not in seen and driver.unfinished[1] > 0:
             seen["killed_at"] = seen["rollouts"] - 1  # the global step being rolled out
             _kill(seen["pid"])
@@ -242,55 +232,3 @@ def test_killed_worker_and_trainer_recover_in_run(tiny_model, tmp_path, monkeypa
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [0, 1, 2, 3]
     assert sum(m.value for m in client.get_metric_history(run.info.run_id, "worker_restarts")) == 1.0
     assert [m.value for m in client.get_metric_history(run.info.run_id, "trainer_restarts")] == [1.0]
-
-
-@pytest.mark.slow
-def test_dead_trainer_fails_with_resume_command_then_resume_matches_uninterrupted(tiny_model, tmp_path,
-                                                                                  monkeypatch):
-    # With in-run trainer restarts off, killing the trainer's process after epoch 0 fails the run
-    # with the exact resume command; resuming it gives what an uninterrupted run of the same
-    # config and seed gives: the same rows per epoch and steps, one MLflow run.
-    from mlflow.tracking import MlflowClient
-    from prefect.testing.utilities import prefect_test_harness
-
-    import flows.run
-    from rhymerl.config import config_to_dict
-    from storage.lake import Lake
-
-    import ray
-
-    monkeypatch.chdir(tmp_path)
-    small = ["data.num_prompts=6", "rollout.prompts_per_step=3", "rollout.n=4", "rollout.num_workers=1",
-             "rollout.max_tokens=48", "recovery.trainer_restarts=0"]
-    (tmp_path / "base").mkdir()
-    base_cfg, cfg = _config(tiny_model, tmp_path / "base", *small), _config(tiny_model, tmp_path, *small)
-    real_history, killed = flows.run.history_task, []
-
-    def history_killing_the_trainer(*args, **kwargs):
-        if args[3] == 1 and not killed:  # epoch 1 of the interrupted run
-            killed.append(ray.get(flows.run._RUNTIMES[args[2]].trainer.info.remote())["pid"])
-            _kill(killed[0])
-        return real_history(*args, **kwargs)
-
-    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
-        base = flows.run.run_flow(config=config_to_dict(base_cfg))
-        monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
-        with pytest.raises(TrainerLost) as err:
-            flows.run.run_flow(config=config_to_dict(cfg))
-        [crashed] = Lake(cfg.lake.url).sql("SELECT run_id, status FROM runs").to_pylist()
-        assert crashed["status"] == "failed"
-        assert f"rhymerl run --resume {crashed['run_id']} --lake {cfg.lake.url}" in str(err.value)
-        monkeypatch.setattr(flows.run, "history_task", real_history)
-        resumed = flows.run.run_flow(config=config_to_dict(cfg), resume=crashed["run_id"])
-
-    per_epoch = "SELECT epoch, count(*) AS n, count(DISTINCT step) AS steps FROM rollouts GROUP BY epoch ORDER BY epoch"
-    assert Lake(cfg.lake.url).sql(per_epoch).to_pylist() == Lake(base_cfg.lake.url).sql(per_epoch).to_pylist() \
-        == [{"epoch": e, "n": 24, "steps": 2} for e in range(2)]
-    _lake_checks(cfg.lake.url, steps=4, rows=12)
-    key = lambda h: (h["epoch"], h["step"], h["global_step"], h["policy_version"])  # noqa: E731
-    assert [key(h) for h in resumed["history"]] == [key(h) for h in base["history"]]
-    assert [h.get("reused_lake_rows", 0.0) for h in resumed["history"]] == [0.0, 0.0, 1.0, 0.0]
-    client = MlflowClient(cfg.tracking.uri)
-    [run] = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
-    assert run.info.run_id == resumed["mlflow_run_id"] and run.info.status == "FINISHED"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [0, 1, 2, 3]

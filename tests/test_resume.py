@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from rhymerl.records import Prompt
@@ -77,21 +81,23 @@ def test_prompts_digest_depends_on_order():
 
 # ---------------------------------------------------------------- end to end (slow)
 
-TINY_BUILD = {"steps": 30, "eval_problems": 0}  # a barely trained model is enough here
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSpec, build_model
-
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    return build_model(out, BuildSpec(**TINY_BUILD), progress=False)
+def _kill(pid: int) -> None:
+    """SIGKILL `pid` and wait until it is gone."""
+    os.kill(pid, signal.SIGKILL)
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
 def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
-    # A run dies in global step 2 after its lake commit, before training; the resumed run trains
-    # that step on its committed rows and finishes: every step once, every row once, one MLflow run.
+    # In-run trainer restarts off, the trainer's process is SIGKILLed before epoch 1: global step 2
+    # rolls out and commits its lake rows, then its training fails the run with the exact resume
+    # command. The resumed run trains that step on its committed rows and finishes: every step
+    # once, every row once, the same steps and policy versions as an uninterrupted run, one MLflow run.
     from mlflow.tracking import MlflowClient
     from prefect.testing.utilities import prefect_test_harness
 
@@ -99,6 +105,9 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
     from rhymerl.config import config_to_dict, load_config
     from storage.checkpoints import CheckpointStore, checkpoint_url
     from storage.lake import Lake
+    from tasks.recovery import TrainerLost
+
+    import ray
 
     monkeypatch.chdir(tmp_path)
     per_step, n, lake_url, tracking = 3, 4, str(tmp_path / "lake"), f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -106,26 +115,30 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
         f'model.path="{tiny_model}"', "epochs=2", "data.num_prompts=6", f"rollout.prompts_per_step={per_step}",
         f"rollout.n={n}", "rollout.num_workers=1", "rollout.max_tokens=48", f'lake.url="{lake_url}"',
         f'tracking.uri="{tracking}"', "train.lr=1e-2", "train.weight_decay=0.5", "pipe.gantt=false",
+        "recovery.trainer_restarts=0",
     ])
-    real_train, calls = flows.run.train_task, []
+    real_history, killed = flows.run.history_task, []
 
-    def train_dies_at_global_step_2(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("injected crash")
-        return real_train(*args, **kwargs)
+    def history_killing_the_trainer(*args, **kwargs):
+        if args[3] == 1 and not killed:  # epoch 1 of the interrupted run
+            killed.append(ray.get(flows.run._RUNTIMES[args[2]].trainer.info.remote())["pid"])
+            _kill(killed[0])
+        return real_history(*args, **kwargs)
 
-    monkeypatch.setattr(flows.run, "train_task", train_dies_at_global_step_2)
+    monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
     with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
-        with pytest.raises(RuntimeError, match="injected crash"):
+        with pytest.raises(TrainerLost) as err:
             flows.run.run_flow(config=config_to_dict(cfg))
         [crashed] = Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist()
         run_id = crashed["run_id"]
         assert crashed["status"] == "failed"
+        assert f"rhymerl run --resume {run_id} --lake {lake_url}" in str(err.value)
         store = CheckpointStore(checkpoint_url(lake_url))
         assert store.steps(run_id) == [0, 1]  # step 2 was committed to the lake, never trained
+        assert Lake(lake_url).sql("SELECT DISTINCT epoch, step FROM rollouts ORDER BY ALL").to_pylist() == [
+            {"epoch": 0, "step": 0}, {"epoch": 0, "step": 1}, {"epoch": 1, "step": 0}]
         checkpointed = store.latest(run_id).meta["history"][-1]
-        monkeypatch.setattr(flows.run, "train_task", real_train)
+        monkeypatch.setattr(flows.run, "history_task", real_history)
         result = flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
 
     assert result["run_id"] == run_id
@@ -137,7 +150,10 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
     assert lake.sql("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 4}]
     assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]
     hist = result["history"]
-    assert [h["global_step"] for h in hist] == [0, 1, 2, 3] and hist[1] == checkpointed
+    # What an uninterrupted run of this config has: global step g (epoch g // 2) makes policy g + 1.
+    assert [(h["epoch"], h["step"], h["global_step"], h["policy_version"]) for h in hist] == [
+        (g // 2, g % 2, g, g + 1) for g in range(4)]
+    assert hist[1] == checkpointed
     assert [h.get("reused_lake_rows", 0.0) for h in hist] == [0.0, 0.0, 1.0, 0.0]
     # The engines got the checkpoint's weights before the first resumed step.
     assert result["initial_engine_fingerprint"] == pytest.approx(checkpointed["trainer_fingerprint"], rel=1e-6)

@@ -13,6 +13,10 @@ first batch pays one-off start-up costs a steady-state cost model is not meant t
 numbering stays that of the whole run. Admission order: a worker's requests in `gen_start` order, ties in row order (the
 engine stamps one `gen_start` per call and adds requests in the order the lake stores them).
 
+`oracle_gap` puts a measured step next to the oracle (single samples placed longest-first
+knowing every true length) under the same fitted cost model: both makespans are simulated, so
+the gap is what the run's placement cost, free of the model's own error.
+
 The cost model assumes one token per engine iteration, so the run must not use speculative
 decoding (accepted drafts make tokens per iteration vary). It also starts every worker at the
 step's first admission: `start_skew_s` reports how much later the last worker really started.
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from rhymerl.histopipe.costmodel import Calibration, calibrate
-from rhymerl.histopipe.schedule import Assignment, Unit
+from rhymerl.histopipe.schedule import Assignment, Demand, ScheduleRequest, Unit, schedule
 from rhymerl.histopipe.simulator import SimResult, measure, simulate
 
 ROW_KEYS = ("epoch", "step", "prompt_id", "sample_idx", "worker_id", "gen_start", "gen_end", "length")
@@ -159,3 +163,39 @@ def check_run(rows: Iterable[Mapping[str, Any]], capacity: int = 256, workers: i
     calibration = calibrate([r for g in fit_steps for r in by_step[order[g]]], capacity)
     checks = tuple(check_step(by_step[order[g]], calibration, workers, g) for g in check_steps)
     return RunCheck(calibration, fit, fit_steps, warmup, workers, checks)
+
+
+@dataclass(frozen=True)
+class OracleGap:
+    """One measured step's placement against the oracle's, both simulated with the same cost model."""
+
+    epoch: int
+    step: int
+    placement_s: float  # simulated makespan of the placement that really ran
+    oracle_s: float  # simulated makespan of the oracle placement on the same true lengths
+
+    @property
+    def gap(self) -> float:
+        """placement_s / oracle_s - 1 (0 = as good as knowing every length)."""
+        return self.placement_s / self.oracle_s - 1.0 if self.oracle_s > 0 else math.inf
+
+
+def oracle_gap(rows: Sequence[Mapping[str, Any]], calibration: Calibration, workers: int) -> OracleGap:
+    """Simulate one step's measured placement and the oracle's on its true lengths (`rows`: the
+    step's rollout rows, `ROW_KEYS`; every prompt's samples numbered 0..n-1)."""
+    lengths = {(r["prompt_id"], int(r["sample_idx"])): int(r["length"]) for r in rows}
+    if len(lengths) != len(rows):
+        raise ValueError(f"oracle_gap: a (prompt, sample) appears twice in epoch {rows[0]['epoch']} "
+                         f"step {rows[0]['step']}")
+    per_prompt: dict[str, list[int]] = {}
+    for pid, k in sorted(lengths):
+        per_prompt.setdefault(pid, []).append(k)
+    demands = []
+    for pid, ks in per_prompt.items():
+        if ks != list(range(len(ks))):
+            raise ValueError(f"oracle_gap: prompt {pid} has samples {ks}, expected 0..{len(ks) - 1}")
+        demands.append(Demand(pid, tuple(float(lengths[pid, k]) for k in ks), exact=True))
+    oracle = schedule("oracle", ScheduleRequest(tuple(demands), workers, calibration.cost))
+    placed = simulate(measured_assignment(rows, workers), lengths, calibration.cost)
+    best = simulate(oracle, lengths, calibration.cost)
+    return OracleGap(int(rows[0]["epoch"]), int(rows[0]["step"]), placed.makespan, best.makespan)
