@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.ops import lake_report_task, latest_run_task, retrain_config_task, train_config_task
+from tasks.ops import lake_report_task, latest_run_task, retrain_config_task, retrain_plan_task, train_config_task
 
 
 @flow(name="rhymerl-train", flow_run_name="train-{config_file}")
@@ -33,21 +33,27 @@ def train(config_file: str = "configs/default.toml", overrides: list[str] | None
 @flow(name="rhymerl-retrain", flow_run_name="retrain-{experiment}")
 def retrain(experiment: str = "rhymerl", extra_epochs: int = 1, lake: str = "lake",
             overrides: list[str] | None = None) -> dict:
-    """Continue the latest run of an experiment from its latest checkpoint for more epochs.
+    """Continue the latest run of an experiment from its latest checkpoint for more epochs; if its
+    data changed, train a new run from that checkpoint's weights on the new data.
 
     Args:
         experiment: MLflow experiment (`tracking.experiment`) whose most recently started run
-            is continued: same run id, lake rows and MLflow run.
-        extra_epochs: epochs to add to the run's configured `epochs`.
+            is continued: same run id, lake rows and MLflow run. If the run's prompts changed
+            (a `data.*` override, the dataset file edited, `rollout.prompts_per_step`), a new run
+            (own run id and MLflow run, same experiment) starts from its weights instead.
+        extra_epochs: epochs to add to the run's configured `epochs` (a new run trains this many).
         lake: lake holding the run (local folder relative to the project, or s3://bucket/prefix).
-        overrides: `key=value` settings on top of the run's stored config (not `data.*`).
+        overrides: `key=value` settings on top of the run's stored config, e.g.
+            `data.dataset="data/new.jsonl"`.
     """
     run = latest_run_task(lake, experiment)
     config = retrain_config_task(run, extra_epochs, overrides)
+    plan = retrain_plan_task(run, config, extra_epochs)
     from flows.run import run_flow
 
-    result = run_flow(config=config, resume=run["run_id"])
-    return {k: result[k] for k in ("run_id", "mlflow_run_id", "lake", "epochs")}
+    result = run_flow(config=plan["config"], resume=plan["resume"])
+    return {**{k: result[k] for k in ("run_id", "mlflow_run_id", "lake", "epochs")}, "retrain": plan["reason"],
+            "from_run": run["run_id"]}
 
 
 @flow(name="rhymerl-lake-report", flow_run_name="lake-report-{run_id}")

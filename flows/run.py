@@ -24,7 +24,7 @@ from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare
 from tasks.plan import measure_task, plan_task
 from tasks.recovery import WorkerGuard, recover_trainer, trainer_lost
 from tasks.ops import link_runs_task
-from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task
+from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task, warm_start_task
 from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 
@@ -150,6 +150,9 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             resume_tracking_task(rt)
             start_epoch, start_step = start.epoch, start.step
         else:
+            if cfg.model.init_from_run:  # a new run on another run's weights (e.g. retrain, new data)
+                rt.warm_start = warm_start_task(rt)
+                rt.initial_fingerprint = sync_task(rt.trainer, rt.workers)["engine_fingerprint"]
             start_tracking_task(rt)
         # Restarted rollout workers get the trainer's weights and the history before they sample.
         rt.guard = WorkerGuard.watch(rt.workers, rt.trainer, cfg.recovery.restart_timeout_s, run_id,
@@ -181,4 +184,5 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                                       rt.mlflow_run_id, skipped))
     return {"run_id": run_id, "mlflow_run_id": rt.mlflow_run_id, "lake": cfg.lake.url,
             "skipped_prompts": skipped, "initial_engine_fingerprint": rt.initial_fingerprint,
+            "warm_start": rt.warm_start,
             "epochs": summary, "history": rt.history, "epoch_wall_s": epoch_wall_s}

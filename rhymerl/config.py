@@ -7,6 +7,8 @@ falls back to a default.
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import tomllib
 import typing
@@ -35,9 +37,15 @@ class ModelConfig:
     path: str = ""  # local Hugging Face causal-LM directory; "" = built-in model
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 512  # prompt + response tokens the engine accepts
+    # Warm start: a run id in this run's checkpoint store (lake.url/_checkpoints or checkpoint.dir)
+    # whose newest checkpoint (weights and optimizer) the trainer starts from; its model.path must
+    # be this run's. A new run (own run id, lake rows and MLflow run) on possibly other data.
+    init_from_run: str = ""
 
     def __post_init__(self) -> None:
         _check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
+        _check(not self.init_from_run or re.fullmatch(r"[A-Za-z0-9._-]+", self.init_from_run) is not None,
+               "model.init_from_run", f"{self.init_from_run!r} is not a run id (letters, digits, '.', '_', '-')")
 
 
 @dataclass(frozen=True)

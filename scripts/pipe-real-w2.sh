@@ -26,8 +26,9 @@ declare -A SETTINGS=(
 ORDER=(naive round_robin lpt tier2 tier2-migrate)
 
 for name in "${ORDER[@]}"; do
-  if "$BIN/rhymerl" lake sql "SELECT 1 FROM runs WHERE name = 'pipe-$name' AND status = 'finished'" \
-       --lake "$OUT/lake" --format csv 2>/dev/null | grep -q '^1'; then
+  done_runs=$("$BIN/rhymerl" lake sql "SELECT count(*) AS n FROM runs WHERE name = 'pipe-$name' AND status = 'finished'" \
+       --lake "$OUT/lake" --format csv 2>/dev/null | tail -n 1 || true)
+  if [ "${done_runs:-0}" != "0" ] && [ -n "$done_runs" ]; then
     echo "pipe-$name: already finished in $OUT/lake, skipped"
     continue
   fi

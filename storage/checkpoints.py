@@ -127,6 +127,22 @@ class CheckpointStore:
         return Checkpoint(run_id=run_id, global_step=global_step, trainer_state=blobs[paths[1]],
                           meta=json.loads(blobs[paths[2]]), committed_at=float(marker["committed_at"]))
 
+    def latest_meta(self, run_id: str) -> tuple[int, dict[str, Any]] | None:
+        """(global step, state.json) of the run's newest committed checkpoint, without reading
+        its trainer state (gigabytes for a real model); None if the run has none."""
+        steps = self.steps(run_id)
+        if not steps:
+            return None
+        key = step_key(run_id, steps[-1])
+        marker_path, meta_path = self._path(f"{key}/{MARKER}"), self._path(f"{key}/{META_FILE}")
+        with lake_io(self.url, f"read checkpoint {key}"):
+            blobs = self.fs.cat([marker_path, meta_path], on_error="return")
+        meta = blobs.get(meta_path)
+        if not isinstance(meta, bytes) or _digest(meta) != json.loads(blobs[marker_path])["files"][META_FILE]:
+            raise LakeError(f"checkpoint {self.url}/{key}: {META_FILE} is missing or damaged; delete "
+                            f"the folder's {MARKER} to fall back to the checkpoint before it")
+        return steps[-1], json.loads(meta)
+
     def latest(self, run_id: str) -> Checkpoint | None:
         """The run's newest committed checkpoint, or None if it has none."""
         steps = self.steps(run_id)

@@ -191,6 +191,13 @@ class TrainerWorker:
         self.trainer.load_state_bytes(blob)
         return self.trainer.policy_version
 
+    def warm_start(self, blob: bytes) -> float:
+        """Start from another run's checkpoint (`export_state` bytes): its weights, optimizer and
+        RNG, at policy version 0 of this run; returns the weights' fingerprint."""
+        self.trainer.load_state_bytes(blob)
+        self.trainer.policy_version = 0
+        return self.weights_fingerprint()
+
     def save(self, out_dir: str) -> str:
         self.trainer.save(out_dir)
         return out_dir

@@ -20,7 +20,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from rhymerl.config import ConfigError, apply_overrides, config_to_dict, flatten, load_config, resolve_config
+from rhymerl.config import (ConfigError, apply_overrides, config_from_dict, config_to_dict, flatten, load_config,
+                            resolve_config)
+from rhymerl.resume import prompts_digest
+from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError
 from storage.report import lake_report
 
@@ -93,12 +96,9 @@ def latest_run_task(lake_url: str, experiment: str) -> dict[str, Any]:
 
 @task(name="retrain-config", cache_policy=NO_CACHE)
 def retrain_config_task(run: Mapping[str, Any], extra_epochs: int, overrides: list[str] | None) -> dict[str, Any]:
-    """The stored config of `run` with `epochs` raised by `extra_epochs` and `overrides` on top.
-
-    A resumed run must see the same prompts (its checkpoint's digest is checked), so overrides
-    of `data.*` or `rollout.prompts_per_step` are refused here, before any engine starts.
-    """
-    if not isinstance(extra_epochs, int) or extra_epochs < 1:
+    """The stored config of `run` with `epochs` raised by `extra_epochs` and `overrides` on top
+    (checked, credentials refused); `retrain_plan_task` then decides continue or warm start."""
+    if not isinstance(extra_epochs, int) or isinstance(extra_epochs, bool) or extra_epochs < 1:
         raise ConfigError(f"parameter 'extra_epochs' must be an integer >= 1, got {extra_epochs!r}")
     stored = run["config"]
     wanted = [f"epochs={int(stored.get('epochs', 0)) + extra_epochs}", *_overrides(overrides)]
@@ -106,18 +106,47 @@ def retrain_config_task(run: Mapping[str, Any], extra_epochs: int, overrides: li
         cfg = config_to_dict(resolve_config(apply_overrides(stored, wanted), env=os.environ))
     except ConfigError as exc:
         raise ConfigError(f"invalid parameters (overrides): {exc}") from None
-    before = config_to_dict(resolve_config(stored, env=os.environ))
-    changed = [k for k in ("data", "rollout.prompts_per_step")
-               if _pick(cfg, k) != _pick(before, k)]
-    if changed:
-        raise ConfigError(f"parameter 'overrides' changes {', '.join(changed)}: retrain continues run "
-                          f"{run['run_id']} on the prompts its checkpoints were trained with; for new "
-                          "data start a new run with the train deployment")
     _refuse_credentials(cfg, "overrides")
     if run["status"] == "running":
         get_run_logger().warning("run %s is recorded as running (a crash, or another process still "
                                  "training it); continuing it from its last checkpoint", run["run_id"])
     return cfg
+
+
+def same_prompts(checkpoint_meta: Mapping[str, Any], digest: str, prompts_per_step: int) -> bool:
+    """Whether a run checkpointed with `checkpoint_meta` can be resumed on these prompts: the same
+    prompts in the same order (`rhymerl.resume.prompts_digest`) and the same steps per epoch."""
+    return (checkpoint_meta["prompts_digest"], int(checkpoint_meta["prompts_per_step"])) == (digest, prompts_per_step)
+
+
+def warm_start_config(config: Mapping[str, Any], source_run: str, extra_epochs: int) -> dict[str, Any]:
+    """A new run's config: `config` trained for `extra_epochs` epochs from `source_run`'s weights."""
+    return {**config, "epochs": extra_epochs, "model": {**config["model"], "init_from_run": source_run}}
+
+
+@task(name="retrain-plan", cache_policy=NO_CACHE)
+def retrain_plan_task(run: Mapping[str, Any], config: dict[str, Any], extra_epochs: int) -> dict[str, Any]:
+    """Continue `run` (same run id, lake rows, MLflow run) when its data is unchanged, else start a
+    new run warm-started from its newest checkpoint on the new data. The prompts are loaded with
+    `config` and compared with the checkpoint's digest, so a dataset file edited in place counts
+    as changed too. Returns {"config", "resume": run id or None, "reason"}."""
+    from tasks.setup import prepare_model_task, prepare_prompts_task  # tokenizer, Ray: after the checks
+
+    cfg = config_from_dict(config)
+    store = CheckpointStore(checkpoint_url(cfg.lake.url, cfg.checkpoint.dir))
+    latest = store.latest_meta(run["run_id"])
+    if latest is None:
+        raise LakeError(f"run {run['run_id']} has no committed checkpoint in {store.url}, so retrain can neither "
+                        "continue it nor start from its weights; train a new run with the train deployment")
+    prompts, _ = prepare_prompts_task.fn(cfg, prepare_model_task.fn(cfg))
+    log = get_run_logger()
+    if same_prompts(latest[1], prompts_digest(prompts), cfg.rollout.prompts_per_step):
+        log.info("retrain: continuing run %s from its checkpoint at global step %d", run["run_id"], latest[0])
+        return {"config": config, "resume": run["run_id"], "reason": "same data"}
+    log.info("retrain: the data of run %s changed (prompts or rollout.prompts_per_step): a new run of %d "
+             "epoch(s) starts from its checkpoint at global step %d", run["run_id"], extra_epochs, latest[0])
+    return {"config": warm_start_config(config, run["run_id"], extra_epochs), "resume": None,
+            "reason": "data changed"}
 
 
 def _pick(data: Mapping[str, Any], dotted: str) -> Any:

@@ -5,7 +5,8 @@ the steps row): the trainer's state goes to the checkpoint store with the run's 
 history. `restore_task` loads the newest committed checkpoint into the trainer and the runtime
 and decides where to continue (`rhymerl.resume.plan_resume`); the flow then syncs the engines
 and reopens tracking with `resume_tracking_task`. Steps the lake committed after the checkpoint
-are trained on their committed rows (`lake_rows_task`), never sampled again.
+are trained on their committed rows (`lake_rows_task`), never sampled again. `warm_start_task`
+starts a *new* run's trainer from another run's newest checkpoint (`model.init_from_run`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,30 @@ def restore_task(rt) -> ResumePlan:
         "epoch %d step %d; %d committed step(s) trained on their lake rows", rt.run_id, meta["epoch"],
         meta["step"], ckpt.global_step, plan.epoch, plan.step, len(plan.reuse))
     return plan
+
+
+@task(name="warm-start", cache_policy=NO_CACHE)
+def warm_start_task(rt) -> dict:
+    """Load run `model.init_from_run`'s newest checkpoint (weights, optimizer) into this new
+    run's trainer at policy version 0; the flow then syncs the engines. Returns where it came from."""
+    source = rt.cfg.model.init_from_run
+    store = _store(rt)
+    ckpt = store.latest(source)
+    if ckpt is None:
+        raise ValueError(f"model.init_from_run={source!r}: no committed checkpoint of that run in {store.url}; "
+                         f"list the lake's runs with `rhymerl lake summary --lake {rt.cfg.lake.url}` (checkpoints "
+                         "live in the lake's _checkpoints, or checkpoint.dir if the source run set it)")
+    try:
+        fingerprint = ray.get(rt.trainer.warm_start.remote(ckpt.trainer_state))
+    except ray.exceptions.RayTaskError as exc:  # e.g. the checkpoint's tensors do not fit this model
+        raise ValueError(f"model.init_from_run={source!r}: its checkpoint (global step {ckpt.global_step}) does "
+                         f"not load into model.path={rt.cfg.model.path or 'built-in'!r}; warm-start from a "
+                         f"run of the same model ({type(exc.cause).__name__}: {str(exc.cause)[:300]})") from None
+    origin = {"run_id": source, "global_step": ckpt.global_step,
+              "policy_version": int(ckpt.meta["policy_version"]), "trainer_fingerprint": fingerprint}
+    get_run_logger().info("run %s: trainer warm-started from run %s's checkpoint at global step %d "
+                          "(its policy version %d)", rt.run_id, source, ckpt.global_step, origin["policy_version"])
+    return origin
 
 
 @task(name="resume-tracking", cache_policy=NO_CACHE)

@@ -52,6 +52,7 @@ class Runtime:
     speculation: dict = field(default_factory=dict)  # what the engines run (verifier, message)
     logged_steps: set[int] = field(default_factory=set)  # global steps MLflow has (a resumed run)
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
+    warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
     guard: object = None  # tasks.recovery.WorkerGuard once the actors are up (dead actors)
 
 

@@ -30,6 +30,8 @@ def test_round_trip_and_latest(lake_url: str) -> None:
     latest = store.latest("r1")
     assert (latest.global_step, latest.trainer_state) == (7, b"state-7")
     assert store.latest("other") is None  # runs do not see each other's checkpoints
+    assert store.latest_meta("r1") == (7, {"global_step": 7, "epoch": 0})  # state.json only
+    assert store.latest_meta("other") is None
 
 
 def test_second_commit_of_a_step_is_refused(lake_url: str) -> None:
@@ -74,6 +76,10 @@ def test_damaged_state_is_refused(lake_url: str) -> None:
     put_atomic(store.fs, f"{store._path(step_key('r1', 1))}/{STATE_FILE}", b"flipped", exclusive=False)
     with pytest.raises(LakeError, match=f"{STATE_FILE} is missing or damaged.*{MARKER}"):
         store.latest("r1")
+    assert store.latest_meta("r1") == (1, {"global_step": 1, "epoch": 0})  # never reads the state
+    put_atomic(store.fs, f"{store._path(step_key('r1', 1))}/{META_FILE}", b'{"epoch": 9}', exclusive=False)
+    with pytest.raises(LakeError, match=f"{META_FILE} is missing or damaged"):
+        store.latest_meta("r1")
 
 
 def test_meta_must_be_json(tmp_path) -> None:

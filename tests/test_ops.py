@@ -110,10 +110,31 @@ def test_retrain_continues_the_latest_run_of_the_experiment(tmp_path):
         latest_run_task.fn(url, "nope")
     with pytest.raises(ConfigError, match="'extra_epochs'"):
         retrain_config_task.fn(run, 0, None)
-    with pytest.raises(ConfigError, match="changes data.*new run"):
-        retrain_config_task.fn(run, 1, ["data.num_prompts=7"])
+    changed = retrain_config_task.fn(run, 1, ["data.num_prompts=7"])  # allowed: retrain_plan_task decides
+    assert (changed["epochs"], changed["data"]["num_prompts"]) == (3, 7)
     with pytest.raises(ConfigError, match="train.lrr"):
         retrain_config_task.fn(run, 1, ["train.lrr=1"])
+
+
+def test_retrain_continues_on_the_same_prompts_and_warm_starts_on_new_ones():
+    from tasks.ops import same_prompts, warm_start_config
+
+    meta = {"prompts_digest": "abc", "prompts_per_step": 4}
+    assert same_prompts(meta, "abc", 4)
+    assert not same_prompts(meta, "abd", 4)  # other prompts (or the same file edited in place)
+    assert not same_prompts(meta, "abc", 8)  # other steps per epoch: step numbers would not line up
+    config = {"epochs": 7, "model": {"path": "/m", "init_from_run": ""}, "data": {"num_prompts": 9}}
+    warm = warm_start_config(config, "r-old", 2)
+    assert warm == {"epochs": 2, "model": {"path": "/m", "init_from_run": "r-old"}, "data": {"num_prompts": 9}}
+    assert config["model"]["init_from_run"] == ""  # the input is not changed
+
+
+def test_init_from_run_must_be_a_run_id():
+    from rhymerl.config import load_config
+
+    assert load_config(None, ['model.init_from_run="run-20261203-1_a.b"']).model.init_from_run == "run-20261203-1_a.b"
+    with pytest.raises(ConfigError, match="model.init_from_run.*not a run id"):
+        load_config(None, ['model.init_from_run="../other"'])
 
 
 def test_mlflow_link_uses_the_ui_started_by_rhymerl_ui(monkeypatch):

@@ -105,6 +105,7 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
     from rhymerl.config import config_to_dict, load_config
     from storage.checkpoints import CheckpointStore, checkpoint_url
     from storage.lake import Lake
+    from tasks.ops import latest_run_task, retrain_config_task, retrain_plan_task
     from tasks.recovery import TrainerLost
 
     import ray
@@ -140,15 +141,22 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
         checkpointed = store.latest(run_id).meta["history"][-1]
         monkeypatch.setattr(flows.run, "history_task", real_history)
         result = flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
+        # Retrain: on the same data it continues the run; on new data a new run starts from the
+        # newest checkpoint's weights (1 epoch of 3 other prompts).
+        latest = latest_run_task(lake_url, cfg.tracking.experiment)
+        same = retrain_plan_task(latest, retrain_config_task(latest, 1, None), 1)
+        plan = retrain_plan_task(latest, retrain_config_task(latest, 1, ["data.num_prompts=3", "data.seed=5"]), 1)
+        warm = flows.run.run_flow(config=plan["config"], resume=plan["resume"])
 
     assert result["run_id"] == run_id
     lake = Lake(lake_url)
     counts = lake.sql("SELECT epoch, step, count(*) AS n, min(policy_version) AS v0, max(policy_version) AS v1 "
-                      "FROM rollouts GROUP BY epoch, step ORDER BY ALL").to_pylist()
+                      "FROM rollouts WHERE run_id = ? GROUP BY epoch, step ORDER BY ALL", [run_id]).to_pylist()
     # Exactly prompts_per_step x n rows per step, each step sampled by the weights after the one before.
     assert counts == [{"epoch": g // 2, "step": g % 2, "n": per_step * n, "v0": g, "v1": g} for g in range(4)]
-    assert lake.sql("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 4}]
-    assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]
+    assert lake.sql("SELECT count(*) AS n FROM steps WHERE run_id = ?", [run_id]).to_pylist() == [{"n": 4}]
+    assert lake.sql("SELECT run_id, status FROM runs ORDER BY started_at").to_pylist() == [
+        {"run_id": run_id, "status": "finished"}, {"run_id": warm["run_id"], "status": "finished"}]
     hist = result["history"]
     # What an uninterrupted run of this config has: global step g (epoch g // 2) makes policy g + 1.
     assert [(h["epoch"], h["step"], h["global_step"], h["policy_version"]) for h in hist] == [
@@ -159,8 +167,22 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
     assert result["initial_engine_fingerprint"] == pytest.approx(checkpointed["trainer_fingerprint"], rel=1e-6)
     assert all(h["engine_fingerprint"] == pytest.approx(h["trainer_fingerprint"], rel=1e-6) for h in hist)
     client = MlflowClient(tracking)
-    [run] = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
-    assert run.info.run_id == result["mlflow_run_id"] and run.info.status == "FINISHED"
+    runs = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted([result["mlflow_run_id"], warm["mlflow_run_id"]])
+    run = client.get_run(result["mlflow_run_id"])  # the resumed run kept its one MLflow run
+    assert run.info.status == "FINISHED"
     rewards = client.get_metric_history(run.info.run_id, "reward_mean")
     assert sorted(m.step for m in rewards) == [0, 1, 2, 3]
     assert CheckpointStore(checkpoint_url(lake_url)).steps(run_id) == [2, 3]
+    # The retrain plans: same data -> continue this run; new data -> a new run on its weights.
+    assert (same["resume"], same["reason"], same["config"]["epochs"]) == (run_id, "same data", 3)
+    assert (plan["resume"], plan["reason"], plan["config"]["epochs"]) == (None, "data changed", 1)
+    assert warm["run_id"] != run_id and warm["warm_start"]["run_id"] == run_id
+    assert warm["warm_start"]["global_step"] == 3  # the newest checkpoint
+    # Its engines started on the source's last trained weights, and it counts policy versions anew.
+    assert warm["initial_engine_fingerprint"] == pytest.approx(hist[-1]["trainer_fingerprint"], rel=1e-6)
+    assert [(h["global_step"], h["policy_version"]) for h in warm["history"]] == [(0, 1)]
+    assert lake.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = ?", [warm["run_id"]]).to_pylist() == [
+        {"n": 3 * n}]
+    warm_run = client.get_run(warm["mlflow_run_id"])
+    assert warm_run.data.params["model.init_from_run"] == run_id and warm["mlflow_run_id"] != run.info.run_id
