@@ -314,12 +314,13 @@ def _pct(x: float | None) -> str:
 
 def format_real(rows: list[dict]) -> str:
     """The real-run rows as a table."""
-    head = (f"{'run':<32} {'policy':<7} {'migrate':<7} {'W':>2} {'steps':>5} {'bubble mean':>11} "
+    width = max([3] + [len(r["run_id"]) for r in rows])
+    head = (f"{'run':<{width}} {'policy':<11} {'migrate':<7} {'W':>2} {'steps':>5} {'bubble mean':>11} "
             f"{'bubble med':>10} {'makespan s':>10} {'rollout s':>9} {'moved':>5} {'reward s':>8} {'reward tot s':>12} "
             f"{'vs oracle':>9}")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['run_id']:<32} {r['policy']:<7} {str(r['migrate']).lower():<7} {r['workers']:>2} "
+        lines.append(f"{r['run_id']:<{width}} {r['policy']:<11} {str(r['migrate']).lower():<7} {r['workers']:>2} "
                      f"{r['steps']:>5} {100 * r['bubble_mean']:>10.1f}% {100 * r['bubble_median']:>9.1f}% "
                      f"{r['makespan_mean_s']:>10.2f} {r['rollout_mean_s']:>9.2f} {int(r['migrations']):>5} "
                      f"{r['reward_mean_s']:>8.3f} {(r['reward_total_mean_s'] or 0):>12.4f} "
