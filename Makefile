@@ -68,8 +68,9 @@ compose-tool:
 ui: $(STAMP)
 	$(BIN)/rhymerl ui
 
+# Everything but the benchmark smoke tests (`bench` marker), which `make bench` runs.
 test: $(STAMP) browser compose-tool
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -m "not bench"
 
 test-fast: $(STAMP) compose-tool
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -82,6 +83,7 @@ bench: $(STAMP)
 	$(BIN)/rhymerl model build
 	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
 	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
+	$(BIN)/python -m pytest -q -rs -m bench
 
 # The headline benchmark at full size: 5 seeds x 5 epochs x 128 prompts per arm, 40-60 min on 2 cores.
 # Report: $(BENCH_OUT)/e2e/REPORT.md. Interrupted? `make bench-e2e E2E_ARGS=--resume` keeps finished runs.

@@ -165,6 +165,7 @@ def test_stop_interrupts_then_terminates_then_kills() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench  # ~3 min: `make bench` runs it, `make test` does not
 def test_bench_e2e_quick_smoke(tmp_path: Path, tiny_model: Path) -> None:
     """Both arms for real (vLLM, Ray, Prefect), tiny: 2 epochs x 8 prompts x n=4, one seed.
 
