@@ -59,6 +59,12 @@ def prompts_digest(prompts: Sequence[Prompt]) -> str:
     return h.hexdigest()[:16]
 
 
+def same_prompts(checkpoint_meta: Mapping[str, Any], digest: str, prompts_per_step: int) -> bool:
+    """Whether a run checkpointed with `checkpoint_meta` can be resumed on these prompts: the same
+    prompts in the same order (`prompts_digest`) and the same steps per epoch."""
+    return (checkpoint_meta["prompts_digest"], int(checkpoint_meta["prompts_per_step"])) == (digest, prompts_per_step)
+
+
 def samples_from_rows(rows: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt], n: int,
                       policy_version: int) -> tuple[list[Sample], list[tuple[float, bool, bool]]]:
     """A committed step's lake rows back as the samples and (reward, correct, formatted) scores

@@ -22,7 +22,7 @@ from prefect.utilities.urls import url_for
 
 from rhymerl.config import (ConfigError, apply_overrides, config_from_dict, config_to_dict, flatten, load_config,
                             resolve_config)
-from rhymerl.resume import prompts_digest
+from rhymerl.resume import prompts_digest, same_prompts
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError
 from storage.report import lake_report
@@ -113,12 +113,6 @@ def retrain_config_task(run: Mapping[str, Any], extra_epochs: int, overrides: li
     return cfg
 
 
-def same_prompts(checkpoint_meta: Mapping[str, Any], digest: str, prompts_per_step: int) -> bool:
-    """Whether a run checkpointed with `checkpoint_meta` can be resumed on these prompts: the same
-    prompts in the same order (`rhymerl.resume.prompts_digest`) and the same steps per epoch."""
-    return (checkpoint_meta["prompts_digest"], int(checkpoint_meta["prompts_per_step"])) == (digest, prompts_per_step)
-
-
 def warm_start_config(config: Mapping[str, Any], source_run: str, extra_epochs: int) -> dict[str, Any]:
     """A new run's config: `config` trained for `extra_epochs` epochs from `source_run`'s weights."""
     return {**config, "epochs": extra_epochs, "model": {**config["model"], "init_from_run": source_run}}
@@ -147,12 +141,6 @@ def retrain_plan_task(run: Mapping[str, Any], config: dict[str, Any], extra_epoc
              "epoch(s) starts from its checkpoint at global step %d", run["run_id"], extra_epochs, latest[0])
     return {"config": warm_start_config(config, run["run_id"], extra_epochs), "resume": None,
             "reason": "data changed"}
-
-
-def _pick(data: Mapping[str, Any], dotted: str) -> Any:
-    for part in dotted.split("."):
-        data = data.get(part, {}) if isinstance(data, Mapping) else {}
-    return data
 
 
 @task(name="lake-report", cache_policy=NO_CACHE)

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import config_to_dict
 from rhymerl.records import Prompt, Sample
-from rhymerl.resume import ResumePlan, plan_resume, prompts_digest, samples_from_rows
+from rhymerl.resume import ResumePlan, plan_resume, prompts_digest, same_prompts, samples_from_rows
 from rhymerl.rollout import step_batches
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError, LakeWriter
@@ -77,8 +77,7 @@ def restore_task(rt) -> ResumePlan:
         raise ValueError(f"run {rt.run_id} has no committed checkpoint in {store.url}; it cannot be "
                          "resumed (checkpoints are written every checkpoint.every_steps steps)")
     meta = ckpt.meta
-    if (meta["prompts_digest"], meta["prompts_per_step"]) != (prompts_digest(rt.prompts),
-                                                               rt.cfg.rollout.prompts_per_step):
+    if not same_prompts(meta, prompts_digest(rt.prompts), rt.cfg.rollout.prompts_per_step):
         raise ValueError(f"run {rt.run_id} was checkpointed with other prompts or another "
                          "rollout.prompts_per_step; resume with the run's own data.* and rollout settings")
     version = ray.get(rt.trainer.import_state.remote(ckpt.trainer_state))

@@ -117,7 +117,8 @@ def test_retrain_continues_the_latest_run_of_the_experiment(tmp_path):
 
 
 def test_retrain_continues_on_the_same_prompts_and_warm_starts_on_new_ones():
-    from tasks.ops import same_prompts, warm_start_config
+    from rhymerl.resume import same_prompts
+    from tasks.ops import warm_start_config
 
     meta = {"prompts_digest": "abc", "prompts_per_step": 4}
     assert same_prompts(meta, "abc", 4)

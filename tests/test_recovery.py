@@ -5,11 +5,11 @@ then `rhymerl run --resume`, is tests/test_resume.py's end-to-end test)."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 from types import SimpleNamespace
 
 import pytest
+from proc_helpers import kill_and_wait
 from ray.exceptions import ActorDiedError
 
 from rhymerl.config import ConfigError, load_config
@@ -141,17 +141,6 @@ def _config(tiny_model, tmp_path, *extra):
         "pipe.gantt=false", *extra])
 
 
-def _kill(pid: int) -> None:
-    """SIGKILL `pid` and wait until it is gone."""
-    os.kill(pid, signal.SIGKILL)
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-
-
 def _lake_checks(lake_url: str, steps: int, rows: int) -> list[dict]:
     from storage.lake import Lake
 
@@ -201,13 +190,13 @@ def test_killed_worker_and_trainer_recover_in_run(tiny_model, tmp_path, monkeypa
         real_take(driver, sid, w, event)
         if w == 1 and "pid" in seen and "killed_at" not in seen and driver.unfinished[1] > 0:
             seen["killed_at"] = seen["rollouts"] - 1  # the global step being rolled out
-            _kill(seen["pid"])
+            kill_and_wait(seen["pid"])
 
     def history_killing_the_trainer(*args, **kwargs):
         if args[3] == 1 and "trainer_pid" not in seen:  # epoch 1, first time
             rt = flows.run._RUNTIMES[args[2]]
             seen["trainer_pid"] = ray.get(rt.trainer.info.remote())["pid"]
-            _kill(seen["trainer_pid"])
+            kill_and_wait(seen["trainer_pid"])
         return real_history(*args, **kwargs)
 
     monkeypatch.setattr(flows.run, "rollout_task", rollout_arming_the_kill)

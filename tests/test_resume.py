@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
+from proc_helpers import kill_and_wait
 
 from rhymerl.records import Prompt
 from rhymerl.resume import plan_resume, prompts_digest, samples_from_rows
@@ -81,17 +78,6 @@ def test_prompts_digest_depends_on_order():
 
 # ---------------------------------------------------------------- end to end (slow)
 
-def _kill(pid: int) -> None:
-    """SIGKILL `pid` and wait until it is gone."""
-    os.kill(pid, signal.SIGKILL)
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
     # In-run trainer restarts off, the trainer's process is SIGKILLed before epoch 1: global step 2
@@ -123,7 +109,7 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
     def history_killing_the_trainer(*args, **kwargs):
         if args[3] == 1 and not killed:  # epoch 1 of the interrupted run
             killed.append(ray.get(flows.run._RUNTIMES[args[2]].trainer.info.remote())["pid"])
-            _kill(killed[0])
+            kill_and_wait(killed[0])
         return real_history(*args, **kwargs)
 
     monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
