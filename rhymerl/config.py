@@ -71,6 +71,8 @@ class RolloutConfig:
     num_workers: int = 2
     prompts_per_step: int = 32
     n: int = 8  # samples per prompt (the GRPO group size)
+    # The trainer's log-probs are those of this sampling distribution (logits / temperature, then
+    # the nucleus renormalised as vLLM's sampler does it): see rhymerl/sampling.py.
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 160
@@ -83,7 +85,10 @@ class RolloutConfig:
         _check(self.num_workers >= 1, "rollout.num_workers", "must be >= 1")
         _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
         _check(self.n >= 2, "rollout.n", "must be >= 2 (GRPO needs a group to normalise over)")
-        _check(self.temperature >= 0.0, "rollout.temperature", "must be >= 0")
+        # Greedy sampling makes every sample of a group identical: all advantages 0, no learning.
+        _check(self.temperature > 0.0, "rollout.temperature",
+               f"got {self.temperature}; training samples must be random (> 0, e.g. 1.0): at 0 every "
+               "sample of a group is the same greedy answer, every advantage is 0 and nothing is learned")
         _check(0.0 < self.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
         _check(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
         _check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
