@@ -24,6 +24,7 @@ help:
 	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/); e2e in its --quick size"
 	@echo "make bench-e2e - the full end-to-end benchmark, RhymeRL vs baseline (~1 h on 2 cores)"
 	@echo "make ui     - Prefect UI (deployments train/retrain/lake-report + a worker) and MLflow UI on 127.0.0.1"
+	@echo "make docs   - rewrite docs/configuration.md from the config dataclasses"
 	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
 
 setup: $(STAMP)
@@ -91,6 +92,11 @@ bench: $(STAMP)
 bench-e2e: $(STAMP)
 	$(BIN)/rhymerl model build
 	$(BIN)/python -m bench.e2e_bench --out $(BENCH_OUT)/e2e --json-out $(BENCH_OUT)/e2e.json $(E2E_ARGS)
+
+# The configuration reference, written from the config dataclasses (a test fails when it is stale).
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m rhymerl.config_doc
 
 clean:
 	rm -rf lake mlflow.db mlruns .prefect runs

@@ -18,6 +18,7 @@ from typing import Any, Literal, Mapping, get_args, get_origin
 
 from rhymerl.histopipe.migration import MigrationRule
 from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.options import option
 from rhymerl.switchboard import env_layer, merge
 
 
@@ -34,13 +35,14 @@ def _check(cond: bool, key: str, msg: str) -> None:
 class ModelConfig:
     """Policy model. An empty `path` means the built-in tiny model (built on first use)."""
 
-    path: str = ""  # local Hugging Face causal-LM directory; "" = built-in model
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_model_len: int = 512  # prompt + response tokens the engine accepts
-    # Warm start: a run id in this run's checkpoint store (lake.url/_checkpoints or checkpoint.dir)
-    # whose newest checkpoint (weights and optimizer) the trainer starts from; its model.path must
-    # be this run's. A new run (own run id, lake rows and MLflow run) on possibly other data.
-    init_from_run: str = ""
+    path: str = option("", 'local Hugging Face causal-LM directory; "" = the built-in tiny model')
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", "dtype of the engines' weights, and of the trainer's unless train.dtype is set")
+    max_model_len: int = option(512, "prompt + response tokens an engine accepts", ">= 16")
+    # The source run's checkpoints are in this run's checkpoint store (lake.url/_checkpoints or
+    # checkpoint.dir) and its model.path must be this run's; the new run may train on other data.
+    init_from_run: str = option("", "warm start: a run id whose newest checkpoint the trainer starts from "
+                                '(a new run); "" = off', 'a run id or ""')
 
     def __post_init__(self) -> None:
         _check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
@@ -52,11 +54,13 @@ class ModelConfig:
 class DataConfig:
     """Training prompts: the built-in task or a GSM8K-format file (JSONL or Parquet)."""
 
-    dataset: str = "builtin"  # "builtin" or a path to .jsonl / .parquet with question, answer
-    num_prompts: int = 64  # prompts used per epoch (the first N after a seeded shuffle)
-    prompt_template: str = "{question}\n"  # must contain {question}
-    seed: int = 0
-    on_long_prompt: Literal["skip", "error"] = "skip"  # prompts longer than the engine allows
+    dataset: str = option("builtin", '"builtin" (the built-in task) or a GSM8K-format .jsonl / .parquet: '
+                          'question, answer ending in "#### <number>"')
+    num_prompts: int = option(128, "prompts per epoch: the first N after a seeded shuffle", ">= 1")
+    prompt_template: str = option("{question}\n", "how a question becomes a prompt", "must contain {question}")
+    seed: int = option(0, "seed of the shuffle that picks the prompts")
+    on_long_prompt: Literal["skip", "error"] = option(
+        "skip", "a prompt longer than model.max_model_len - rollout.max_tokens: skip it (warned, counted) or stop")
 
     def __post_init__(self) -> None:
         _check(self.num_prompts >= 1, "data.num_prompts", "must be >= 1")
@@ -68,18 +72,20 @@ class DataConfig:
 class RolloutConfig:
     """Sampling and the rollout workers (one vLLM engine each)."""
 
-    num_workers: int = 2
-    prompts_per_step: int = 32
-    n: int = 8  # samples per prompt (the GRPO group size)
+    num_workers: int = option(2, "rollout workers: Ray actors, one vLLM engine each", ">= 1")
+    prompts_per_step: int = option(32, "prompts per training step", ">= 1")
+    n: int = option(8, "samples per prompt (the GRPO group size)", ">= 2")
     # The trainer's log-probs are those of this sampling distribution (logits / temperature, then
     # the nucleus renormalised as vLLM's sampler does it): see rhymerl/sampling.py.
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 160
-    kv_cache_gib: float = 0.5  # VLLM_CPU_KVCACHE_SPACE per engine on CPU
-    gpu_memory_utilization: float = 0.85  # used on GPUs only
-    tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallelism); GPU clusters only
-    enforce_eager: bool = True
+    temperature: float = option(1.0, "sampling temperature", "> 0")
+    top_p: float = option(1.0, "nucleus sampling: keep the likeliest tokens up to this probability mass",
+                         "(0, 1]")
+    max_tokens: int = option(160, "most tokens per response", ">= 1")
+    kv_cache_gib: float = option(0.5, "KV cache per engine on CPU in GiB (VLLM_CPU_KVCACHE_SPACE, rounded up to 1)",
+                                 "> 0")
+    gpu_memory_utilization: float = option(0.85, "share of its GPU memory an engine may take (GPUs only)", "(0, 1]")
+    tensor_parallel_size: int = option(1, "GPUs per engine (vLLM tensor parallelism; GPUs only)", ">= 1")
+    enforce_eager: bool = option(True, "vLLM's enforce_eager: no CUDA graphs (set false on GPUs for speed)")
 
     def __post_init__(self) -> None:
         _check(self.num_workers >= 1, "rollout.num_workers", "must be >= 1")
@@ -101,21 +107,24 @@ class RolloutConfig:
 class TrainConfig:
     """GRPO trainer hyperparameters."""
 
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 64  # sequences per forward/backward (gradient accumulation)
-    updates_per_step: int = 1  # optimizer steps per rollout batch (> 1 makes ratio clipping matter)
-    clip_low: float = 0.2
-    clip_high: float = 0.28  # DAPO's asymmetric "clip-higher"
-    loss_agg: Literal["token", "sequence"] = "token"
-    kl_coef: float = 0.0  # > 0 adds a k3 KL penalty to a frozen reference policy
-    adv_eps: float = 1e-6
-    scale_rewards: bool = True  # divide advantages by the group's reward std
-    # The trainer's weights and optimizer dtype; "" = model.dtype. float32 keeps small updates
-    # that bfloat16 weights would round away; the engines take the weights cast to model.dtype.
-    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    lr: float = option(3e-4, "AdamW learning rate", "> 0")
+    weight_decay: float = option(0.0, "AdamW (decoupled) weight decay")
+    betas: tuple[float, float] = option((0.9, 0.99), "AdamW betas")
+    max_grad_norm: float = option(1.0, "gradient clipping: largest global gradient norm", "> 0")
+    micro_batch_size: int = option(64, "sequences per forward/backward (gradient accumulation)", ">= 1")
+    updates_per_step: int = option(1, "optimizer steps per rollout batch (> 1 makes ratio clipping matter)",
+                                   ">= 1")
+    clip_low: float = option(0.2, "PPO ratio clip below 1 (the ratio is clipped at 1 - clip_low)", "> 0")
+    clip_high: float = option(0.28, "PPO ratio clip above 1 (DAPO's asymmetric clip-higher)", "> 0")
+    loss_agg: Literal["token", "sequence"] = option(
+        "token", "loss aggregation: mean over every token of the batch (DAPO) or per sequence first")
+    kl_coef: float = option(0.0, "> 0 adds a k3 KL penalty to a frozen reference policy (model.path)", ">= 0")
+    adv_eps: float = option(1e-6, "added to the group's reward std before advantages are divided by it")
+    scale_rewards: bool = option(True, "divide advantages by the group's reward std")
+    # float32 keeps small updates that bfloat16 weights would round away; the engines take the
+    # weights cast to model.dtype.
+    dtype: Literal["", "float32", "bfloat16", "float16"] = option(
+        "", 'the trainer\'s weights and optimizer state; "" = model.dtype')
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "train.lr", "must be > 0")
@@ -140,13 +149,18 @@ class PipeConfig:
     x its prompt's forecast peak is stopped and continued from its prefix on an idle worker.
     """
 
-    policy: Literal["naive", "round_robin", "lpt", "tier2"] = "lpt"  # lpt = HistoPipe tier 1
-    trend_weight: float = 0.5  # share of a prompt's last epoch-to-epoch length change carried forward
-    gantt: bool = True  # attach a Gantt chart of every step to the MLflow run
-    migrate: bool = False  # move stragglers to idle workers in a step's tail
-    migrate_tail: float = 0.10  # act once at most this share of the step's requests is unfinished
-    migrate_threshold: float = 1.0  # straggler: generated tokens >= this x its prompt's forecast peak
-    migrate_per_worker: int = 1  # stragglers an idle worker takes at a time
+    policy: Literal["naive", "round_robin", "lpt", "tier2"] = option(
+        "lpt", "placement of a step's requests: lpt = HistoPipe tier 1 (forecast lengths, longest first), "
+        "tier2 = lpt with long groups split over workers, naive = contiguous chunks, round_robin")
+    trend_weight: float = option(0.5, "share of a prompt's last epoch-to-epoch length change carried into "
+                                 "its forecast", "[0, 1]")
+    gantt: bool = option(True, "attach a Gantt chart of every step to the MLflow run")
+    migrate: bool = option(False, "move stragglers to idle workers in a step's tail (HistoPipe migration)")
+    migrate_tail: float = option(0.10, "migrate once at most this share of the step's requests is unfinished",
+                                 "(0, 1]")
+    migrate_threshold: float = option(1.0, "a straggler has generated >= this x its prompt's forecast peak "
+                                      "(0 = any running request in the tail)", ">= 0")
+    migrate_per_worker: int = option(1, "stragglers an idle worker takes at a time", ">= 1")
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.trend_weight <= 1.0, "pipe.trend_weight", "must be in [0, 1]")
@@ -172,9 +186,13 @@ class PlacementConfig:
     CPU/GPU, so it lands only on nodes started with it; "" = any node with room.
     """
 
-    rollout_resource: str = ""
-    trainer_resource: str = ""
-    share_gpu: bool = False  # one GPU for one engine and the trainer (half each): 1-GPU machines
+    rollout_resource: str = option("", 'custom Ray resource each rollout worker asks one unit of; "" = any node',
+                                   "a custom resource name, no spaces")
+    trainer_resource: str = option("", 'custom Ray resource the trainer asks one unit of; "" = any node',
+                                   "a custom resource name, no spaces")
+    share_gpu: bool = option(False, "one GPU for one engine and the trainer (half each), for 1-GPU machines: "
+                             "needs rollout.num_workers = 1, rollout.tensor_parallel_size = 1 and "
+                             "rollout.gpu_memory_utilization <= 0.5")
 
     def __post_init__(self) -> None:
         for key, name in (("placement.rollout_resource", self.rollout_resource),
@@ -189,24 +207,24 @@ class PlacementConfig:
 class LakeConfig:
     """Where responses are written: a local folder or any fsspec URL (s3://bucket/prefix)."""
 
-    url: str = "lake"
+    url: str = option("lake", "the lake: a local folder or an fsspec URL (s3://bucket/prefix)")
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
     """MLflow tracking."""
 
-    uri: str = "sqlite:///mlflow.db"
-    experiment: str = "rhymerl"
+    uri: str = option("sqlite:///mlflow.db", "MLflow tracking URI: a store or a server (http://host:5000)")
+    experiment: str = option("rhymerl", "MLflow experiment")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Resumable runs: trainer state and counters written after steps, the last few kept."""
 
-    every_steps: int = 1  # write a checkpoint after every N-th step; 0 = off (no resume possible)
-    keep: int = 2  # committed checkpoints kept per run (older ones are deleted after each commit)
-    dir: str = ""  # "" = <lake.url>/_checkpoints (next to the lake); any fsspec URL
+    every_steps: int = option(1, "write a checkpoint after every N-th step; 0 = off (no resume possible)", ">= 0")
+    keep: int = option(2, "committed checkpoints kept per run (older ones are deleted after each commit)", ">= 1")
+    dir: str = option("", 'where checkpoints go: any fsspec URL; "" = <lake.url>/_checkpoints')
 
     def __post_init__(self) -> None:
         _check(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0 (0 turns checkpoints off)")
@@ -218,9 +236,12 @@ class RecoveryConfig:
     """Surviving dead actors: rollout workers restart in place, the trainer comes back from its
     last checkpoint (see tasks/recovery.py)."""
 
-    worker_restarts: int = 3  # Ray restarts per rollout worker over the run; 0 = a dead worker fails the run
-    trainer_restarts: int = 1  # in-run trainer replacements from the last checkpoint; 0 = fail with the resume command
-    restart_timeout_s: float = 600.0  # longest wait for a worker's engine to come up (at start, after a restart)
+    worker_restarts: int = option(3, "Ray restarts per rollout worker over the run; 0 = a dead worker fails "
+                                  "the run", ">= 0")
+    trainer_restarts: int = option(1, "in-run trainer replacements from the last checkpoint; 0 = fail with the "
+                                   "resume command", ">= 0")
+    restart_timeout_s: float = option(600.0, "seconds to wait for a worker's engine to come up (at start, after a "
+                                      "restart)", "> 0")
 
     def __post_init__(self) -> None:
         _check(self.worker_restarts >= 0, "recovery.worker_restarts", "must be >= 0")
@@ -232,9 +253,9 @@ class RecoveryConfig:
 class RunConfig:
     """A whole training run."""
 
-    name: str = "rhymerl"
-    seed: int = 0
-    epochs: int = 4
+    name: str = option("rhymerl", "run name: the prefix of the run id")
+    seed: int = option(0, "seed of the trainer, the engines' sampling (+ worker index) and each epoch's prompt order")
+    epochs: int = option(10, "passes over the prompts", ">= 1")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

