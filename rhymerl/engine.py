@@ -103,6 +103,9 @@ class VllmEngine:
             seed=spec.seed,
             worker_extension_cls=WEIGHT_SYNC_EXTENSION,
             disable_log_stats=not spec.log_stats,
+            # Log-probs of the distribution sampled from (after temperature and top-p), not of the
+            # raw logits (vLLM's default): they are what the lake stores and the trainer compares.
+            logprobs_mode="processed_logprobs",
         )
         if spec.max_num_seqs:
             kwargs["max_num_seqs"] = spec.max_num_seqs

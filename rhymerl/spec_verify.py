@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from rhymerl.sampling import nucleus_mask
+
 KERNEL_MODULE = "vllm.v1.sample.rejection_sampler"
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: an output slot with no token
 
@@ -190,7 +192,8 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     Temperature 0 means greedy: a one-hot on the argmax. Otherwise logits / T, then top-k keeps
     tokens whose logit reaches the k-th largest (ties kept), then top-p drops, in ascending order,
     every token whose cumulative mass is at most 1 - p (the largest token always stays): the
-    same rules as `vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p`. Used as the
+    same rules as `vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p` (top-p: the one rule in
+    `rhymerl.sampling`, shared with the trainer). Used as the
     reference by the self-check and the tests.
     """
     logits = logits.double()
@@ -201,11 +204,7 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
         kth = scaled.sort(dim=1, descending=True).values.gather(1, (top_k.long() - 1)[:, None])
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p is not None:
-        ascending, order = scaled.sort(dim=1)
-        cumulative = ascending.softmax(dim=1).cumsum(dim=1)
-        drop = cumulative <= 1 - top_p.double()[:, None]
-        drop[:, -1] = False
-        scaled = scaled.scatter(1, order, ascending.masked_fill(drop, float("-inf")))
+        scaled = scaled.masked_fill(nucleus_mask(scaled, top_p), float("-inf"))
     probs = scaled.softmax(dim=1)
     onehot = torch.nn.functional.one_hot(logits.argmax(dim=1), logits.shape[1]).double()
     return torch.where(greedy[:, None], onehot, probs)

@@ -6,6 +6,11 @@ hands its weights out as CPU tensors for the inference engines.
 
 Dropout is kept off (the model stays in eval mode) so that the policy's log-probs are a
 deterministic function of the weights: the first update of each step then sees ratio == 1.
+
+Every log-prob here (policy gradient, PPO ratio, KL) is the log-prob of the distribution the
+engines sample from: logits / temperature, then the nucleus (top-p) renormalised as vLLM's sampler
+does it (`rhymerl.sampling`). The raw softmax would train a different policy than the one sampled
+whenever temperature != 1 or top_p < 1.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from rhymerl import grpo
 from rhymerl.config import TrainConfig
+from rhymerl.sampling import token_logprobs
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -40,11 +46,17 @@ TOKENIZER_FILES = (
 
 @dataclass(frozen=True)
 class TrainExample:
-    """One response to train on: its prompt, its tokens, and its (group-normalised) advantage."""
+    """One response to train on: its prompt, its tokens, and its (group-normalised) advantage.
+
+    `sampler_logprobs`, when given, are the engine's log-probs of the response tokens (one per
+    token): the trainer compares them with its own (`logprob_abs_diff`), a check that engine and
+    trainer hold the same weights and sampling settings.
+    """
 
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
     advantage: float
+    sampler_logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,7 @@ class _Padded:
     positions: Tensor  # (B, T) index into the (B, L-1) next-token log-probs of response token t
     mask: Tensor  # (B, T) 1.0 on real response tokens
     advantages: Tensor  # (B,)
+    sampler: Tensor | None  # (B, T) the engine's log-probs of the response tokens; None if any is missing
 
 
 def _pad(batch: list[TrainExample], vocab_size: int, device: torch.device) -> _Padded:
@@ -83,29 +96,46 @@ def _pad(batch: list[TrainExample], vocab_size: int, device: torch.device) -> _P
         positions[i, :r] = torch.arange(p - 1, p - 1 + r)
         mask[i, :r] = 1.0
     advantages = torch.tensor([ex.advantage for ex in batch], dtype=torch.float32)
+    sampler = None
+    if all(len(ex.sampler_logprobs) == len(ex.response_ids) for ex in batch):
+        sampler = torch.zeros(len(batch), T)
+        for i, ex in enumerate(batch):
+            sampler[i, :len(ex.response_ids)] = torch.tensor(ex.sampler_logprobs, dtype=torch.float32)
+        sampler = sampler.to(device)
     return _Padded(input_ids.to(device), attention_mask.to(device), positions.to(device),
-                   mask.to(device), advantages.to(device))
+                   mask.to(device), advantages.to(device), sampler)
 
 
-def _response_logprobs(model: torch.nn.Module, padded: _Padded) -> Tensor:
-    """Log-prob (float32) of each response token under `model`, (B, T); 0 on padding."""
+def _response_logprobs(model: torch.nn.Module, padded: _Padded, temperature: float = 1.0,
+                       top_p: float = 1.0) -> Tensor:
+    """Log-prob (float32) of each response token under the model's sampling distribution at
+    (`temperature`, `top_p`), (B, T); 0 on padding."""
     logits = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits
-    logits = logits[:, :-1].float()  # (B, L-1, V): position j predicts token j+1
-    targets = padded.input_ids[:, 1:]
-    token_logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-    return token_logp.gather(1, padded.positions) * padded.mask  # (B, T)
+    # Only the response positions: the nucleus sorts the vocabulary, so skip the prompt's rows.
+    index = padded.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    logits = logits.gather(1, index)  # (B, T, V): row t predicts response token t
+    # (B, T); padding rows point at position 0, so +1 stays in range unless L == 1 (then clamp)
+    targets = padded.input_ids.gather(1, (padded.positions + 1).clamp(max=padded.input_ids.shape[1] - 1))
+    return token_logprobs(logits, targets, temperature, top_p) * padded.mask
 
 
 class Trainer:
     """Holds the policy (and, when cfg.kl_coef > 0, a frozen reference) and runs GRPO steps.
 
-    `threads`, when given, sets torch's intra-op thread count for the whole process.
+    `temperature` and `top_p` are the engines' sampling settings (`rollout.*`): every log-prob
+    the trainer computes is of that distribution. `threads`, when given, sets torch's intra-op
+    thread count for the whole process.
     """
 
     def __init__(self, model_dir: str, cfg: TrainConfig, seed: int = 0,
-                 dtype: str = "float32", threads: int | None = None) -> None:
+                 dtype: str = "float32", threads: int | None = None,
+                 temperature: float = 1.0, top_p: float = 1.0) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if temperature <= 0 or not 0 < top_p <= 1:
+            raise ValueError(f"sampling settings temperature={temperature}, top_p={top_p}: the trainer "
+                             "needs temperature > 0 and top_p in (0, 1] (rollout.temperature, rollout.top_p)")
+        self.temperature, self.top_p = float(temperature), float(top_p)
         if threads is not None:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
@@ -127,6 +157,9 @@ class Trainer:
 
     # ------------------------------------------------------------ log-probs
 
+    def _logprobs(self, model: torch.nn.Module, padded: _Padded) -> Tensor:
+        return _response_logprobs(model, padded, self.temperature, self.top_p)
+
     def _micro_batches(self, batch: list[TrainExample]) -> Iterator[_Padded]:
         size = self.cfg.micro_batch_size
         for start in range(0, len(batch), size):
@@ -137,7 +170,7 @@ class Trainer:
         """Log-prob of each response token given the prompt and the tokens before it."""
         out: list[list[float]] = []
         for padded in self._micro_batches(batch):
-            logp = _response_logprobs(self.model, padded).cpu()
+            logp = self._logprobs(self.model, padded).cpu()
             lengths = padded.mask.sum(dim=1).long().tolist()
             out.extend(row[:n].tolist() for row, n in zip(logp, lengths))
         return out
@@ -155,15 +188,17 @@ class Trainer:
 
         Metrics (loss, grad_norm before clipping, clip_frac, ratio_mean, kl) are means over the
         updates; tokens is the number of response tokens in the batch, tokens_per_s that number
-        over the wall time of the whole step.
+        over the wall time of the whole step. When every example carries `sampler_logprobs`,
+        `logprob_abs_diff` is the mean |engine - trainer| log-prob over the batch's tokens before
+        the update (~0 when engine and trainer agree on weights and sampling settings).
         """
         if not batch:
             raise ValueError("train_step got an empty batch; pass at least one TrainExample")
         start = time.perf_counter()
         micro = list(self._micro_batches(batch))
         with torch.no_grad():
-            old = [_response_logprobs(self.model, mb) for mb in micro]
-            ref = ([_response_logprobs(self.ref_model, mb) for mb in micro]
+            old = [self._logprobs(self.model, mb) for mb in micro]
+            ref = ([self._logprobs(self.ref_model, mb) for mb in micro]
                    if self.ref_model is not None else None)
         denominator = sum(self.aggregation.count(mb.mask) for mb in micro)
         totals: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
@@ -175,8 +210,11 @@ class Trainer:
         self.policy_version += 1
         seconds = time.perf_counter() - start
         tokens = float(sum(len(ex.response_ids) for ex in batch))
-        return {**totals, "tokens": tokens, "seconds": seconds,
-                "tokens_per_s": tokens / max(seconds, 1e-9)}
+        out = {**totals, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+        if all(mb.sampler is not None for mb in micro):
+            diff = sum(float(((o - mb.sampler).abs() * mb.mask).sum()) for o, mb in zip(old, micro))
+            out["logprob_abs_diff"] = diff / max(tokens, 1.0)
+        return out
 
     def _update(self, micro: list[_Padded], old: list[Tensor], ref: list[Tensor] | None,
                 denominator: float) -> dict[str, float]:
@@ -185,7 +223,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = kl_sum = clip_sum = ratio_sum = token_sum = 0.0
         for i, mb in enumerate(micro):
-            logp = _response_logprobs(self.model, mb)
+            logp = self._logprobs(self.model, mb)
             loss, stats = grpo.policy_loss(logp, old[i], mb.advantages, mb.mask, cfg.clip_low,
                                            cfg.clip_high, agg=cfg.loss_agg, denominator=denominator)
             if ref is not None:

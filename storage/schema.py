@@ -25,8 +25,9 @@ import pyarrow as pa
 
 # 1: the first schemas. 2: steps gain speculative-decoding (spec_*) and scheduling (bubble_ratio,
 # makespan_s, forecast_*) columns. 3: rollouts gain HistoPipe migration columns (migrations,
-# migrated_from_worker, migrated_at); steps gain reward_total_s and migrations.
-SCHEMA_VERSION = 3
+# migrated_from_worker, migrated_at); steps gain reward_total_s and migrations. 4: steps gain
+# logprob_abs_diff (engine vs trainer log-probs of the sampled tokens).
+SCHEMA_VERSION = 4
 
 
 class SchemaError(ValueError):
@@ -54,7 +55,8 @@ ROLLOUTS_SCHEMA = _schema("rollouts", [
          nullable=False),
     _col("response_token_ids", pa.list_(pa.int32()), "Sampled token ids, without the prompt."),
     _col("response_text", pa.string(), "Detokenized response."),
-    _col("logprobs", pa.list_(pa.float32()), "Engine log-prob of each sampled token (same length)."),
+    _col("logprobs", pa.list_(pa.float32()), "Engine log-prob of each sampled token (same length) under the "
+         "sampling distribution (logits / temperature, nucleus renormalised: vLLM processed_logprobs)."),
     _col("reward", pa.float32(), "Scalar reward given by the verifier."),
     _col("correct", pa.bool_(), "Final answer matched the gold answer."),
     _col("formatted", pa.bool_(), "Response followed the required answer format."),
@@ -106,6 +108,8 @@ STEPS_SCHEMA = _schema("steps", [
     _col("bubble_ratio", pa.float64(), "Idle share of worker time while the step's rollout ran."),
     _col("makespan_s", pa.float64(), "Seconds from the first admission to the last finish."),
     _col("migrations", pa.int32(), "Requests moved to an idle worker in the step's tail (HistoPipe tier 2)."),
+    _col("logprob_abs_diff", pa.float64(), "Mean |engine - trainer| log-prob of the step's sampled tokens "
+         "before its update: ~0 when engine and trainer hold the same weights and sampling settings."),
     _col("forecast_spearman", pa.float64(), "Rank correlation of forecast and actual mean lengths."),
     _col("forecast_moved_fraction", pa.float64(),
          "Prompts whose forecast and actual length percentiles differ by > 25 points."),

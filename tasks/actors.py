@@ -165,7 +165,7 @@ class TrainerWorker:
         from rhymerl.trainer import Trainer
 
         self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
-                               threads=threads)
+                               threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
 
     def train_step(self, batch: list) -> dict:
         return self.trainer.train_step(batch)

@@ -58,7 +58,8 @@ _OPTIONAL_COLUMNS = {"spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "
                      "bubble_ratio": "bubble_ratio", "makespan_s": "makespan_s",
                      "forecast_spearman": "forecast_spearman",
                      "forecast_moved_fraction": "forecast_moved_fraction",
-                     "reward_total_s": "reward_total_s", "migrations": "migrations"}
+                     "reward_total_s": "reward_total_s", "migrations": "migrations",
+                     "train_logprob_abs_diff": "logprob_abs_diff"}
 
 
 @task(name="lake-step-row", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

@@ -8,6 +8,7 @@ actor handles and a step must never be skipped because it looks like an earlier 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import ray
 from prefect import task
@@ -21,6 +22,7 @@ from rhymerl.rollout import advantages_for, check_groups, rollout_rows
 from rhymerl.trainer import TrainExample
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import Plan
+from tasks.resume import committed_step
 from tasks.stream import StreamedRollout, collect_scores, stream_rollout
 
 
@@ -31,7 +33,9 @@ def rollout_task(workers: list, plan: Plan, spec: SamplingSpec, prompts: list[Pr
     while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly
     sample indices 0..n-1 of every prompt come back, once each. With `guard`
     (`tasks.recovery.WorkerGuard`), restarted workers get the current weights and history first,
-    and a worker that dies mid-step re-runs only its unfinished requests after its restart."""
+    and a worker that dies mid-step re-runs every request planned on it after its restart, its
+    earlier results discarded (keeping those that finished before the crash would favour short
+    responses)."""
     if guard is not None:
         guard.ensure_current()
     gold = {p.prompt_id: p.answer for p in prompts}
@@ -48,18 +52,35 @@ def reward_task(prompts: list[Prompt], rollout: StreamedRollout) -> tuple[list[t
     return collect_scores(rollout, {p.prompt_id: p.answer for p in prompts})
 
 
+@dataclass(frozen=True)
+class CommittedStep:
+    """What the lake holds for a step, and so what the step trains on."""
+
+    samples: list[Sample]
+    scores: list[tuple[float, bool, bool]]
+    rows_written: int  # 0: the step was committed before this call; samples/scores are those rows
+
+
 @task(name="lake-write", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2)
 def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
-                    samples: list[Sample], scores: list[tuple[float, bool, bool]], policy_version: int) -> int:
-    """Write the step's responses and commit them; a retried attempt never duplicates rows."""
+                    samples: list[Sample], scores: list[tuple[float, bool, bool]], policy_version: int,
+                    n: int) -> CommittedStep:
+    """Write the step's responses and commit them; a retried attempt never duplicates rows.
+
+    Returns the rows the lake holds for the step: these samples when this call committed them,
+    else the rows committed first (by an earlier attempt of this task, or by another process),
+    read back. A step must never train on rows the lake does not hold; committed rows that are
+    not n per prompt from `policy_version` raise instead (the run stops rather than train on them).
+    """
     writer = LakeWriter(lake_url)
-    if writer.is_committed(run_id, epoch, step):
-        return 0
-    rows = rollout_rows(run_id, epoch, step, prompts, samples, scores, policy_version)
-    attempt = task_run.run_count or 1
-    path = writer.write_rollouts(run_id, epoch, step, worker=0, attempt=attempt, table=rows_to_table(rows))
-    writer.commit_step(run_id, epoch, step, files=[path], stats={"rows": len(rows)})
-    return len(rows)
+    if not writer.is_committed(run_id, epoch, step):
+        rows = rollout_rows(run_id, epoch, step, prompts, samples, scores, policy_version)
+        attempt = task_run.run_count or 1
+        path = writer.write_rollouts(run_id, epoch, step, worker=0, attempt=attempt, table=rows_to_table(rows))
+        if writer.commit_step(run_id, epoch, step, files=[path], stats={"rows": len(rows)}):
+            return CommittedStep(samples, scores, len(rows))
+    held = committed_step(lake_url, run_id, epoch, step, prompts, n, policy_version)
+    return CommittedStep(*held, rows_written=0)
 
 
 @task(name="train", cache_policy=NO_CACHE)
@@ -68,7 +89,7 @@ def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
     """One GRPO update on the trainer actor from the step's samples and rewards."""
     adv = advantages_for(samples, [r for r, _, _ in scores], scale=scale, eps=eps)
     by_id = {p.prompt_id: p for p in prompts}
-    batch = [TrainExample(by_id[s.prompt_id].token_ids, s.token_ids, a) for s, a in zip(samples, adv)]
+    batch = [TrainExample(by_id[s.prompt_id].token_ids, s.token_ids, a, s.logprobs) for s, a in zip(samples, adv)]
     return ray.get(trainer.train_step.remote(batch))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,42 @@ def test_bad_inputs_get_clear_errors(model_dir: str) -> None:
         Trainer(model_dir, TrainConfig(), dtype="fp8")
     with pytest.raises(ValueError, match="Trainer.state"):
         trainer.load_state({"model": {}})
+
+
+def test_logprobs_are_the_sampling_distributions(model_dir: str) -> None:
+    # Rule: at temperature 0.7 and top-p 0.9 the trainer's log-probs are those of logits / 0.7 with
+    # the nucleus renormalised (what the engine sampled from), not of the raw softmax.
+    from rhymerl.sampling import sampling_probs
+
+    trainer = Trainer(model_dir, TrainConfig(), temperature=0.7, top_p=0.9)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    got = trainer.sequence_logprobs(BATCH)
+    for ex, row in zip(BATCH, got):
+        ids = torch.tensor([ex.prompt_ids + ex.response_ids])
+        with torch.no_grad():
+            probs = sampling_probs(model(ids).logits[0], 0.7, 0.9)
+        p = len(ex.prompt_ids)
+        want = [math.log(max(probs[p - 1 + t, tok].item(), 1e-300)) for t, tok in enumerate(ex.response_ids)]
+        inside = [probs[p - 1 + t, tok].item() > 0 for t, tok in enumerate(ex.response_ids)]
+        assert [g for g, i in zip(row, inside) if i] == pytest.approx([w for w, i in zip(want, inside) if i], abs=1e-5)
+    raw = Trainer(model_dir, TrainConfig()).sequence_logprobs(BATCH)
+    assert max(abs(a - b) for r, q in zip(got, raw) for a, b in zip(r, q)) > 0.05
+
+
+def test_train_step_reports_engine_vs_trainer_logprob_difference(model_dir: str) -> None:
+    # Rule: logprob_abs_diff is the mean |sampler - trainer| log-prob before the update: ~0 when
+    # the sampler used the trainer's weights and settings, large when its temperature differed.
+    trainer = Trainer(model_dir, TrainConfig(lr=1e-3), temperature=0.7, top_p=0.9)
+    batch = [ex for ex in BATCH if ex.response_ids]
+    same = [TrainExample(ex.prompt_ids, ex.response_ids, ex.advantage, tuple(lp))
+            for ex, lp in zip(batch, trainer.sequence_logprobs(batch))]
+    at_t1 = [TrainExample(ex.prompt_ids, ex.response_ids, ex.advantage, tuple(lp))
+             for ex, lp in zip(batch, Trainer(model_dir, TrainConfig()).sequence_logprobs(batch))]
+    assert trainer.train_step(same)["logprob_abs_diff"] < 1e-6
+    assert trainer.train_step(at_t1)["logprob_abs_diff"] > 0.05
+    assert "logprob_abs_diff" not in trainer.train_step(batch)  # no sampler log-probs, no metric
+
+
+def test_trainer_refuses_greedy_sampling(model_dir: str) -> None:
+    with pytest.raises(ValueError, match="temperature > 0"):
+        Trainer(model_dir, TrainConfig(), temperature=0.0)
