@@ -7,7 +7,9 @@ dead one by running its constructor again, so the new engine holds the model dir
 never lets a restarted worker generate before it holds the trainer's current weights (checked
 by fingerprint against the trainer) and the epoch's history bundle: `ensure_current` runs at the
 start of every rollout (a worker that died between steps), `recover` when a worker dies during
-one, after which the dispatcher re-runs only the requests that worker had not finished.
+one, after which the dispatcher re-runs every request planned on that worker and discards its
+earlier results (`tasks.stream._Driver.lost`: which samples finished before a crash depends on
+their length, so keeping them would bias the step towards short responses).
 
 The trainer has no Ray restarts: a trainer restarted behind the flow's back would train from the
 initial weights. A dead trainer is replaced by a new actor loaded from the run's last checkpoint

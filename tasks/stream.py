@@ -44,6 +44,7 @@ class StreamedRollout:
     scoring: list[tuple[ray.ObjectRef, int, int]] = field(default_factory=list)  # (ref, first, end) sample slices
     migrations: int = 0
     scored_upto: int = 0  # samples[:scored_upto] have a scoring task
+    discarded: int = 0  # finished samples thrown away because their worker died (re-run instead)
 
     def submit_scoring(self, gold: dict[str, str], force: bool = False) -> None:
         """Start scoring the unscored samples once there are SCORE_CHUNK of them (or any, if `force`)."""
@@ -56,22 +57,29 @@ class StreamedRollout:
 
 
 class _Driver:
-    """State of one streamed step on W workers (see the module docstring)."""
+    """State of one streamed step on W workers (see the module docstring).
+
+    Book-keeping is per request key (prompt_id, sample_idx): `current[key]` is the stream (and
+    worker) whose result for it counts; a finished sample or a stopped prefix that arrives from
+    any other stream is stale and ignored. That is what lets a dead worker's requests be re-run
+    without their earlier results (see `lost`).
+    """
 
     def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSpec, gold: dict[str, str],
                  rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
                  guard=None) -> None:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
         self.guard = guard  # tasks.recovery.WorkerGuard: brings a dead worker back (None: fail)
-        self.assigned: list[dict[tuple[str, int], Request]] = [{} for _ in workers]  # not yet finished
         self.forecast_peak, self.every_s = forecast_peak, every_s
         self.total = sum(len(r) for r in requests)
         self.out = StreamedRollout()
+        self.planned = {r.key: (w, r) for w, reqs in enumerate(requests) for r in reqs}  # key -> (worker, request)
+        self.current: dict[tuple[str, int], tuple[int, int, Request]] = {}  # unfinished key -> (stream, worker, request)
+        self.index: dict[tuple[str, int], int] = {}  # finished key -> its position in out.samples
         # A worker may have more than one stream open (migrated requests arriving at different
         # times); its engine lock runs them one after another. Streams are keyed by an id.
         self.open: dict[int, tuple[int, object]] = {}  # stream id -> (worker, its ObjectRefGenerator)
         self.next_sid = 0
-        self.unfinished = [len(r) for r in requests]
         self.running: dict[int, dict[tuple[str, int], int]] = {}  # stream id -> tokens so far per request
         self.stopping: dict[tuple[str, int], int] = {}  # key -> reserved destination worker
         self.moved: set[tuple[str, int]] = set()
@@ -80,11 +88,18 @@ class _Driver:
             if reqs:
                 self.start(w, reqs)
 
+    @property
+    def unfinished(self) -> list[int]:
+        """Requests each worker holds that have not finished (running or queued)."""
+        counts = [0] * len(self.workers)
+        for _, w, _ in self.current.values():
+            counts[w] += 1
+        return counts
+
     def start(self, w: int, reqs: list[Request]) -> None:
-        self.assigned[w].update({(r.prompt.prompt_id, r.sample_idx): r for r in reqs})
-        self.open[self.next_sid] = (w, self.workers[w].stream.remote(reqs, self.spec, self.every_s,
-                                                                     self.rule is not None))
-        self.next_sid += 1
+        sid, self.next_sid = self.next_sid, self.next_sid + 1
+        self.current.update({r.key: (sid, w, r) for r in reqs})
+        self.open[sid] = (w, self.workers[w].stream.remote(reqs, self.spec, self.every_s, self.rule is not None))
 
     def run(self) -> StreamedRollout:
         while self.open:
@@ -107,55 +122,83 @@ class _Driver:
             self.out.submit_scoring(self.gold, force=not self.open)
             if self.rule is not None:
                 self.migrate()
-        if self.stopping:
-            raise RuntimeError(f"rollout ended with {len(self.stopping)} stopped request(s) never resumed: "
-                               f"{sorted(self.stopping)[:3]}")
+        if self.stopping or self.current:
+            raise RuntimeError(f"rollout ended with {len(self.current)} request(s) unfinished and "
+                               f"{len(self.stopping)} stopped, never resumed: {sorted(self.current)[:3]}")
         return self.out
+
+    def counts(self, sid: int, key: tuple[str, int]) -> bool:
+        """Whether stream `sid` holds the attempt at `key` that counts (else its news is stale)."""
+        return self.current.get(key, (None,))[0] == sid
 
     def take(self, sid: int, w: int, event) -> None:
         for s in event.finished:
-            self.assigned[w].pop((s.prompt_id, s.sample_idx), None)
-            self.out.samples.append(s)
-            self.unfinished[w] -= 1
-            self.stopping.pop((s.prompt_id, s.sample_idx), None)  # finished before the stop landed
-        for p in event.partials:
-            self.assigned[w].pop((p.prompt_id, p.sample_idx), None)
-            self.unfinished[w] -= 1
-        self.resume(event.partials)
-        self.running[sid] = dict(event.running)
+            key = (s.prompt_id, s.sample_idx)
+            if self.counts(sid, key):
+                del self.current[key]
+                self.stopping.pop(key, None)  # finished before the stop landed
+                self.index[key] = len(self.out.samples)
+                self.out.samples.append(s)
+        self.resume([p for p in event.partials if self.counts(sid, (p.prompt_id, p.sample_idx))])
+        self.running[sid] = {k: n for k, n in event.running.items() if self.counts(sid, k)}
 
     def lost(self, w: int, exc: BaseException) -> None:
-        """Worker `w` died mid-stream: once the guard has its restart on the current weights and
-        history, run the requests it had not finished again there (its finished samples stay)."""
+        """Worker `w` died mid-stream. Once the guard has restarted it on the current weights and
+        history, every request *planned* on it runs there again from scratch, and its earlier
+        results are discarded: the finished ones, the unfinished ones, and the ones that had
+        migrated away (their attempt elsewhere is stopped and ignored). Which samples finished
+        before a crash depends on their length, so keeping them would bias the step towards
+        short responses. Requests that had migrated *to* `w` restart there from the prefix they
+        carried (a prefix sampled by the policy plus a fresh continuation is a policy sample).
+        """
         if self.guard is None:
             raise exc
         for sid in [sid for sid, (v, _) in self.open.items() if v == w]:
             del self.open[sid]
             self.running.pop(sid, None)
-        for key in [k for k in self.stopping if k in self.assigned[w]]:
-            del self.stopping[key]  # its stop died with the worker: it re-runs there from scratch
         self.guard.recover(w, exc)
-        if self.assigned[w]:
-            self.start(w, list(self.assigned[w].values()))
+        planned = [req for key, (v, req) in self.planned.items() if v == w]
+        self.discard([r.key for r in planned if r.key in self.index])
+        stale: dict[int, list[tuple[str, int]]] = {}  # worker -> its stale attempts to stop
+        for r in planned:
+            if r.key in self.current and self.current[r.key][1] != w:
+                stale.setdefault(self.current[r.key][1], []).append(r.key)
+        for v, keys in stale.items():
+            self.workers[v].stop.remote(keys)
+        moved_in = [req for key, (_, v, req) in self.current.items() if v == w and self.planned[key][0] != w]
+        for r in planned + moved_in:
+            self.stopping.pop(r.key, None)  # a stop aimed at the dead or the stale attempt
+        self.start(w, planned + moved_in)
+
+    def discard(self, keys: list[tuple[str, int]]) -> None:
+        """Drop these finished samples; scoring starts over for the rest (a rare, cheap event)."""
+        if not keys:
+            return
+        drop = {self.index.pop(k) for k in keys}
+        self.out.samples = [s for i, s in enumerate(self.out.samples) if i not in drop]
+        self.index = {(s.prompt_id, s.sample_idx): i for i, s in enumerate(self.out.samples)}
+        self.out.scoring, self.out.scored_upto = [], 0
+        self.out.discarded += len(drop)
 
     def resume(self, partials: Sequence[Partial]) -> None:
         """Continue stopped requests on the workers reserved for them (one stream per worker)."""
         by_dest: dict[int, list[Request]] = {}
         for p in partials:
-            dest = self.stopping.pop((p.prompt_id, p.sample_idx))
+            key = (p.prompt_id, p.sample_idx)
+            dest = self.stopping.pop(key, self.current[key][1])
             by_dest.setdefault(dest, []).append(Request(self.prompts[p.prompt_id], p.sample_idx, prefix=p))
         for dest, reqs in by_dest.items():
-            self.unfinished[dest] += len(reqs)
             self.out.migrations += len(reqs)
             self.start(dest, reqs)
 
     def migrate(self) -> None:
         reserved = set(self.stopping.values())
         streaming = {w for w, _ in self.open.values()}
+        unfinished = self.unfinished
         views = []
         for w in range(len(self.workers)):
             running = {k: n for sid, (v, _) in self.open.items() if v == w for k, n in self.running.get(sid, {}).items()}
-            views.append(WorkerView(running=running, queued=max(0, self.unfinished[w] - len(running)),
+            views.append(WorkerView(running=running, queued=max(0, unfinished[w] - len(running)),
                                     busy=w in streaming or w in reserved))
         finished = len(self.out.samples)
         for move in select_migrations(self.rule, self.total, finished, views, self.forecast_peak,
@@ -172,7 +215,9 @@ def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingS
 
     `gold[prompt_id]` is the answer the reward checks. With `rule`, stragglers (judged against
     `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`tasks.recovery.WorkerGuard`),
-    a worker that dies is restarted on the current weights and re-runs its unfinished requests.
+    a worker that dies is restarted on the current weights and re-runs every request planned on
+    it, discarding its earlier results (see `_Driver.lost`: keeping them would bias the step
+    towards short responses).
     Returns every sample once; its scoring may still be running (see `collect_scores`).
     """
     if len(requests) != len(workers):

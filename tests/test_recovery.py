@@ -64,9 +64,12 @@ def test_recovery_config_is_checked():
 
 
 @pytest.mark.slow  # starts a local Ray (seconds; no vLLM)
-def test_streamed_rollout_reruns_only_a_dead_workers_unfinished_requests(tmp_path):
+def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path):
     # Small real fakes on a real Ray: each "engine" streams one sample per request stamped with the
-    # weights and history it holds and its pid; worker 1's first process dies before its 3rd.
+    # weights and history it holds and its pid; worker 1's first process dies before its 3rd, after
+    # two of its samples reached the driver. Rule: all four of its requests run again on the
+    # restarted process and the two early ones are discarded (keeping what finished before a crash
+    # would keep the short responses).
     import ray
 
     from rhymerl.engine import SamplingSpec, StreamEvent
@@ -127,9 +130,9 @@ def test_streamed_rollout_reruns_only_a_dead_workers_unfinished_requests(tmp_pat
     assert {tuple(s.text.split("|")[:2]) for s in out.samples} == {("7.0", "H")}
     [restart] = guard.restarts
     assert restart.worker == 1 and restart.mid_rollout and restart.engine_fingerprint == 7.0
-    # Worker 1's two reported samples were kept; only its two unfinished requests ran again.
+    # Worker 1's two early samples were discarded: all four of its requests come from the new process.
     pids = [s.text.split("|")[2] for s in out.samples if s.worker_id == 1]
-    assert sorted(pids) == sorted([str(restart.old_pid)] * 2 + [str(restart.new_pid)] * 2)
+    assert pids == [str(restart.new_pid)] * 4 and out.discarded == 2
 
 
 # ---------------------------------------------------------------- end to end (slow)

@@ -26,11 +26,16 @@ def true_length(prompt_id: str, sample_idx: int) -> int:
 class FakeWorker:
     """Runs `RolloutWorker.stream`'s protocol over a token clock instead of an engine."""
 
-    def __init__(self, worker_id: int) -> None:
+    def __init__(self, worker_id: int, die_flag: str = "") -> None:
+        import os
         import threading
 
         self.worker_id, self.stops, self.lock = worker_id, set(), threading.Lock()
         self.engine = threading.Lock()  # one stream at a time, as RolloutWorker's engine lock
+        self.die_flag, self.pid, self.stopped_at = die_flag, os.getpid(), None
+
+    def info(self):
+        return {"pid": self.pid}
 
     def stop(self, keys):
         with self.lock:
@@ -42,6 +47,7 @@ class FakeWorker:
             done_tokens = {r.key: len(r.prefix.token_ids) if r.prefix else 0 for r in requests}
             while live:
                 time.sleep(TICK_S)
+                self._maybe_die()
                 finished, partials = [], []
                 for key, req in list(live.items()):
                     done_tokens[key] += 1
@@ -53,8 +59,11 @@ class FakeWorker:
                 for key in stops & set(live) if track else ():
                     req = live.pop(key)
                     n = done_tokens[key]
+                    first = req.prefix.text if req.prefix else ""
                     partials.append(Partial(key[0], key[1], tuple(range(n)), tuple(-i / 100 for i in range(n)),
-                                            "x" * n, self.worker_id, t0, time.time()))
+                                            first + f"[{self.pid}]" + "x" * (n - len(first)), self.worker_id,
+                                            t0, time.time()))
+                    self.stopped_at = self.stopped_at or time.monotonic()
                 running = {k: done_tokens[k] for k in live} if track else {}
                 if finished or partials or (track and time.monotonic() - last >= every_s):
                     yield StreamEvent(tuple(finished), tuple(partials), running)
@@ -63,9 +72,19 @@ class FakeWorker:
     def _sample(self, req: Request, n: int, t0: float) -> Sample:
         start = len(req.prefix.token_ids) if req.prefix else 0
         s = Sample(req.prompt.prompt_id, req.sample_idx, tuple(range(start, n)),
-                   tuple(-i / 100 for i in range(start, n)), "x" * (n - start), "stop", self.worker_id,
-                   t0, time.time())
+                   tuple(-i / 100 for i in range(start, n)), f"[{self.pid}]" + "x" * (n - start), "stop",
+                   self.worker_id, t0, time.time())
         return join_prefix(req.prefix, s) if req.prefix else s
+
+
+    def _maybe_die(self) -> None:
+        """With a die flag: the process exits 5 ticks after its first migration stop, once."""
+        import os
+
+        if self.die_flag and self.stopped_at and time.monotonic() - self.stopped_at > 5 * TICK_S \
+                and os.path.exists(self.die_flag):
+            os.unlink(self.die_flag)
+            os._exit(1)
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +101,31 @@ def prompt(pid: str) -> Prompt:
     return Prompt(pid, 0, pid, (1, 2), answer="7")
 
 
-def run(requests, rule):
+class RestartGuard:
+    """The part of `tasks.recovery.WorkerGuard` the driver calls: wait for Ray's restart."""
+
+    def __init__(self, workers) -> None:
+        self.workers, self.pids = workers, [ray.get(w.info.remote())["pid"] for w in workers]
+        self.restarts: list[tuple[int, int, int]] = []  # (worker, old pid, new pid)
+
+    def recover(self, w, exc):
+        for _ in range(600):
+            try:
+                pid = ray.get(self.workers[w].info.remote(), timeout=5)["pid"]
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.1)
+        self.restarts.append((w, self.pids[w], pid))
+        self.pids[w] = pid
+
+
+def run(requests, rule, workers=None, guard=None):
     from tasks.stream import collect_scores, stream_rollout
 
-    workers = [FakeWorker.remote(w) for w in range(len(requests))]
+    workers = workers or [FakeWorker.remote(w) for w in range(len(requests))]
     gold = {r.prompt.prompt_id: "7" for reqs in requests for r in reqs}
     out = stream_rollout(workers, requests, SamplingSpec(n=4, max_tokens=100), gold, rule,
-                         {pid: 1.0 for pid in gold}, every_s=0.02)
+                         {pid: 1.0 for pid in gold}, every_s=0.02, guard=guard)
     scores, total_s = collect_scores(out, gold)
     return out, scores, total_s
 
@@ -119,3 +156,28 @@ def test_without_a_rule_nothing_moves(ray_local):
     out, scores, _ = run([w0, w1], None)
     assert out.migrations == 0 and len(out.samples) == len(scores) == 4
     assert all(s.migrated_from_worker is None for s in out.samples)
+
+
+def test_a_dead_worker_reruns_every_planned_request_migrated_ones_too(ray_local, tmp_path):
+    # Worker 0 holds the four "long" stragglers and two short groups; worker 1 one short group.
+    # After the first migration (two longs move to worker 1), worker 0's process dies. Rule
+    # (unbiased recovery): everything planned on worker 0 runs again on its new process from
+    # scratch: the short samples that had finished are discarded, and the longs that had moved
+    # away are stopped on worker 1 and ignored there. Worker 1's own group is kept.
+    flag = tmp_path / "die-once"
+    flag.write_text("")
+    workers = [FakeWorker.options(max_restarts=1).remote(0, str(flag)), FakeWorker.remote(1)]
+    guard = RestartGuard(workers)
+    w0 = [Request(prompt("long"), k) for k in range(4)] + [Request(prompt(p), k) for p in ("a", "b") for k in range(4)]
+    w1 = [Request(prompt("c"), k) for k in range(4)]
+    out, scores, _ = run([w0, w1], MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=2), workers, guard)
+    [(worker, old_pid, new_pid)] = guard.restarts
+    assert worker == 0 and old_pid != new_pid
+    keys = sorted((s.prompt_id, s.sample_idx) for s in out.samples)
+    assert keys == sorted((p, k) for p in ("long", "a", "b", "c") for k in range(4))
+    for s in out.samples:  # every response is whole: tokens 0..L-1, even after stops and the rerun
+        assert s.token_ids == tuple(range(true_length(s.prompt_id, s.sample_idx)))
+        if s.prompt_id != "c":  # planned on worker 0: started by its new process, no trace of the old
+            assert s.text.startswith(f"[{new_pid}]") and f"[{old_pid}]" not in s.text
+    assert out.discarded >= 8  # groups a and b had finished before the crash
+    assert len(scores) == len(out.samples)
