@@ -80,8 +80,12 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
     t = time.perf_counter()
-    lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, quote(samples), quote(scores),
-                    rt.policy_version)
+    committed = lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, quote(samples), quote(scores),
+                                rt.policy_version, spec.n)
+    if not committed.rows_written and (epoch, step) not in rt.reuse:
+        get_run_logger().warning("step %d of epoch %d was committed to the lake before this rollout's rows; "
+                                 "training on the committed rows", step, epoch)
+    samples, scores = committed.samples, committed.scores
     timings["lake_s"] = time.perf_counter() - t
     t = time.perf_counter()
     train = train_task(rt.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
