@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from flows.lake_cli import register as register_lake
@@ -18,6 +19,10 @@ from flows.spec_cli import register as register_spec
 from flows.ui_cli import register as register_ui
 
 DEFAULT_CONFIG = "configs/default.toml"
+# Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error,
+# 2 bad input (nothing started, or stopped before training), 3 an actor lost for good (resume).
+EXIT_BAD_INPUT = 2
+EXIT_RUN_LOST = 3
 
 
 def _project_env() -> None:
@@ -60,6 +65,14 @@ def _print_env_sources(overrides: list[str]) -> None:
         print(f"note: {key} from ${name}{note}", file=sys.stderr)
 
 
+def _bad_input(exc: Exception, debug: bool) -> int:
+    """One line naming the problem (and its traceback under --debug); the bad-input exit code."""
+    if debug:
+        traceback.print_exception(exc)
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rhymerl.config import ConfigError, config_to_dict, load_config
     from storage.lake import LakeError
@@ -74,12 +87,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             cfg = load_config(args.config or _default_config(), overrides, env=os.environ)
     except (ConfigError, LakeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _bad_input(exc, args.debug)
     if args.print_config:
         print(json.dumps(config_to_dict(cfg), indent=2))
         _print_env_sources(overrides)
         return 0
+    from flows.preflight import report, run_checks
+
+    found = run_checks(cfg, os.environ, debug=args.debug)
+    if found:
+        print(report(found), file=sys.stderr)
+        return EXIT_BAD_INPUT
     _project_env()
     from flows.run import run_flow
     from rhymerl.data import DatasetError
@@ -89,13 +107,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:  # the flow logs the per-epoch summary table
         result = run_flow(config=config_to_dict(cfg), resume=args.resume)
     except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
-        # Bad input (dataset, model directory, lake URL): the flow's log has the traceback;
+        # Bad input the checks above could not see: the flow's log has the traceback;
         # the user needs the one line that names the problem and the fix.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _bad_input(exc, args.debug)
     except (TrainerLost, WorkerLost) as exc:  # an actor died for good; the message says how to resume
         print(f"error: {exc}", file=sys.stderr)
-        return 3
+        return EXIT_RUN_LOST
     print(f"run {result['run_id']} done in {time.perf_counter() - t0:.0f}s wall time")
     return 0
 
@@ -141,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_ID",
                      help="continue RUN_ID after its last checkpoint (same lake rows and MLflow run); "
                           "its config comes from the lake's runs table unless --config is given")
+    run.add_argument("--debug", action="store_true",
+                     help="on bad input, print the traceback and each input check's time as well")
     run.set_defaults(func=cmd_run)
 
     model = sub.add_parser("model", help="the built-in tiny model")

@@ -61,7 +61,60 @@ def load_problems(cfg: DataConfig) -> list[Problem]:
 
 
 def read_problem_file(path: Path) -> list[Problem]:
-    """Every row of a `.jsonl` or `.parquet` GSM8K-format file, in file order, all validated."""
+    """Every row of a `.jsonl` or `.parquet` GSM8K-format file, in file order, all validated.
+
+    Raises the first DatasetError met (`dataset_errors` lists them all).
+    """
+    problems = []
+    for item in _checked_rows(path):
+        if isinstance(item, DatasetError):
+            raise item
+        problems.append(item)
+    if not problems:
+        raise DatasetError(
+            f"dataset file {path} has no rows; add rows with fields 'question' and 'answer' "
+            "(the answer ending in '#### <number>')"
+        )
+    return problems
+
+
+def dataset_errors(cfg: DataConfig, limit: int = 20) -> list[str]:
+    """Every problem of `cfg`'s dataset, one message per bad row (file and line), without raising.
+
+    At most `limit` messages, then one saying how many more; [] when the dataset loads as
+    `load_problems` would load it. The built-in task has no file and is always fine.
+    """
+    if cfg.dataset == "builtin":
+        return []
+    path = Path(cfg.dataset)
+    errors: list[str] = []
+    rows = 0
+    try:
+        for item in _checked_rows(path):
+            if isinstance(item, DatasetError):
+                errors.append(str(item))
+            else:
+                rows += 1
+    except DatasetError as exc:  # the file itself: missing, unreadable, wrong columns
+        return [str(exc)]
+    except OSError as exc:  # e.g. no permission to read it
+        return [f"dataset file {path} cannot be read ({exc}); fix its permissions or set data.dataset"]
+    if not errors and rows == 0:
+        return [f"dataset file {path} has no rows; add rows with fields 'question' and 'answer' "
+                "(the answer ending in '#### <number>')"]
+    if not errors and rows < cfg.num_prompts:
+        return [f"dataset {path} has {rows} rows but data.num_prompts={cfg.num_prompts}; "
+                f"set data.num_prompts to at most {rows} or use a larger file"]
+    if len(errors) > limit:
+        errors = errors[:limit] + [f"dataset file {path}: {len(errors) - limit} more bad rows not shown"]
+    return errors
+
+
+def _checked_rows(path: Path) -> Iterator[Problem | DatasetError]:
+    """Each row of the file as a Problem, or the DatasetError that names what is wrong with it.
+
+    Raises DatasetError for the file as a whole (missing, unknown extension, unreadable Parquet).
+    """
     if not path.is_file():
         raise DatasetError(
             f"dataset file {path} does not exist; set data.dataset to an existing .jsonl or "
@@ -77,29 +130,41 @@ def read_problem_file(path: Path) -> list[Problem]:
             f"dataset file {path} has unknown extension {path.suffix!r}; use a .jsonl file "
             "(one JSON object per line) or a .parquet file, with fields 'question' and 'answer'"
         )
-    problems = [_problem_from_row(row, where, index) for index, (where, row) in enumerate(rows)]
-    if not problems:
-        raise DatasetError(
-            f"dataset file {path} has no rows; add rows with fields 'question' and 'answer' "
-            "(the answer ending in '#### <number>')"
-        )
-    return problems
+    for index, (where, row) in enumerate(rows):
+        if isinstance(row, DatasetError):  # a line that is not JSON
+            yield row
+            continue
+        try:
+            yield _problem_from_row(row, where, index)
+        except DatasetError as exc:
+            yield exc
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """(location, parsed object) for each non-blank line; location reads 'file X line N'."""
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    """(location, parsed object) for each non-blank line; location reads 'file X line N'.
+
+    A line that is not JSON comes back as (location, DatasetError) so the lines after it are
+    still checked.
+    """
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not a crash
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             where = f"dataset file {path} line {lineno}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(
-                    f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); write one JSON "
-                    'object per line, e.g. {"question": "...", "answer": "... #### 42"}'
-                ) from exc
+            yield where, _parse_line(raw, where)
+
+
+def _parse_line(raw: bytes, where: str) -> Any:
+    """The JSON value of one JSONL line, or a DatasetError naming what is wrong with it."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return DatasetError(f"{where} is not UTF-8 text (byte {exc.start}); save the file as UTF-8")
+    except json.JSONDecodeError as exc:
+        return DatasetError(
+            f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); write one JSON "
+            'object per line, e.g. {"question": "...", "answer": "... #### 42"}'
+        )
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:

@@ -38,6 +38,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from rhymerl.builtin_task import (ANSWER_MARKER, TaskSpec, builtin_problems, make_problem,
                                   parse_terms)
+from rhymerl.model_check import model_folder_errors
 from rhymerl.records import Problem
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -375,45 +376,13 @@ def ensure_builtin_model(cache_dir: Path = Path(".cache/rhymerl"), spec: BuildSp
     return out_dir
 
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
-
-
 def validate_model_dir(path: str | Path) -> None:
     """Check that `path` is a local Hugging Face causal-LM folder the trainer and vLLM can load.
 
     Raises FileNotFoundError when the folder, its config.json, weights or tokenizer are missing,
-    and ValueError when config.json is unreadable or does not describe a causal LM.
+    and ValueError when config.json is unreadable or does not describe a causal LM (the first
+    problem `rhymerl.model_check.model_folder_errors` finds).
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model folder {path} does not exist; set model.path to a local "
-                                "Hugging Face checkpoint folder, or to \"\" for the built-in model")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{path} has no config.json; it is not a Hugging Face model folder "
-                                "(save one with model.save_pretrained(path))")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{cfg_file} is not valid JSON: {exc}") from exc
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_file} must hold a JSON object, got {type(cfg).__name__}")
-    if not _is_causal_lm(cfg):
-        raise ValueError(f"{cfg_file} describes architectures={cfg.get('architectures')} "
-                         f"model_type={cfg.get('model_type')!r}, not a causal LM; RhymeRL needs a "
-                         "decoder-only model such as *ForCausalLM")
-    if not any((path / f).is_file() for f in _WEIGHT_FILES):
-        raise FileNotFoundError(f"{path} has no weights (looked for {', '.join(_WEIGHT_FILES)})")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json); "
-                                "save one with tokenizer.save_pretrained(path)")
-
-
-def _is_causal_lm(cfg: dict) -> bool:
-    archs = cfg.get("architectures") or []
-    if archs:
-        return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return cfg.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    errors = model_folder_errors(path)
+    if errors:
+        raise errors[0]

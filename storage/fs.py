@@ -55,7 +55,7 @@ def lake_io(url: str, what: str) -> Iterator[None]:
         raise LakeError(f"lake {url}: could not {what}: {msg}") from exc
 
 
-def _s3_options() -> dict[str, Any]:
+def s3_options() -> dict[str, Any]:
     """s3fs settings: standard AWS env/config credentials, short timeouts, few retries."""
     options: dict[str, Any] = {
         "config_kwargs": {
@@ -101,7 +101,7 @@ def open_filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
         fs, path = fsspec.core.url_to_fs(url, auto_mkdir=True)
         return fs, path.rstrip("/") or "/"
     with lake_io(url, "open its filesystem"):
-        fs, path = fsspec.core.url_to_fs(url, **(_s3_options() if protocol in ("s3", "s3a") else {}))
+        fs, path = fsspec.core.url_to_fs(url, **(s3_options() if protocol in ("s3", "s3a") else {}))
     root = path.rstrip("/")
     if not root:
         raise LakeError(f"lake url {url!r} names no bucket; use s3://bucket/prefix")
