@@ -114,8 +114,8 @@ def test_gpu_worker_reserves_gpus_and_cpu_services_do_not(compose):
 
 def test_rhymerl_services_get_the_whole_documented_switchboard(compose):
     env = compose["x-rhymerl-env"]
-    assert not undocumented(env), f"not in README's settings table: {undocumented(env)}"
-    assert {s.name for s in ALL_ENV} <= set(env), "every README setting is set for the cluster"
+    assert not undocumented(env), f"not in docs/cluster.md's settings table: {undocumented(env)}"
+    assert {s.name for s in ALL_ENV} <= set(env), "every documented setting is set for the cluster"
     # Every address points at a service of this file (a typo would hang the run, not fail it).
     services = set(compose["services"])
     for key in ("RAY_ADDRESS", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL"):

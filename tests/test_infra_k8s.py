@@ -4,8 +4,8 @@ Checked without a cluster: every object has apiVersion/kind/metadata.name and th
 namespace; kustomization lists every file; the GPU worker group asks for GPUs (requests equal to
 limits, as Kubernetes requires for extended resources) and the head for none; images are pinned;
 Deployments select their own pods and Services select a Deployment's pods; every ConfigMap,
-Secret and PVC a pod refers to is created here or documented as the user's; the variables are the
-README's. What a live cluster adds (CRDs installed, storage classes, GPUs present) is not checked.
+Secret and PVC a pod refers to is created here or documented as the user's; the variables are those
+of docs/cluster.md. What a live cluster adds (CRDs installed, storage classes, GPUs present) is not checked.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import tomllib
 
 import pytest
 
-from infra_helpers import ROOT, image_pinned, load_yaml_docs, readme_settings_table, undocumented
+from infra_helpers import ROOT, image_pinned, load_yaml_docs, settings_table, undocumented
 from rhymerl.switchboard import CONFIG_ENV
 
 K8S = ROOT / "infra" / "k8s"
 USER_SECRETS = {"rhymerl-s3": {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"},
-                "rhymerl-db": {"MLFLOW_BACKEND_STORE_URI"}}  # created by the user (README)
+                "rhymerl-db": {"MLFLOW_BACKEND_STORE_URI"}}  # created by the user (docs/cluster.md)
 CLUSTER_SCOPED = {"Namespace"}
 
 
@@ -145,15 +145,15 @@ def test_referenced_configmaps_secrets_and_claims_exist(objects):
 
 def test_settings_are_the_readme_switchboard(objects):
     data = _settings(objects)
-    assert not undocumented(data), f"not in README's settings table: {undocumented(data)}"
+    assert not undocumented(data), f"not in docs/cluster.md's settings table: {undocumented(data)}"
     assert {s.name for s in CONFIG_ENV} | {"RAY_ADDRESS", "PREFECT_API_URL"} <= set(data)
     # No credentials in a ConfigMap: they belong in Secret rhymerl-s3.
     assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(data)
     # The Ray address is the Service KubeRay makes for this RayCluster's head.
     (ray,) = _by_kind(objects, "RayCluster")
     assert data["RAY_ADDRESS"].startswith(f"{ray['metadata']['name']}-head-svc.")
-    # The user's secrets' keys are documented too (README), so the names match end to end.
-    table = readme_settings_table()
+    # The user's secrets' keys are documented too (docs/cluster.md), so the names match end to end.
+    table = settings_table()
     assert USER_SECRETS["rhymerl-s3"] <= set(table)
 
 

@@ -1,4 +1,4 @@
-"""The switchboard: environment settings, their precedence, and the README table that lists them."""
+"""The switchboard: environment settings, their precedence, and the table in docs/cluster.md that lists them."""
 
 import json
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from infra_helpers import readme_settings_table
+from infra_helpers import settings_table
 from rhymerl.config import ConfigError, load_config, resolve_config
 from rhymerl.switchboard import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
 
@@ -71,8 +71,8 @@ def test_env_values_are_validated_like_any_other(monkeypatch, capsys):
     assert env_sources({"RHYMERL_DATASET": "d.jsonl"}) == {"data.dataset": "RHYMERL_DATASET"}
 
 
-def test_readme_table_lists_every_setting_and_its_key():
-    table = readme_settings_table()
+def test_settings_table_lists_every_setting_and_its_key():
+    table = settings_table()
     assert set(table) >= {s.name for s in ALL_ENV}
     for s in CONFIG_ENV:  # the row names the config key the variable sets
         assert f"`{s.key}`" in table[s.name], s.name

@@ -5,13 +5,15 @@ step, calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: one
 request, the tokens sampled for it this step, its length, and its prompt + output tokens. The
 proposer sees no request ids, so it works from token ids alone:
 
-How the history reaches the worker. The driver writes a `HistoryBundle` (every prompt of the coming
-epoch, its earlier responses and the `SpecConfig`) to a local file with `publish_bundle` and sets
-`RHYMERL_HISTOSPEC_INDEX` to its path before it starts the engine; the spawned worker inherits the
-variable and re-reads the file whenever it changes (one `os.stat` per step), so each epoch needs
-only a rewrite of that file: no worker queries the lake. Remote workers get the bundle bytes through
-the Ray object store and write their own local copy (or push them with `set_bundle_bytes` from a
-worker-extension method).
+How the history reaches the worker. Before each epoch the run builds a `HistoryBundle` (every prompt
+of the coming epoch, its earlier responses and the `SpecConfig`; `rhymerl.histospec.history`) and
+sends its bytes through the Ray object store to every rollout worker, which writes them atomically
+to a file on its own node (`RolloutWorker.set_history` in tasks/actors.py). The worker named that
+file in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits
+the variable and re-reads the file whenever it changes (one `os.stat` per step), so each epoch needs
+only a rewrite of that file: no worker queries the lake. `publish_bundle` writes such a file from a
+bundle object (tests use it); `set_bundle_bytes` would replace the history from a worker-extension
+method instead (no caller in the run today).
 
 Which prompt a row belongs to. The bundle lists the prompts; `PromptTable` keys each by the raw
 bytes of its token ids, grouped by prompt length, and matches a new row by trying the known lengths
