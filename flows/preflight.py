@@ -53,10 +53,16 @@ def run_checks(cfg: RunConfig, environ: Mapping[str, str], debug: bool = False) 
     named = checks(cfg, environ)
     with ThreadPoolExecutor(max_workers=len(named)) as pool:  # the probes mostly wait on sockets
         futures = {name: pool.submit(_timed, name, check, debug) for name, check in named.items()}
-        return [f for name in named for f in futures[name].result()]
+        results = {name: future.result() for name, future in futures.items()}
+    found = []
+    for name, (findings, seconds) in results.items():
+        if debug:
+            print(f"debug: check {name}: {len(findings)} problem(s) in {seconds:.2f} s", file=sys.stderr)
+        found += findings
+    return found
 
 
-def _timed(name: str, check: Check, debug: bool) -> list[Finding]:
+def _timed(name: str, check: Check, debug: bool) -> tuple[list[Finding], float]:
     t = time.perf_counter()
     try:
         found = check()
@@ -65,9 +71,7 @@ def _timed(name: str, check: Check, debug: bool) -> list[Finding]:
             traceback.print_exc()
         found = [Finding(name if name != "checkpoints" else "lake",
                          f"could not be checked ({type(exc).__name__}: {exc}); rerun with --debug for the traceback")]
-    if debug:
-        print(f"debug: check {name}: {len(found)} problem(s) in {time.perf_counter() - t:.2f} s", file=sys.stderr)
-    return found
+    return found, time.perf_counter() - t
 
 
 def _ray_findings(address: str) -> list[Finding]:

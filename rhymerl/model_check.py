@@ -79,7 +79,8 @@ def model_problems(path: str | Path, max_model_len: int) -> list[str]:
     errors += _weight_problems(path)
     errors += _architecture_problems(cfg, cfg_file)
     positions = cfg.get("max_position_embeddings")
-    if isinstance(positions, int) and max_model_len > positions:
+    # RoPE scaling stretches the positions vLLM accepts; only an unscaled model is judged here.
+    if isinstance(positions, int) and not cfg.get("rope_scaling") and max_model_len > positions:
         errors.append(f"model.max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                       f"{positions} ({cfg_file}); set model.max_model_len to at most {positions}")
     errors += _tokenizer_problems(path, cfg.get("vocab_size"))
