@@ -18,7 +18,7 @@ from typing import Any
 from flows.lake_cli import _common, _guarded, _lake_url, format_rows
 
 RESPONSES_SQL = """
-SELECT prompt_id, epoch, sample_idx, response_token_ids, reward
+SELECT prompt_id, epoch, step, sample_idx, response_token_ids, reward
 FROM rollouts
 WHERE run_id = $run AND ($last IS NULL OR epoch <= $last)
 ORDER BY prompt_id, epoch, sample_idx
@@ -66,10 +66,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # imports here keep `rhymerl --help` quick (the drafter loads numpy)
 
     from rhymerl.histospec.replay import replay
-    from rhymerl.histospec.tuning import COLUMNS, records_from_columns, replay_configs, report_rows
+    from rhymerl.histospec.suffix import SuffixUnavailable, require_arctic_inference
+    from rhymerl.histospec.tuning import (COLUMNS, SUFFIX_ARMS, default_settings, records_from_columns,
+                                          replay_configs, report_rows)
     from storage.lake import Lake
 
-    configs = replay_configs(args.settings, args.set or ())  # bad settings fail before any I/O
+    names, note = (args.settings, "") if args.settings else default_settings()
+    configs = replay_configs(names, args.set or ())  # bad settings fail before any I/O
+    if any(c.method == "suffix" for c in configs.values()):
+        try:
+            require_arctic_inference()
+        except SuffixUnavailable as exc:
+            raise ValueError(str(exc)) from None
+    if note:
+        print(note, file=sys.stderr)
     wanted = _epochs(args.epochs)
     url = _lake_url(args)
     with Lake(url) as lake:
@@ -87,7 +97,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
               disable=True if args.format != "table" else None) as bar:  # None: only on a terminal
         for name, config in configs.items():
             bar.set_postfix_str(name)
-            reports[name] = replay(records, config, wanted, on_prompt=bar.update)
+            reports[name] = replay(records, config, wanted, on_prompt=bar.update, arm=SUFFIX_ARMS.get(name))
     rows = report_rows(reports)
     if args.format == "table":
         rows = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
@@ -115,7 +125,10 @@ def register(subparsers: Any) -> None:
                           "default: all)")
     rep.add_argument("--settings", action="extend", nargs="+", metavar="NAME",
                      help="settings to replay (default: all of rhymerl.histospec.tuning.SETTINGS: "
-                          "histospec, its variants, ngram; an unknown name lists them)")
+                          "histospec, its variants, ngram, and vLLM's suffix decoding with a stock global "
+                          "cache (suffix), one cache per prompt holding HistoSpec's history (suffix-prompt) "
+                          "and a cache of about one step of responses (suffix-step); an unknown name "
+                          "lists them)")
     rep.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                      help="override a SpecConfig field in every setting, e.g. --set max_budget=32 "
                           "min_match=2 (values parse as TOML)")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rhymerl.config import RunConfig
 from rhymerl.data import dataset_errors
+from rhymerl.histospec.suffix import INSTALL_HINT, has_arctic_inference
 from rhymerl.model_check import model_problems
 
 AREAS = ("config", "model", "dataset", "lake", "tracking", "ray", "prefect", "resources")
@@ -52,6 +53,8 @@ def check_config(cfg: RunConfig) -> list[Finding]:
         found.append(Finding("config", f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for a "
                              f"prompt in model.max_model_len={cfg.model.max_model_len}; lower "
                              "rollout.max_tokens or raise model.max_model_len"))
+    if cfg.spec.enabled and cfg.spec.method == "suffix" and not has_arctic_inference():
+        found.append(Finding("config", f"spec.method='suffix' needs {INSTALL_HINT}"))
     return found
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 
 import pytest
 
 from flows.cli import main
 from rhymerl.config import ConfigError
-from rhymerl.histospec.tuning import SETTINGS, parse_overrides, replay_configs
+from rhymerl.histospec.suffix import has_arctic_inference
+from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs
 from storage.lake import LakeWriter, rows_to_table
 
 RUN = "r1"
@@ -45,14 +47,14 @@ def _replay(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 
 def _rows(capsys: pytest.CaptureFixture, lake: str, *argv: str) -> dict[tuple[str, object], dict]:
     code, out, err = _replay(capsys, "--lake", lake, "--run", RUN, "--format", "json", *argv)
-    assert (code, err) == (0, "")
+    assert code == 0 and err in ("", default_settings()[1] + "\n")  # the note: suffix arms left out
     return {(r["setting"], r["epoch"]): r for r in json.loads(out)}
 
 
 def test_repeated_epoch_is_drafted_from_history(lake: str, capsys: pytest.CaptureFixture) -> None:
     # Rule: an exact repeat of last epoch is drafted from history; n-gram and epoch 0 have nothing to draft from.
     rows = _rows(capsys, lake)
-    assert set(rows) == {(name, e) for name in SETTINGS for e in (0, 1, "all")}
+    assert set(rows) == {(name, e) for name in default_settings()[0] for e in (0, 1, "all")}
     hist1, hist0, ngram1 = rows["histospec", 1], rows["histospec", 0], rows["ngram", 1]
     assert hist1["mean_accepted_length"] > 4 and hist1["acceptance_rate"] > 0.5
     assert hist0["mean_accepted_length"] < 1.2 and ngram1["mean_accepted_length"] < 1.2
@@ -77,6 +79,26 @@ def test_set_applies_to_every_setting(lake: str, capsys: pytest.CaptureFixture) 
     rows = _rows(capsys, lake, "--settings", "histospec", "histospec-additive", "--set", "max_budget=1")
     assert all(0 < r["mean_accepted_length"] <= 2 for r in rows.values())
     assert rows["histospec", 1]["mean_accepted_length"] == rows["histospec-additive", 1]["mean_accepted_length"]
+
+
+@pytest.mark.skipif(not has_arctic_inference(), reason="arctic-inference is not installed (make setup builds it)")
+def test_suffix_arms_differ_in_what_their_cache_holds(lake: str, capsys: pytest.CaptureFixture) -> None:
+    # Rule: the stock cache and the per-prompt cache both hold last epoch's responses, so the repeat
+    # is drafted; a cache of one step's responses (12 here) has evicted each prompt's epoch 0 (FIFO)
+    # by the time its epoch-1 group starts.
+    rows = _rows(capsys, lake, "--settings", "suffix", "suffix-prompt", "suffix-step")
+    assert rows["suffix", 1]["mean_accepted_length"] > 4 and rows["suffix-prompt", 1]["mean_accepted_length"] > 4
+    assert rows["suffix-step", 1]["mean_accepted_length"] < 1.2 and rows["suffix", 0]["mean_accepted_length"] < 1.2
+    assert all(r["tokens"] == PROMPTS * SAMPLES * LENGTH * (2 if e == "all" else 1) for (_, e), r in rows.items())
+
+
+def test_suffix_without_library_names_make_setup(lake: str, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    # Rule: naming a suffix setting without arctic-inference is a one-line error that says to run make setup.
+    monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)  # import now fails
+    code, out, err = _replay(capsys, "--lake", lake, "--run", RUN, "--settings", "suffix")
+    assert (code, out) == (2, "") and "make setup" in err and len(err.splitlines()) == 1
+    rows = _replay(capsys, "--lake", lake, "--run", RUN, "--format", "json")  # default: suffix left out
+    assert rows[0] == 0 and "suffix" not in rows[1] and "skipped" in rows[2] and "make setup" in rows[2]
 
 
 def test_table_format(lake: str, capsys: pytest.CaptureFixture) -> None:

@@ -21,6 +21,7 @@ from typing import Callable, Literal, Protocol, Sequence
 from rhymerl.histospec.index import STRIDE, SuffixIndex
 from rhymerl.options import option
 
+METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, then vLLM's two model-free ones
 MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams
 # (on the built-in model's responses 32 drafted exactly as well as no cap; 8 lost ~14%)
 
@@ -244,12 +245,13 @@ def register_budget_rule(name: str, factory: Callable[[int], BudgetRule]) -> Non
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Speculative rollouts: HistoSpec (history + sibling drafts) or vLLM's n-gram for comparison."""
+    """Speculative rollouts: HistoSpec (history + sibling drafts); vLLM's n-gram or suffix to compare."""
 
     enabled: bool = option(True, "speculative rollouts; false = plain sampling")
-    method: Literal["histospec", "ngram"] = option(
-        "histospec", "histospec (drafts from the prompt's history and siblings) or ngram (vLLM's prompt "
-        "lookup, for comparison)")
+    method: Literal["histospec", "ngram", "suffix"] = option(
+        "histospec", "histospec (drafts from the prompt's history and siblings), or for comparison ngram "
+        "(vLLM's prompt lookup) or suffix (vLLM's suffix decoding, Arctic Inference, stock settings, drafts "
+        "<= max_budget; needs arctic-inference, which make setup builds)")
     min_match: int = option(3, "shortest context tail that may anchor a draft", ">= 1")
     max_match: int = option(7, "longest context tail matched (the index's n-gram depth)", "min_match..64")
     # A key of BUDGET_RULES. "doubling" reached a higher mean accepted length than "additive" in
@@ -283,8 +285,8 @@ class SpecConfig:
 
                 raise ConfigError(f"config key 'spec.{key}': {msg}")
 
-        check(self.method in ("histospec", "ngram"), "method",
-              f"got {self.method!r}; allowed values: 'histospec', 'ngram'")
+        check(self.method in METHODS, "method",
+              f"got {self.method!r}; allowed values: {', '.join(map(repr, METHODS))}")
         check(self.min_match >= 1, "min_match", "must be >= 1")
         check(self.max_match >= self.min_match, "max_match",
               f"must be >= spec.min_match ({self.min_match})")

@@ -82,6 +82,12 @@ def uses_bundle(spec: SpecConfig) -> bool:
     return spec.enabled and spec.method == "histospec"
 
 
+def counted_by_vllm(spec: SpecConfig) -> bool:
+    """True when the engine's acceptance counters come from vLLM's metrics (its own drafters), so the
+    engine needs `EngineSpec.log_stats`; HistoSpec counts for itself."""
+    return spec.enabled and spec.method in ("ngram", "suffix")
+
+
 def engine_speculation(spec: SpecConfig):
     """The engine's `SpeculationSpec` for `spec` (None: speculation off)."""
     from rhymerl.spec_guard import SpeculationSpec
@@ -92,4 +98,5 @@ def engine_speculation(spec: SpecConfig):
     return SpeculationSpec.from_vllm_config(config, verifier=spec.verifier)
 
 
-__all__ = ["BundleInfo", "bundle_for_epoch", "engine_speculation", "merge_history", "uses_bundle"]
+__all__ = ["BundleInfo", "bundle_for_epoch", "counted_by_vllm", "engine_speculation", "merge_history",
+           "uses_bundle"]

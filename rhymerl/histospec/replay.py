@@ -19,13 +19,15 @@ replay gave mean accepted lengths 1.20 / 2.33 / 2.48 for epochs 0-2 where the en
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from rhymerl.histospec.drafter import Drafter, FixedBudget, NgramDrafter, SpecConfig, SpecStats
 from rhymerl.histospec.index import SuffixIndex
+from rhymerl.histospec.suffix import SuffixArm
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class RecordedResponse:
     token_ids: tuple[int, ...]
     reward: float = 0.0
     prompt_token_ids: tuple[int, ...] = ()  # optional: lets the first tokens be drafted too
+    step: int = 0  # training step that generated it (orders the global suffix cache, sizes a step)
 
 
 @dataclass
@@ -137,12 +140,15 @@ def history_for(epochs: Mapping[int, Sequence[RecordedResponse]], epoch: int,
 
 def replay(records: Iterable[RecordedResponse], config: SpecConfig,
            only_epochs: Collection[int] | None = None,
-           on_prompt: Callable[[], None] | None = None) -> ReplayReport:
+           on_prompt: Callable[[], None] | None = None, arm: SuffixArm | None = None) -> ReplayReport:
     """Replay every (prompt, epoch) group of `records` under `config`; acceptance per epoch.
 
     With `only_epochs`, groups of other epochs are not replayed but still serve as history.
-    `on_prompt` is called after each prompt's groups (progress bars).
+    `on_prompt` is called after each prompt's groups (progress bars). With `config.method` "suffix",
+    `arm` says what the suffix cache holds (default: vLLM's stock global cache; see `replay_suffix`).
     """
+    if config.method == "suffix":
+        return replay_suffix(records, config, arm or SuffixArm(), only_epochs, on_prompt)
     by_prompt: dict[str, dict[int, list[RecordedResponse]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         by_prompt[r.prompt_id][r.epoch].append(r)
@@ -166,6 +172,106 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
         if on_prompt is not None:
             on_prompt()
     return report
+
+
+# ---------------------------------------------------------------- suffix decoding (Arctic Inference)
+
+
+def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: SuffixArm,
+                  only_epochs: Collection[int] | None = None,
+                  on_prompt: Callable[[], None] | None = None) -> ReplayReport:
+    """Replay the groups through Arctic Inference's `SuffixDecodingCache`, as vLLM's `suffix` method
+    drafts: per step, the better (by score) of the request's own tree (prompt + response so far) and
+    the cache's tree of responses, at most `config.max_budget` tokens, stopping where the estimated
+    token probability falls below `arm.min_token_prob` or past `arm.max_spec_factor` x the match.
+
+    Groups run in lockstep as in `replay_group`; a group's requests are active (so siblings see each
+    other's tokens as they grow) until the group ends, then stay cached. `arm.scope` "global" keeps one
+    cache for all groups in generation order (epoch, step, prompt): epochs not in `only_epochs`
+    still feed it. "prompt" gives each group a fresh cache preloaded with the prompt's history
+    (`history_for`, the responses HistoSpec's index holds).
+    """
+    records = list(records)
+    report = ReplayReport(config)
+    by_group: dict[tuple[int, int, str], list[RecordedResponse]] = defaultdict(list)
+    for r in records:
+        by_group[(r.epoch, r.step, r.prompt_id)].append(r)
+    if arm.scope == "prompt":
+        by_prompt: dict[str, dict[int, list[RecordedResponse]]] = defaultdict(lambda: defaultdict(list))
+        for r in records:
+            by_prompt[r.prompt_id][r.epoch].append(r)
+    else:
+        size = arm.max_cached_requests
+        if arm.cache_steps > 0:
+            size = max(1, round(arm.cache_steps * responses_per_step(records)))
+        cache = arm.new_cache(size)
+    last_epoch = max((e for e, _, _ in by_group if only_epochs is None or e in only_epochs), default=None)
+    for epoch, step, pid in sorted(by_group):  # generation order
+        group = by_group[(epoch, step, pid)]
+        wanted = only_epochs is None or epoch in only_epochs
+        stats = report.per_epoch.setdefault(epoch, SpecStats()) if wanted else SpecStats()
+        if arm.scope == "prompt":
+            if not wanted:
+                continue
+            hist = history_for(by_prompt[pid], epoch, config.history_epochs)
+            t0 = time.perf_counter()
+            cache = arm.new_cache(-1)
+            for j, h in enumerate(hist):
+                _cache_response(cache, ("history", j), h.token_ids)
+            stats.index_seconds += time.perf_counter() - t0
+            stats.index_tokens += sum(len(h.token_ids) for h in hist)
+        replay_suffix_group(cache, (epoch, step, pid), group[0].prompt_token_ids,
+                            [r.token_ids for r in group], config, arm, stats)
+        if on_prompt is not None and epoch == last_epoch:
+            on_prompt()
+    return report
+
+
+def replay_suffix_group(cache, key: Hashable, prompt: Sequence[int], responses: Sequence[Sequence[int]],
+                        config: SpecConfig, arm: SuffixArm, stats: SpecStats) -> SpecStats:
+    """Replay one group in lockstep through `cache` (a `SuffixDecodingCache`); request ids (key, k)."""
+    prompt = [int(t) for t in prompt]
+    ids = [(key, k) for k in range(len(responses))]
+    for rid in ids:
+        cache.start_request(rid, prompt)
+    depth = arm.max_tree_depth
+    pos = [0] * len(responses)
+    active = [k for k, r in enumerate(responses) if len(r) > 0]
+    while active:
+        t0 = time.perf_counter()
+        drafts = []
+        for k in active:
+            context = (prompt + list(responses[k][max(0, pos[k] - depth):pos[k]]))[-depth:]
+            drafts.append(cache.speculate(ids[k], context, max_spec_tokens=config.max_budget,
+                                          max_spec_factor=arm.max_spec_factor,
+                                          min_token_prob=arm.min_token_prob).token_ids if context else [])
+        stats.drafter_seconds += time.perf_counter() - t0
+        still = []
+        for k, draft in zip(active, drafts):
+            resp, p = responses[k], pos[k]
+            accepted = min(accepted_prefix(draft, resp[p:]), len(resp) - p - 1)
+            stats.record(len(draft), accepted)
+            pos[k] = p + accepted + 1
+            cache.add_active_response(ids[k], list(resp[p:pos[k]]))
+            if pos[k] < len(resp):
+                still.append(k)
+        active = still
+    for rid in ids:
+        cache.stop_request(rid)
+    return stats
+
+
+def _cache_response(cache, rid: Hashable, tokens: Sequence[int]) -> None:
+    """Put a finished response into `cache`'s global tree (as vLLM does when a request ends)."""
+    cache.start_request(rid, [])
+    cache.add_active_response(rid, list(tokens))
+    cache.stop_request(rid)
+
+
+def responses_per_step(records: Iterable[RecordedResponse]) -> int:
+    """The median number of responses one training step generated (by epoch and step)."""
+    counts = Counter((r.epoch, r.step) for r in records)
+    return int(statistics.median(counts.values())) if counts else 0
 
 
 def replay_settings(records: Sequence[RecordedResponse],

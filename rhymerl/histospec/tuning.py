@@ -3,6 +3,7 @@
 `rhymerl spec replay` replays one run's recorded responses (see `replay`) under several settings at
 once; this module holds what it needs that is not I/O. A setting is a name in `SETTINGS` mapped to
 the `SpecConfig` fields it changes from the defaults; overrides then apply on top to every setting.
+A suffix setting also names what its cache holds (`SUFFIX_ARMS`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from rhymerl.config import ConfigError
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.replay import RecordedResponse, ReplayReport
+from rhymerl.histospec.suffix import INSTALL_HINT, SuffixArm, has_arctic_inference
 
 # name -> SpecConfig fields changed from the defaults (the budget cap of "additive" is 32)
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -23,6 +25,18 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "siblings-only": {"history_epochs": 0},
     "histospec-reward": {"reward_weighted": True},
     "ngram": {"method": "ngram"},
+    # vLLM's suffix decoding (Arctic Inference) at its stock settings, in the cache scopes of SUFFIX_ARMS
+    "suffix": {"method": "suffix"},
+    "suffix-prompt": {"method": "suffix"},
+    "suffix-step": {"method": "suffix"},
+}
+# What each suffix setting's cache holds (rhymerl.histospec.suffix.SuffixArm): the stock global cache
+# (10,000 responses), one cache per prompt holding HistoSpec's information, and a global cache holding
+# about one training step of responses (what a per-engine cache keeps when an epoch outgrows it).
+SUFFIX_ARMS: dict[str, SuffixArm] = {
+    "suffix": SuffixArm(),
+    "suffix-prompt": SuffixArm(scope="prompt"),
+    "suffix-step": SuffixArm(cache_steps=1.0),
 }
 ENGINE_ONLY = ("enabled", "verifier", "cost_aware", "warm_start_run", "warm_start_lake")  # replay never reads these
 COLUMNS = ("setting", "epoch", "mean_accepted_length", "acceptance_rate", "steps", "tokens",
@@ -59,6 +73,15 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def default_settings() -> tuple[list[str], str]:
+    """The settings a replay runs when none are named, and a note ("" if none) on what was left out:
+    every setting, less the suffix ones when arctic-inference is not installed."""
+    if has_arctic_inference():
+        return list(SETTINGS), ""
+    return ([n for n in SETTINGS if SETTINGS[n].get("method") != "suffix"],
+            f"note: settings {', '.join(SUFFIX_ARMS)} skipped: {INSTALL_HINT}")
+
+
 def replay_configs(names: Sequence[str] | None = None,
                    overrides: Sequence[str] = ()) -> dict[str, SpecConfig]:
     """The named settings (all of `SETTINGS` when `names` is empty) with `overrides` on each."""
@@ -70,16 +93,19 @@ def replay_configs(names: Sequence[str] | None = None,
 
 
 def records_from_columns(columns: Mapping[str, Sequence[Any]]) -> list[RecordedResponse]:
-    """Recorded responses from lake columns `prompt_id`, `epoch`, `response_token_ids`, `reward`.
+    """Recorded responses from lake columns `prompt_id`, `epoch`, `response_token_ids`, `reward`
+    and, if present, `step`.
 
     Rows stay in the given order (a group's samples replay in that order); a NULL reward counts
     as 0 and NULL tokens as an empty response. The lake holds no prompt token ids, so drafting
     starts from each response's own first tokens.
     """
+    steps = columns.get("step") or [0] * len(columns["prompt_id"])
     return [RecordedResponse(str(pid), int(epoch), tuple(int(t) for t in tokens or ()),
-                             float(reward or 0.0))
-            for pid, epoch, tokens, reward in zip(columns["prompt_id"], columns["epoch"],
-                                                  columns["response_token_ids"], columns["reward"])]
+                             float(reward or 0.0), step=int(step or 0))
+            for pid, epoch, tokens, reward, step in zip(columns["prompt_id"], columns["epoch"],
+                                                        columns["response_token_ids"], columns["reward"],
+                                                        steps)]
 
 
 def report_rows(reports: Mapping[str, ReplayReport]) -> list[dict[str, Any]]:

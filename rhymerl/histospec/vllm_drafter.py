@@ -50,6 +50,7 @@ import numpy as np
 from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig, SpecStats
 from rhymerl.histospec.index import HistoryBundle, SuffixIndex
 from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
+from rhymerl.histospec.suffix import require_arctic_inference
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
 PROPOSER_CLASS = "rhymerl.histospec.vllm_drafter.HistoSpecProposer"
@@ -64,6 +65,9 @@ def speculative_config(spec: SpecConfig) -> dict[str, Any] | None:
     if spec.method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": spec.max_budget,
                 "prompt_lookup_min": spec.min_match, "prompt_lookup_max": spec.max_match}
+    if spec.method == "suffix":  # vLLM's stock suffix decoding; drafts of up to max_budget tokens
+        require_arctic_inference()  # fail here, naming the fix, not inside the engine's worker
+        return {"method": "suffix", "num_speculative_tokens": spec.max_budget}
     return {"method": "custom_class", "model": PROPOSER_CLASS,
             "num_speculative_tokens": spec.max_budget}
 
