@@ -128,4 +128,4 @@ docs: $(STAMP)
 	$(BIN)/python -m rhymerl.config_doc
 
 clean:
-	rm -rf lake mlflow.db mlruns .prefect runs
+	rm -rf lake mlflow.db mlruns .prefect runs logs

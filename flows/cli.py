@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -20,9 +21,12 @@ from flows.ui_cli import register as register_ui
 
 DEFAULT_CONFIG = "configs/default.toml"
 # Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error,
-# 2 bad input (nothing started, or stopped before training), 3 an actor lost for good (resume).
+# 2 bad input (nothing started, or stopped before training), 3 an actor lost for good (resume),
+# 130 interrupted (Ctrl-C; resume).
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUN_LOST = 3
+EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
 def _project_env() -> None:
@@ -99,22 +103,71 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(report(found), file=sys.stderr)
         return EXIT_BAD_INPUT
     _project_env()
-    from flows.run import run_flow
+    return _train(cfg, args)
+
+
+def _train(cfg, args: argparse.Namespace) -> int:
+    """Run the flow with the console of docs/console-and-errors.md: without --verbose, every log
+    line (engines, Ray, libraries, Prefect) goes to logs/<run_id>/run.log and the terminal shows
+    the start lines, one line per step, warnings that matter and the final table."""
+    from rhymerl.config import config_to_dict
+    from rhymerl.console import RunConsole, capture_output
+    from rhymerl.records import new_run_id
+
+    run_id = args.resume or new_run_id(cfg.name)
+    log_file = Path("logs") / run_id / "run.log"
+    out, err = (sys.stdout, sys.stderr) if args.verbose else capture_output(log_file)
+    print(_banner(cfg, run_id, log_file, args.verbose), file=out, flush=True)
+    from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
     from rhymerl.data import DatasetError
+    from rhymerl.report import format_summary
+    from storage.lake import LakeError
     from tasks.recovery import TrainerLost, WorkerLost
 
+    if not args.verbose:
+        logging.getLogger().addHandler(RunConsole(out, cfg.epochs * cfg.steps_per_epoch,
+                                                  cfg.steps_per_epoch, os.environ))
+    where = f"the full log is {log_file}" if not args.verbose else "the log is above"
     t0 = time.perf_counter()
-    try:  # the flow logs the per-epoch summary table
-        result = run_flow(config=config_to_dict(cfg), resume=args.resume)
+    try:
+        result = run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
     except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
-        # Bad input the checks above could not see: the flow's log has the traceback;
+        # Bad input the checks above could not see: the log has the traceback;
         # the user needs the one line that names the problem and the fix.
-        return _bad_input(exc, args.debug)
+        print(f"error: {exc}\n({where})", file=err)
+        return EXIT_BAD_INPUT
     except (TrainerLost, WorkerLost) as exc:  # an actor died for good; the message says how to resume
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}\n({where})", file=err)
         return EXIT_RUN_LOST
-    print(f"run {result['run_id']} done in {time.perf_counter() - t0:.0f}s wall time")
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: rhymerl run --resume {run_id} --lake {cfg.lake.url}", file=err)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug or an outage: the traceback goes to the log (and here with --debug)
+        traceback.print_exc()
+        if args.debug and not args.verbose:
+            traceback.print_exc(file=err)
+        print(f"error: {type(exc).__name__}: {exc}\n(the traceback: {where}; --debug prints it here)", file=err)
+        return EXIT_FAILED
+    if not args.verbose:  # the flow logged the table to the log file; a person wants it here
+        print(format_summary(result["epochs"], run_id, cfg.lake.url, cfg.tracking.uri, result["mlflow_run_id"],
+                             result["skipped_prompts"]), file=out)
+    logs = f"; logs in {log_file.parent}/" if not args.verbose else ""
+    print(f"run {run_id} done in {time.perf_counter() - t0:.0f}s wall time{logs}", file=out)
     return 0
+
+
+def _banner(cfg, run_id: str, log_file: Path, verbose: bool) -> str:
+    """The first lines of a run: what it is, where its data and logs go."""
+    logs = (f"{log_file}  (engines, Ray, Prefect and libraries; --verbose shows them here)"
+            if not verbose else "on this console (--verbose)")
+    return "\n".join([
+        f"rhymerl run {run_id}",
+        f"  lake      {cfg.lake.url}",
+        f"  tracking  {cfg.tracking.uri}  (experiment {cfg.tracking.experiment})",
+        f"  logs      {logs}",
+        f"starting Prefect, Ray and {cfg.rollout.num_workers} engine(s); the first step follows once "
+        "they are up (a minute or more on a small machine)",
+    ])
 
 
 def cmd_model_build(args: argparse.Namespace) -> int:
@@ -158,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_ID",
                      help="continue RUN_ID after its last checkpoint (same lake rows and MLflow run); "
                           "its config comes from the lake's runs table unless --config is given")
+    run.add_argument("--verbose", action="store_true",
+                     help="show every log line here (engines, Ray, Prefect, libraries) instead of only the "
+                          "progress; by default they go to logs/<run_id>/run.log")
     run.add_argument("--debug", action="store_true",
                      help="on bad input, print the traceback and each input check's time as well")
     run.set_defaults(func=cmd_run)

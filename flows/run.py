@@ -164,7 +164,9 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         link_runs_task(rt)  # Prefect flow run <-> MLflow run, both ways
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
-                 cfg.epochs, cfg.lake.url)
+                 cfg.epochs, cfg.lake.url, extra={"rhymerl_start": {  # rhymerl.console's start lines
+                     "mlflow_run_id": rt.mlflow_run_id,
+                     "steps_per_epoch": -(-len(prompts) // cfg.rollout.prompts_per_step)}})
         epoch = start_epoch
         while epoch < cfg.epochs:
             t = time.perf_counter()

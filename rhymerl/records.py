@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Sequence
+
+
+def new_run_id(name: str) -> str:
+    """Sortable, unique run id: name, UTC time and a random suffix."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
 def prompt_id_of(token_ids: Sequence[int]) -> str:

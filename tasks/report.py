@@ -18,7 +18,7 @@ _NON_METRICS = {"epoch", "step", "global_step"}
 @task(name="log-step", cache_policy=NO_CACHE)
 def log_step_task(rt, record: dict) -> None:
     """Print the step's line and log its numbers to MLflow at the global step (once per step)."""
-    get_run_logger().info(step_line(record))
+    get_run_logger().info(step_line(record), extra={"rhymerl_step": record})  # rhymerl.console's progress line
     if int(record["global_step"]) in rt.logged_steps:  # logged before a crash; a resumed run
         return
     metrics = {k: float(v) for k, v in record.items() if k not in _NON_METRICS}

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from rhymerl.data import load_problems, render_prompts
 from rhymerl.engine import EngineSpec
 from rhymerl.histospec.history import engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
-from rhymerl.records import Prompt
+from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from tasks.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
@@ -54,11 +52,6 @@ class Runtime:
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
     guard: object = None  # tasks.recovery.WorkerGuard once the actors are up (dead actors)
-
-
-def new_run_id(name: str) -> str:
-    """Sortable, unique run id: name, UTC time and a random suffix."""
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
 @task(name="prepare-model", cache_policy=NO_CACHE)
