@@ -9,9 +9,22 @@ heavy imports (torch, Ray, vLLM) happen only after the parameters passed.
 
 from __future__ import annotations
 
+import os
+
 from prefect import flow
 
 from tasks.ops import lake_report_task, latest_run_task, retrain_config_task, retrain_plan_task, train_config_task
+
+
+def check_inputs(config: dict) -> None:
+    """`rhymerl run`'s input checks (flows/preflight.py) on the worker, before anything starts:
+    ValueError naming every problem, one line each."""
+    from flows.preflight import report, run_checks
+    from rhymerl.config import config_from_dict
+
+    found = run_checks(config_from_dict(config), os.environ)
+    if found:
+        raise ValueError(report(found))
 
 
 @flow(name="rhymerl-train", flow_run_name="train-{config_file}")
@@ -24,6 +37,7 @@ def train(config_file: str = "configs/default.toml", overrides: list[str] | None
             e.g. `epochs=2`, `rollout.n=8`, `lake.url="s3://bucket/lake"`. No credentials here.
     """
     config = train_config_task(config_file, overrides)
+    check_inputs(config)
     from flows.run import run_flow
 
     result = run_flow(config=config)
@@ -49,6 +63,7 @@ def retrain(experiment: str = "rhymerl", extra_epochs: int = 1, lake: str = "lak
     run = latest_run_task(lake, experiment)
     config = retrain_config_task(run, extra_epochs, overrides)
     plan = retrain_plan_task(run, config, extra_epochs)
+    check_inputs(plan["config"])
     from flows.run import run_flow
 
     result = run_flow(config=plan["config"], resume=plan["resume"])

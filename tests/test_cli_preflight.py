@@ -264,3 +264,14 @@ def test_good_inputs_pass_every_check(inputs, s3_server, monkeypatch):
     assert run_checks(load_config(None, overrides), {}) == []
     s3 = load_config(None, overrides + [f'lake.url="s3://{s3_server.bucket}/good"'])
     assert run_checks(s3, {}) == []
+
+
+def test_deployment_flows_run_the_same_checks(inputs):
+    # A train/retrain started from the Prefect UI fails on bad input before anything starts, too.
+    from flows.deployments import check_inputs
+    from rhymerl.config import config_to_dict
+
+    check_inputs(config_to_dict(load_config(None, inputs.args()[2:])))
+    bad = config_to_dict(load_config(None, inputs.args()[2:] + ['model.path="/nonexistent"']))
+    with pytest.raises(ValueError, match="model: model folder /nonexistent does not exist"):
+        check_inputs(bad)
