@@ -278,3 +278,16 @@ def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypat
     stats = proposer.take_stats()
     assert (stats.steps, stats.drafted, stats.accepted) == (1, 4, 4)
     assert proposer.take_stats().steps == 0  # taking resets
+
+
+def test_min_token_prob_stops_before_an_unlikely_branch():
+    # Probability stop: after [1,2] all 4 continue with 3; then 3 of 4 take 5, 1 takes 9: the token 5
+    # has estimated probability 0.75, so a 0.8 threshold drafts only [3] and 0.7 drafts [3, 5, 6].
+    seqs = [[1, 2, 3, 5, 6], [1, 2, 3, 5, 6], [1, 2, 3, 5, 6], [1, 2, 3, 9, 9]]
+    index = SuffixIndex.build(seqs, None, min_match=2, max_match=3)
+    assert HistoSpecDrafter(index, min_token_prob=0.8).propose([1, 2], 8).tokens == (3,)
+    assert HistoSpecDrafter(index, min_token_prob=0.7).propose([1, 2], 8).tokens == (3, 5, 6)
+    assert HistoSpecDrafter(index).propose([1, 2], 8).tokens == (3, 5, 6)
+    assert SpecConfig(min_token_prob=0.8).drafter(index).propose([1, 2], 8).tokens == (3,)
+    with pytest.raises(ConfigError, match="spec.min_token_prob"):
+        SpecConfig(min_token_prob=1.5)

@@ -52,10 +52,11 @@ class HistoSpecDrafter:
     """Drafts from one prompt's `SuffixIndex` (history plus any siblings added to it)."""
 
     def __init__(self, index: SuffixIndex, reward_weighted: bool = False,
-                 max_candidates: int = MAX_CANDIDATES) -> None:
+                 max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0) -> None:
         self.index = index
         self.reward_weighted = reward_weighted
         self.max_candidates = max_candidates
+        self.min_token_prob = min_token_prob
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
@@ -63,16 +64,21 @@ class HistoSpecDrafter:
         n, codes = self.index.match(context)
         if not codes:
             return EMPTY
-        tokens = follow(self.index, codes[-self.max_candidates:], budget, self.reward_weighted)
+        tokens = follow(self.index, codes[-self.max_candidates:], budget, self.reward_weighted,
+                        self.min_token_prob)
         return Draft(tuple(tokens), n) if tokens else EMPTY
 
 
-def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighted: bool) -> list[int]:
+def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighted: bool,
+           min_token_prob: float = 0.0) -> list[int]:
     """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group.
 
     The continuations are sorted lexicographically, so those sharing a prefix are contiguous and a
     group agrees on a stretch exactly when its first and last members do: agreement runs cost one
     C-level slice comparison, and Python work is spent only where the history branches.
+    With `min_token_prob`, the draft stops before a token whose estimated probability — the product
+    of the chosen groups' shares of the continuations at each branch so far, as a suffix tree
+    estimates it — falls below it.
     """
     seqs, conts, kept = index.sequences, [], []
     for code in codes:
@@ -86,7 +92,7 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
     order = sorted(range(len(conts)), key=conts.__getitem__)
     conts = [conts[i] for i in order]
     kept = [kept[i] for i in order]
-    lo, hi, depth, src = 0, len(conts), 0, conts[0]
+    lo, hi, depth, src, prob = 0, len(conts), 0, conts[0], 1.0
     while depth < budget:
         while lo < hi and len(conts[lo]) <= depth:  # ended here; a proper prefix sorts first
             lo += 1
@@ -95,7 +101,11 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
         first, last = conts[lo], conts[hi - 1]
         src = first
         if first[depth] != last[depth]:  # a branch: keep the best group, take its token
+            size = hi - lo
             lo, hi = _best_group(index, conts, kept, lo, hi, depth, reward_weighted)
+            prob *= (hi - lo) / size
+            if prob < min_token_prob:
+                break
             src = conts[lo]
             depth += 1
             continue
@@ -263,6 +273,9 @@ class SpecConfig:
     reward_weighted: bool = option(False, "branch by the reward sum of a continuation's responses instead of "
                                    "their count")
     siblings: bool = option(True, "the group's own responses join the index as they grow (epoch 0 drafts too)")
+    min_token_prob: float = option(0.0, "stop a draft before a token whose estimated probability (the product of "
+                                   "the chosen branches' shares of the matched continuations) is below this; "
+                                   "0 = off", "0..1")
     # `rhymerl spec replay` of a default run (epochs 5-9) gave 3.22 tokens per verification at 1, 3.54 at 2,
     # 3.91 at 4, 4.20 at 8; each epoch adds n responses per prompt to the bundle every worker receives.
     history_epochs: int = option(4, "earlier epochs (that saw the prompt) whose responses form the history; "
@@ -295,6 +308,7 @@ class SpecConfig:
               f"got {self.budget_rule!r}; allowed values: {', '.join(map(repr, BUDGET_RULES))}")
         check(1 <= self.max_budget <= 128, "max_budget", "must be in 1..128")
         check(self.history_epochs >= 0, "history_epochs", "must be >= 0 (0: siblings only)")
+        check(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", "must be in 0..1")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 
@@ -304,7 +318,7 @@ class SpecConfig:
 
     def drafter(self, index: SuffixIndex) -> HistoSpecDrafter:
         """A HistoSpec drafter over `index` with this config's branching rule."""
-        return HistoSpecDrafter(index, self.reward_weighted)
+        return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob)
 
 
 # ---------------------------------------------------------------- acceptance counters
