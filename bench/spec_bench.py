@@ -1,7 +1,7 @@
-"""HistoSpec against no speculation and vLLM's n-gram drafter: same prompts, same engine settings.
+"""HistoSpec against no speculation and vLLM's n-gram and suffix drafters: same prompts, same engine settings.
 
     rhymerl bench spec [--json] [--json-out FILE] [--prompts 64] [--n 8] [--max-tokens 160]
-                       [--repeats 2] [--max-num-seqs 0] [--arms plain,ngram,histospec,siblings]
+                       [--repeats 2] [--max-num-seqs 0] [--arms plain,ngram,histospec,siblings,suffix]
 
 One process, one engine at a time (each arm starts its own vLLM engine on the built-in model):
 
@@ -9,8 +9,14 @@ One process, one engine at a time (each arm starts its own vLLM engine on the bu
 2. each arm samples the same prompts again ("epoch 1"), timed after a short warm-up:
    (a) plain: no speculation; (b) ngram: vLLM's n-gram drafter (prompt lookup 3..7);
    (c) histospec: drafts from each prompt's epoch-0 responses only; (d) siblings: history plus
-   the group's own responses as they grow. Speculative arms verify with RhymeRL's exact
-   (lossless) verifier; the row says which verifier ran.
+   the group's own responses as they grow; (e) suffix: vLLM's `suffix` method (Arctic Inference's
+   suffix trees, stock settings, drafts <= 16). Its history lives in the engine's own cache of
+   finished responses, so its engine samples the epoch-0 groups itself first (untimed; lossless, so
+   the same distribution as the plain engine's); the cache is sized to two epochs of responses
+   (stock: 10,000) so that each timed repeat drafts from exactly the previous epoch plus its own
+   siblings, as HistoSpec does. Speculative arms verify with RhymeRL's exact (lossless) verifier; the
+   row says which verifier ran. Without arctic-inference the default arms leave suffix out (a note
+   says so; `make setup` builds it).
 
 Figures per arm: wall seconds (median of repeats), tokens/s, mean accepted tokens per
 verification step (counting the bonus token; 1.0 without speculation), draft acceptance rate,
@@ -36,7 +42,8 @@ from pathlib import Path
 from rhymerl.config import DataConfig
 from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig, SpecStats
-from rhymerl.histospec.history import bundle_for_epoch, engine_speculation
+from rhymerl.histospec.history import bundle_for_epoch, counted_by_vllm, engine_speculation, uses_bundle
+from rhymerl.histospec.suffix import INSTALL_HINT, has_arctic_inference
 from rhymerl.histospec.vllm_drafter import INDEX_ENV
 from rhymerl.spec_guard import shutdown_llm
 
@@ -45,6 +52,7 @@ ARMS = {
     "ngram": SpecConfig(method="ngram", max_budget=4),  # k=4: at k=16 its 3% acceptance wastes more
     "histospec": SpecConfig(siblings=False),
     "siblings": SpecConfig(siblings=True),
+    "suffix": SpecConfig(method="suffix"),  # stock suffix decoding, drafts <= max_budget (16)
 }
 
 
@@ -82,12 +90,17 @@ def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int):
 def run_arm(name: str, spec: SpecConfig, base: EngineSpec, prompts, sampling: SamplingSpec,
             history: dict, repeats: int, bundle_path: Path, keep_engine=None):
     """Time `repeats` generations of every prompt under `spec`; returns (result, engine-or-None)."""
-    engine = keep_engine or VllmEngine(replace(base, speculation=engine_speculation(spec),
-                                               log_stats=spec.enabled and spec.method == "ngram"))
-    blob = bundle_for_epoch(prompts, history, spec)[0] if spec.enabled else b""
+    speculation = engine_speculation(spec)
+    if spec.enabled and spec.method == "suffix":  # its cache: the previous epoch and the one in flight
+        cached = 2 * len(prompts) * sampling.n
+        speculation = replace(speculation, options=(("suffix_decoding_max_cached_requests", cached),))
+    engine = keep_engine or VllmEngine(replace(base, speculation=speculation, log_stats=counted_by_vllm(spec)))
+    blob = bundle_for_epoch(prompts, history, spec)[0] if uses_bundle(spec) else b""
     publish = lambda: bundle_path.write_bytes(blob) if blob else None  # noqa: E731
     publish()
     engine.generate(prompts[:4], replace(sampling, n=2))  # warm-up (not timed)
+    if spec.enabled and spec.method == "suffix":
+        engine.generate(prompts, sampling)  # its own epoch 0 fills its cache (not timed)
     engine.spec_stats()  # drop the warm-up's counters
     walls, stats, tokens = [], SpecStats(), 0
     for _ in range(repeats):
@@ -183,16 +196,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=0, help="requests per engine step (0: vLLM's default)")
-    p.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS),
-                   help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--arms", type=lambda s: s.split(","), default=None,
+                   help=f"comma-separated subset of {','.join(ARMS)} (default: all; suffix only where "
+                        "arctic-inference is installed)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.arms is None:
+        args.arms = [a for a in ARMS if a != "suffix" or has_arctic_inference()]
+        if "suffix" not in args.arms:
+            print(f"rhymerl bench spec: note: arm suffix skipped: {INSTALL_HINT}", file=sys.stderr)
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
         print(f"rhymerl bench spec: unknown arm(s) {unknown}; choose from {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    if "suffix" in args.arms and not has_arctic_inference():
+        print(f"rhymerl bench spec: arm suffix: {INSTALL_HINT}", file=sys.stderr)
         return 2
     report = run_bench(args)
     if args.json_out:
