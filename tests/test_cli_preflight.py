@@ -31,6 +31,9 @@ from rhymerl.preflight import local_machine
 ROOT = Path(__file__).resolve().parents[1]
 RHYMERL = ROOT / ".venv" / "bin" / "rhymerl"
 BUDGET_S = 5.0
+# On a 1-GPU machine the good inputs' engine and trainer must share the GPU to pass the resources
+# check (extra findings do not disturb the sweep's cases, which look for their own line).
+GPU_SHARE = ["placement.share_gpu=true", "rollout.gpu_memory_utilization=0.4"] if local_machine().gpus == 1 else []
 GOOD_ROW = {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}
 # Settings a user's shell may carry that would change which inputs the run sees.
 _CLEARED_ENV = ("RHYMERL_LAKE", "RHYMERL_MODEL", "RHYMERL_DATASET", "MLFLOW_TRACKING_URI",
@@ -260,7 +263,7 @@ def test_good_inputs_pass_every_check(inputs, s3_server, monkeypatch):
     # The other side of the sweep: the shared inputs are good (else the sweep proves nothing).
     for name, value in _s3_env(s3_server).items():
         monkeypatch.setenv(name, value)
-    overrides = inputs.args()[2:]  # after "run --set"
+    overrides = inputs.args()[2:] + GPU_SHARE  # after "run --set"
     assert run_checks(load_config(None, overrides), {}) == []
     s3 = load_config(None, overrides + [f'lake.url="s3://{s3_server.bucket}/good"'])
     assert run_checks(s3, {}) == []
@@ -271,7 +274,7 @@ def test_deployment_flows_run_the_same_checks(inputs):
     from flows.deployments import check_inputs
     from rhymerl.config import config_to_dict
 
-    check_inputs(config_to_dict(load_config(None, inputs.args()[2:])))
+    check_inputs(config_to_dict(load_config(None, inputs.args()[2:] + GPU_SHARE)))
     bad = config_to_dict(load_config(None, inputs.args()[2:] + ['model.path="/nonexistent"']))
     with pytest.raises(ValueError, match="model: model folder /nonexistent does not exist"):
         check_inputs(bad)
