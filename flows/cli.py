@@ -111,33 +111,32 @@ def _train(cfg, args: argparse.Namespace) -> int:
     line (engines, Ray, libraries, Prefect) goes to logs/<run_id>/run.log and the terminal shows
     the start lines, one line per step, warnings that matter and the final table."""
     from rhymerl.config import config_to_dict
-    from rhymerl.console import RunConsole, capture_output
+    from rhymerl.console import RunConsole
     from rhymerl.records import new_run_id
 
     run_id = args.resume or new_run_id(cfg.name)
     log_file = Path("logs") / run_id / "run.log"
-    out, err = (sys.stdout, sys.stderr) if args.verbose else capture_output(log_file)
-    print(_banner(cfg, run_id, log_file, args.verbose), file=out, flush=True)
+    out, err = _open_console(cfg, run_id, log_file, args.verbose)
     from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
     from rhymerl.data import DatasetError
     from rhymerl.report import format_summary
     from storage.lake import LakeError
     from tasks.recovery import TrainerLost, WorkerLost
 
-    if not args.verbose:
-        logging.getLogger().addHandler(RunConsole(out, cfg.epochs * cfg.steps_per_epoch,
-                                                  cfg.steps_per_epoch, os.environ))
-    where = f"the full log is {log_file}" if not args.verbose else "the log is above"
+    if not args.verbose:  # after Prefect's import: its logging setup replaces the root's handlers
+        logging.getLogger().addHandler(RunConsole(out, cfg.epochs * cfg.steps_per_epoch, cfg.steps_per_epoch,
+                                                  os.environ))
+    see = "see above" if args.verbose else f"the log: {log_file}"
     t0 = time.perf_counter()
     try:
         result = run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
     except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
-        # Bad input the checks above could not see: the log has the traceback;
+        # Bad input the checks before the start could not see: the log has the traceback;
         # the user needs the one line that names the problem and the fix.
-        print(f"error: {exc}\n({where})", file=err)
+        print(f"error: {exc}\n({see})", file=err)
         return EXIT_BAD_INPUT
     except (TrainerLost, WorkerLost) as exc:  # an actor died for good; the message says how to resume
-        print(f"error: {exc}\n({where})", file=err)
+        print(f"error: {exc}\n({see})", file=err)
         return EXIT_RUN_LOST
     except KeyboardInterrupt:
         print(f"interrupted; continue with: rhymerl run --resume {run_id} --lake {cfg.lake.url}", file=err)
@@ -146,14 +145,24 @@ def _train(cfg, args: argparse.Namespace) -> int:
         traceback.print_exc()
         if args.debug and not args.verbose:
             traceback.print_exc(file=err)
-        print(f"error: {type(exc).__name__}: {exc}\n(the traceback: {where}; --debug prints it here)", file=err)
+        print(f"error: {type(exc).__name__}: {exc}\n(traceback: {see}; --debug prints it here)", file=err)
         return EXIT_FAILED
     if not args.verbose:  # the flow logged the table to the log file; a person wants it here
         print(format_summary(result["epochs"], run_id, cfg.lake.url, cfg.tracking.uri, result["mlflow_run_id"],
                              result["skipped_prompts"]), file=out)
-    logs = f"; logs in {log_file.parent}/" if not args.verbose else ""
+    logs = "" if args.verbose else f"; logs in {log_file.parent}/"
     print(f"run {run_id} done in {time.perf_counter() - t0:.0f}s wall time{logs}", file=out)
     return 0
+
+
+def _open_console(cfg, run_id: str, log_file: Path, verbose: bool):
+    """The terminal's (out, err) streams, after the banner; without `verbose` everything else
+    this process and its children write goes to `log_file`."""
+    from rhymerl.console import capture_output
+
+    out, err = (sys.stdout, sys.stderr) if verbose else capture_output(log_file)
+    print(_banner(cfg, run_id, log_file, verbose), file=out, flush=True)
+    return out, err
 
 
 def _banner(cfg, run_id: str, log_file: Path, verbose: bool) -> str:

@@ -169,7 +169,15 @@ def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path, s3_ur
            "PREFECT_HOME": str(tmp_path / ".prefect"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([str(BIN / "rhymerl"), "run", "--config", str(config)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    logs = sorted((tmp_path / "logs").glob("*/run.log"))  # engines, Ray and Prefect log here
+    log = logs[0].read_text() if logs else ""
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:] + log[-6000:]
+    # The console (docs/console-and-errors.md): one progress line per step and the final table;
+    # Prefect's task lines and the actors' streamed logs are in the run log, not on the terminal.
+    assert [line.split("]")[1].split("|")[0].strip() for line in proc.stdout.splitlines()
+            if line.startswith("epoch 0 [")] == ["step 1/2", "step 2/2"], proc.stdout
+    assert "Run cluster-" in proc.stdout and f"logs in logs/{logs[0].parent.name}/" in proc.stdout
+    assert "Finished in state" not in proc.stdout + proc.stderr and "Finished in state" in log
 
     # The run went through the cluster: the rollout worker on the worker node, the trainer on the head.
     client = MlflowClient(f"sqlite:///{db}")
