@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     from flows.preflight import report, run_checks
 
-    found = run_checks(cfg, os.environ, debug=args.debug)
+    found = run_checks(cfg, os.environ, debug=args.debug, resume=args.resume)
     if found:
         print(report(found), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -16,13 +16,13 @@ from prefect import flow
 from tasks.ops import lake_report_task, latest_run_task, retrain_config_task, retrain_plan_task, train_config_task
 
 
-def check_inputs(config: dict) -> None:
+def check_inputs(config: dict, resume: str | None = None) -> None:
     """`rhymerl run`'s input checks (flows/preflight.py) on the worker, before anything starts:
     ValueError naming every problem, one line each."""
     from flows.preflight import report, run_checks
     from rhymerl.config import config_from_dict
 
-    found = run_checks(config_from_dict(config), os.environ)
+    found = run_checks(config_from_dict(config), os.environ, resume=resume)
     if found:
         raise ValueError(report(found))
 
@@ -63,7 +63,7 @@ def retrain(experiment: str = "rhymerl", extra_epochs: int = 1, lake: str = "lak
     run = latest_run_task(lake, experiment)
     config = retrain_config_task(run, extra_epochs, overrides)
     plan = retrain_plan_task(run, config, extra_epochs)
-    check_inputs(plan["config"])
+    check_inputs(plan["config"], plan["resume"])
     from flows.run import run_flow
 
     result = run_flow(config=plan["config"], resume=plan["resume"])

@@ -18,39 +18,55 @@ from urllib.parse import urlsplit
 from rhymerl.config import RunConfig
 from rhymerl.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
                                local_machine, parse_ray_address)
-from storage.probe import lake_problems, tcp_problem, tracking_problems
+from storage.checkpoints import checkpoint_url
+from storage.probe import checkpoint_problems, lake_problems, tcp_problem, tracking_problems
 
 Check = Callable[[], list[Finding]]
 
 
-def checks(cfg: RunConfig, environ: Mapping[str, str]) -> dict[str, Check]:
-    """The named checks of a run with config `cfg` in environment `environ`, in report order."""
+def checks(cfg: RunConfig, environ: Mapping[str, str], resume: str | None = None) -> dict[str, Check]:
+    """The named checks of a run with config `cfg` in environment `environ` (continuing run
+    `resume`, if given), in report order."""
     ray_address = environ.get("RAY_ADDRESS", "").strip()
-    found: dict[str, Check] = {
+    return {
         "config": lambda: check_config(cfg),
         "model": lambda: check_model(cfg),
         "dataset": lambda: check_dataset(cfg),
-        "lake": lambda: [Finding("lake", m) for m in lake_problems(cfg.lake.url)],
+        "lake": lambda: _lake_findings(cfg, resume),
         "tracking": lambda: [Finding("tracking", m) for m in tracking_problems(cfg.tracking.uri)],
         "ray": lambda: _ray_findings(ray_address),
         "prefect": lambda: _prefect_findings(environ.get("PREFECT_API_URL", "").strip()),
         "resources": lambda: check_resources(cfg, local_machine(),
                                              cluster=ray_address not in ("", "local")),
     }
-    if cfg.checkpoint.dir:  # checkpoints elsewhere than next to the lake: the same requirements
-        found["checkpoints"] = lambda: [Finding("lake", f"checkpoint.dir: {m}")
-                                        for m in lake_problems(cfg.checkpoint.dir)]
+
+
+def _lake_findings(cfg: RunConfig, resume: str | None) -> list[Finding]:
+    """The lake, the checkpoint store when `checkpoint.dir` moves it, then (once both answer) the
+    checkpoint a resumed or warm-started run starts from."""
+    found = [Finding("lake", m) for m in lake_problems(cfg.lake.url)]
+    if cfg.checkpoint.dir:
+        found += [Finding("lake", f"checkpoint.dir: {m}") for m in lake_problems(cfg.checkpoint.dir)]
+    if found:
+        return found
+    store = checkpoint_url(cfg.lake.url, cfg.checkpoint.dir)
+    if resume:
+        found += [Finding("lake", m) for m in checkpoint_problems(store, resume, "--resume")]
+    if cfg.model.init_from_run:
+        found += [Finding("model", m) for m in checkpoint_problems(store, cfg.model.init_from_run,
+                                                                   "model.init_from_run")]
     return found
 
 
-def run_checks(cfg: RunConfig, environ: Mapping[str, str], debug: bool = False) -> list[Finding]:
+def run_checks(cfg: RunConfig, environ: Mapping[str, str], debug: bool = False,
+               resume: str | None = None) -> list[Finding]:
     """Every problem with the run's inputs, in report order; [] = the run may start.
 
     A check that raises reports that as its finding (with the traceback on stderr under `debug`)
     rather than letting the run start on an input nobody could check. Under `debug` each
     check's time goes to stderr.
     """
-    named = checks(cfg, environ)
+    named = checks(cfg, environ, resume)
     with ThreadPoolExecutor(max_workers=len(named)) as pool:  # the probes mostly wait on sockets
         futures = {name: pool.submit(_timed, name, check, debug) for name, check in named.items()}
         results = {name: future.result() for name, future in futures.items()}
@@ -69,8 +85,8 @@ def _timed(name: str, check: Check, debug: bool) -> tuple[list[Finding], float]:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        found = [Finding(name if name != "checkpoints" else "lake",
-                         f"could not be checked ({type(exc).__name__}: {exc}); rerun with --debug for the traceback")]
+        found = [Finding(name, f"could not be checked ({type(exc).__name__}: {exc}); rerun with --debug "
+                               "for the traceback")]
     return found, time.perf_counter() - t
 
 

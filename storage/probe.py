@@ -136,6 +136,23 @@ def _bucket_message(url: str, bucket: str, endpoint: str, exc: Exception) -> str
     return f"lake {url}: cannot reach bucket '{bucket}' at {endpoint} ({text}); check lake.url and AWS_ENDPOINT_URL"
 
 
+def checkpoint_problems(url: str, run_id: str, setting: str) -> list[str]:
+    """A run that `setting` (model.init_from_run, --resume) starts from must have a committed
+    checkpoint in the checkpoint store at `url`. Call it on a store whose probe passed."""
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import LakeError
+
+    try:
+        steps = CheckpointStore(url).steps(run_id)
+    except LakeError as exc:
+        return [f"{setting} {run_id}: cannot read the checkpoints in {url} ({exc})"]
+    if steps:
+        return []
+    return [f"{setting} {run_id}: that run has no committed checkpoint in {url}; name a run with checkpoints "
+            "(rhymerl lake summary lists the lake's runs; checkpoints live in the lake's _checkpoints, or in "
+            "checkpoint.dir if the run set it)"]
+
+
 def tracking_problems(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
     """Can a run log to the MLflow store at `uri`: a local SQLite database or folder that can be
     created and written, or a server that answers; nothing is created."""
