@@ -26,7 +26,7 @@ from tasks.recovery import WorkerGuard, recover_trainer, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task, warm_start_task
 from tasks.spec import history_task, spec_stats_task
-from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
+from tasks.steps import lake_write_task, reward_task, rollout_task, sync_settings, sync_task, train_task
 
 _RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflows
 
@@ -91,7 +91,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     train = train_task(rt.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
                        cfg.train.adv_eps)
     timings["train_s"] = time.perf_counter() - t
-    sync = sync_task(rt.trainer, rt.workers)
+    sync = sync_task(rt.trainer, rt.workers, guard=rt.guard, **sync_settings(cfg))
     rt.policy_version += 1
     timings["sync_s"] = sync["sync_s"]
     timings["step_s"] = time.perf_counter() - t0
@@ -105,6 +105,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
+              "sync_probe_max_diff": sync["probe_max_diff"],
               **{f"train_{k}": v for k, v in train.items()}}
     record["worker_restarts"] = float(rt.guard.new_restarts()) if rt.guard is not None else 0.0
     if (epoch, step) in rt.reuse:  # rollout_s above is the lake read, not a rollout
@@ -150,13 +151,13 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         if resume:
             start = restore_task(rt)
             # The engines take the restored weights; the run's "initial" weights are these now.
-            rt.initial_fingerprint = sync_task(rt.trainer, rt.workers)["engine_fingerprint"]
+            rt.initial_fingerprint = sync_task(rt.trainer, rt.workers, **sync_settings(cfg))["engine_fingerprint"]
             resume_tracking_task(rt)
             start_epoch, start_step = start.epoch, start.step
         else:
             if cfg.model.init_from_run:  # a new run on another run's weights (e.g. retrain, new data)
                 rt.warm_start = warm_start_task(rt)
-                rt.initial_fingerprint = sync_task(rt.trainer, rt.workers)["engine_fingerprint"]
+                rt.initial_fingerprint = sync_task(rt.trainer, rt.workers, **sync_settings(cfg))["engine_fingerprint"]
             start_tracking_task(rt)
         # Restarted rollout workers get the trainer's weights and the history before they sample.
         rt.guard = WorkerGuard.watch(rt.workers, rt.trainer, cfg.recovery.restart_timeout_s, run_id,

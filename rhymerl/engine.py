@@ -206,6 +206,16 @@ class VllmEngine:
     def weights_fingerprint(self) -> float:
         return float(self.llm.collective_rpc("rhymerl_weights_fingerprint")[0])
 
+    def probe_logprobs(self, ids: Sequence[int]) -> list[float]:
+        """Raw log-prob of ids[i + 1] given ids[:i + 1] (vLLM's prompt log-probs): a function of
+        every weight, compared with `Trainer.probe_logprobs` after each weight sync."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
+        return [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], ids[1:])]
+
     def spec_stats(self) -> SpecStats | None:
         """Speculation counters since the last call; None when speculation is off.
 

@@ -44,6 +44,13 @@ TOKENIZER_FILES = (
 )
 
 
+def probe_ids(vocab_size: int, length: int = 32) -> list[int]:
+    """Fixed token ids (a seeded draw) on which engines and trainer compare their log-probs after
+    a weight sync: a check that covers every weight, unlike sums of the parameters both store alike."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+
+
 @dataclass(frozen=True)
 class TrainExample:
     """One response to train on: its prompt, its tokens, and its (group-normalised) advantage.
@@ -174,6 +181,12 @@ class Trainer:
             lengths = padded.mask.sum(dim=1).long().tolist()
             out.extend(row[:n].tolist() for row, n in zip(logp, lengths))
         return out
+
+    @torch.no_grad()
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """Raw log-prob (no temperature) of ids[i + 1] given ids[:i + 1], for i < len(ids) - 1."""
+        logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:], device=self.device)[:, None])[:, 0].tolist()
 
     # ------------------------------------------------------------ training
 

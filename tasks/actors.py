@@ -153,6 +153,11 @@ class RolloutWorker:
         with self._engine_lock:
             return self.engine.weights_fingerprint()
 
+    def probe(self, ids: list[int]) -> list[float]:
+        """The engine's log-probs of the probe tokens (see `VllmEngine.probe_logprobs`)."""
+        with self._engine_lock:
+            return self.engine.probe_logprobs(ids)
+
     def info(self) -> dict:
         return {"worker_id": self.worker_id, "node_id": self.node_id, "pid": os.getpid()}
 
@@ -181,6 +186,13 @@ class TrainerWorker:
         from rhymerl.vllm_ext import weights_fingerprint
 
         return weights_fingerprint(self.trainer.model.named_parameters())
+
+    def probe(self, length: int) -> tuple[list[int], list[float]]:
+        """Probe token ids for this model's vocabulary and the trainer's log-probs of them."""
+        from rhymerl.trainer import probe_ids
+
+        ids = probe_ids(self.trainer.vocab_size, length)
+        return ids, self.trainer.probe_logprobs(ids)
 
     def export_state(self) -> bytes:
         """Policy, optimizer, policy version and torch RNG as bytes (a checkpoint's trainer.pt)."""

@@ -234,7 +234,7 @@ def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
     checkpoints are off, none is committed yet, or `recovery.trainer_restarts` are used up.
     """
     from tasks.resume import restore_task
-    from tasks.steps import sync_task
+    from tasks.steps import WeightsMismatch, sync_settings, sync_task
 
     cfg = rt.cfg
     if cfg.checkpoint.every_steps == 0:
@@ -255,10 +255,11 @@ def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
     except ValueError as err:  # no committed checkpoint yet (the trainer died in the first step)
         raise TrainerLost(f"run {rt.run_id}: the trainer actor died and {err}; start the run again") from exc
     rt.logged_steps = logged  # MLflow already has these steps: a retrained step is not logged twice
-    sync = sync_task(rt.trainer, rt.workers)
-    if not math.isclose(sync["engine_fingerprint"], sync["trainer_fingerprint"], rel_tol=FINGERPRINT_RTOL):
-        raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, "the engines did not take the restored "
-                                       "weights")) from exc
+    try:
+        sync_task(rt.trainer, rt.workers, guard=guard, **sync_settings(cfg))
+    except WeightsMismatch as err:
+        raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, f"the engines did not take the restored "
+                                       f"weights ({err})")) from exc
     guard.trainer_restarts += 1
     if rt.tracker is not None:
         rt.tracker.log_metrics({"trainer_restarts": float(guard.trainer_restarts)}, step=plan.global_step)

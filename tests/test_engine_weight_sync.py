@@ -57,7 +57,17 @@ def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
                     param.mul_(1.5)
         expected = _hf_greedy(model, ids, 4)
         assert expected != before, "the update must change the greedy continuation to be a test"
+        probe = list(ids[:32])
+        stale = engine.probe_logprobs(probe)
         engine.load_weights(model.state_dict().items())
         assert engine.generate([prompt], greedy)[0].token_ids == expected
+        # Rule (sync check): the probe's log-probs, a function of every weight, are the new
+        # model's after the update, and were far from them before it (norm/embedding sums are
+        # unchanged by this update: only a probe sees it).
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([probe])).logits[0, :-1].float(), -1)
+        want = logp.gather(1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
+        assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
+        assert max(abs(a - b) for a, b in zip(stale, want)) > 0.05
     finally:
         shutdown_llm(engine.llm)

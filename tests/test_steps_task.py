@@ -3,6 +3,8 @@ rows it does not."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rhymerl.records import Prompt, Sample
@@ -54,3 +56,103 @@ def test_committed_rows_of_another_policy_stop_the_step(tmp_path):
     _write(lake, token=7, version=2)
     with pytest.raises(ValueError, match="off-policy"):
         _write(lake, token=9, version=3)
+
+
+# ---------------------------------------------------------------- weight sync (real Ray, fake actors)
+
+
+class FakeEngine:
+    """Holds one number as its 'weights'; its probe log-probs depend on it (as on every weight)."""
+
+    def __init__(self, stale: bool = False, die_flag: str = "") -> None:
+        self.weights, self.stale, self.die_flag = 0.0, stale, die_flag
+
+    def load_weights(self, state):
+        import os
+
+        if self.die_flag and os.path.exists(self.die_flag):
+            os.unlink(self.die_flag)
+            os._exit(1)  # dies during the sync, once
+        if not self.stale:
+            self.weights = state["w"]
+        return 1.0  # the sum of norms alone cannot tell a stale engine: the probe must
+
+    def probe(self, ids):
+        return [-self.weights * i for i in ids[1:]]
+
+    def info(self):
+        import os
+
+        return {"pid": os.getpid()}
+
+
+class FakeTrainerActor:
+    def state_for_engine(self):
+        return {"w": 2.0}
+
+    def weights_fingerprint(self):
+        return 1.0
+
+    def probe(self, length):
+        ids = list(range(length))
+        return ids, [-2.0 * i for i in ids[1:]]
+
+
+class ResyncGuard:
+    """What `WorkerGuard.recover` does, for fakes: wait for Ray's restart, load the trainer's weights."""
+
+    def __init__(self, workers, trainer) -> None:
+        self.workers, self.trainer, self.recovered = workers, trainer, []
+
+    def recover(self, w, exc):
+        import ray
+
+        for _ in range(300):
+            try:
+                ray.get(self.workers[w].info.remote(), timeout=5)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.1)
+        ray.get(self.workers[w].load_weights.remote(self.trainer.state_for_engine.remote()))
+        self.recovered.append(w)
+
+
+@pytest.fixture(scope="module")
+def ray_fakes():
+    import sys
+
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_sync_checks_every_engine_by_probe(ray_fakes):
+    # Rule: every engine is checked every step, by a probe that depends on all weights: worker 1
+    # kept its old weights (equal parameter sums) and the sync refuses, naming it.
+    from tasks.steps import WeightsMismatch, sync_task
+
+    trainer = ray_fakes.remote(FakeTrainerActor).remote()
+    good = [ray_fakes.remote(FakeEngine).remote() for _ in range(2)]
+    out = sync_task.fn(trainer, good, probe_len=8)
+    assert out["probe_max_diff"] == 0.0 and out["engine_fingerprint"] == out["trainer_fingerprint"]
+    stale = [good[0], ray_fakes.remote(FakeEngine).remote(stale=True)]
+    with pytest.raises(WeightsMismatch, match="rollout worker 1 does not hold"):
+        sync_task.fn(trainer, stale, probe_len=8)
+
+
+def test_a_worker_dying_in_the_sync_is_recovered(ray_fakes, tmp_path):
+    # Rule: a worker that dies during the weight sync goes through the rollout's recovery (restart,
+    # then the trainer's weights) and is checked like the others.
+    from tasks.steps import sync_task
+
+    flag = tmp_path / "die"
+    flag.write_text("")
+    trainer = ray_fakes.remote(FakeTrainerActor).remote()
+    workers = [ray_fakes.remote(FakeEngine).remote(),
+               ray_fakes.remote(FakeEngine).options(max_restarts=1).remote(die_flag=str(flag))]
+    guard = ResyncGuard(workers, trainer)
+    out = sync_task.fn(trainer, workers, guard=guard, probe_len=8)
+    assert guard.recovered == [1] and out["probe_max_diff"] == 0.0
