@@ -7,7 +7,7 @@ import pytest
 from rhymerl.config import ConfigError, load_config
 from rhymerl.histospec.drafter import SpecConfig, SpecStats
 from rhymerl.histospec.history import counted_by_vllm, engine_speculation, uses_bundle
-from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_group, responses_per_step
+from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
 from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
 from rhymerl.preflight import check_config
@@ -76,11 +76,18 @@ def test_exact_repeat_drafts_grow_with_the_match(arm):
 
 
 @needs_arctic
-def test_one_step_cache_forgets_last_epoch():
-    # Rule: a cache sized to one step evicts (FIFO) the prompt's previous epoch before its next group.
-    recs = [RecordedResponse("p", 0, HIST, step=0), RecordedResponse("p", 1, HIST, step=1)]
-    report = replay(recs, SUFFIX, arm=SuffixArm(cache_steps=1.0))
-    assert report.per_epoch[1].drafted == 0 and report.per_epoch[1].steps == 10
+def test_one_step_cache_keeps_the_last_step_only():
+    # Rule: cache_steps=1 holds the previous step's responses besides the step in flight (steps of 1
+    # response here: 2 slots), so p's epoch 0 is drafted from one step later but evicted (FIFO) two
+    # steps later, when q's response came in between.
+    other = tuple(range(20, 30))
+    near = [RecordedResponse("p", 0, HIST, step=0), RecordedResponse("p", 1, HIST, step=1)]
+    far = [RecordedResponse("p", 0, HIST, step=0), RecordedResponse("q", 0, other, step=1),
+           RecordedResponse("p", 1, HIST, step=2)]
+    arm = SuffixArm(cache_steps=1.0)
+    assert replay(near, SUFFIX, arm=arm).per_epoch[1].accepted == 5
+    assert replay(far, SUFFIX, arm=arm).per_epoch[1].drafted == 0
+    assert replay(far, SUFFIX, arm=SuffixArm()).per_epoch[1].accepted == 5  # the stock cache keeps it
 
 
 @needs_arctic
@@ -99,8 +106,8 @@ def test_prompt_scope_holds_only_the_prompts_history():
 def test_siblings_draft_for_each_other_in_lockstep():
     # Same case as HistoSpec's sibling test: B runs one token ahead, so in round 3 A's tail [1,2]
     # finds 2 -> 3 in B and drafts [3] (match 1, factor 1), accepted. 8 steps, 9 tokens, 1 of 1.
-    stats = replay_suffix_group(SuffixArm().new_cache(-1), "g", (), [(1, 2, 3, 4, 5), (2, 3, 4, 5)],
-                                SUFFIX, SuffixArm(), SpecStats())
+    requests = [("a", (), (1, 2, 3, 4, 5)), ("b", (), (2, 3, 4, 5))]
+    stats = replay_suffix_batch(SuffixArm().new_cache(-1), requests, SUFFIX, SuffixArm(), SpecStats())
     assert (stats.steps, stats.tokens, stats.drafted, stats.accepted) == (8, 9, 1, 1)
 
 
@@ -144,3 +151,13 @@ def test_engine_drafts_with_suffix_through_the_exact_verifier(tiny_model):
     assert first == expected and second == expected
     assert stats.accepted > 0 and stats.mean_accepted_length > 2
     assert len(sampled) == 4 * len(prompts)
+
+
+@needs_arctic
+def test_a_steps_groups_run_together_in_the_global_cache():
+    # Rule: groups of one step run concurrently (as on one engine), so an identical response of
+    # another prompt in the same step is never ahead to draft from; one step later it is.
+    same_step = [RecordedResponse("p", 0, HIST, step=0), RecordedResponse("q", 0, HIST, step=0)]
+    next_step = [RecordedResponse("p", 0, HIST, step=0), RecordedResponse("q", 0, HIST, step=1)]
+    assert replay(same_step, SUFFIX, arm=SuffixArm()).per_epoch[0].drafted == 0
+    assert replay(next_step, SUFFIX, arm=SuffixArm()).per_epoch[0].accepted == 5

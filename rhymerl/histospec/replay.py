@@ -180,59 +180,66 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
 def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: SuffixArm,
                   only_epochs: Collection[int] | None = None,
                   on_prompt: Callable[[], None] | None = None) -> ReplayReport:
-    """Replay the groups through Arctic Inference's `SuffixDecodingCache`, as vLLM's `suffix` method
+    """Replay the responses through Arctic Inference's `SuffixDecodingCache` as vLLM's `suffix` method
     drafts: per step, the better (by score) of the request's own tree (prompt + response so far) and
     the cache's tree of responses, at most `config.max_budget` tokens, stopping where the estimated
     token probability falls below `arm.min_token_prob` or past `arm.max_spec_factor` x the match.
 
-    Groups run in lockstep as in `replay_group`; a group's requests are active (so siblings see each
-    other's tokens as they grow) until the group ends, then stay cached. `arm.scope` "global" keeps one
-    cache for all groups in generation order (epoch, step, prompt): epochs not in `only_epochs`
-    still feed it. "prompt" gives each group a fresh cache preloaded with the prompt's history
-    (`history_for`, the responses HistoSpec's index holds).
+    `arm.scope` "global": one cache for the run; each training step's requests (all its groups) run
+    in one lockstep batch, as one engine would run them, steps in order (epoch, step); epochs not in
+    `only_epochs` still feed the cache. "prompt": each group runs in lockstep on a fresh cache
+    preloaded with the prompt's history (`history_for`: the responses HistoSpec's index holds).
+    Either way a request's tokens join the cache as they are emitted, so siblings see each other.
     """
     records = list(records)
     report = ReplayReport(config)
-    by_group: dict[tuple[int, int, str], list[RecordedResponse]] = defaultdict(list)
+    batches: dict[tuple, list[RecordedResponse]] = defaultdict(list)
     for r in records:
-        by_group[(r.epoch, r.step, r.prompt_id)].append(r)
+        batches[(r.epoch, r.step) if arm.scope == "global" else (r.epoch, r.step, r.prompt_id)].append(r)
     if arm.scope == "prompt":
         by_prompt: dict[str, dict[int, list[RecordedResponse]]] = defaultdict(lambda: defaultdict(list))
         for r in records:
             by_prompt[r.prompt_id][r.epoch].append(r)
     else:
         size = arm.max_cached_requests
-        if arm.cache_steps > 0:
-            size = max(1, round(arm.cache_steps * responses_per_step(records)))
+        if arm.cache_steps > 0:  # that many steps of finished responses, plus the step in flight
+            size = max(1, round((arm.cache_steps + 1) * responses_per_step(records)))
         cache = arm.new_cache(size)
-    last_epoch = max((e for e, _, _ in by_group if only_epochs is None or e in only_epochs), default=None)
-    for epoch, step, pid in sorted(by_group):  # generation order
-        group = by_group[(epoch, step, pid)]
+    last_epoch = max((k[0] for k in batches if only_epochs is None or k[0] in only_epochs), default=None)
+    for key in sorted(batches):  # generation order
+        batch, epoch = batches[key], key[0]
         wanted = only_epochs is None or epoch in only_epochs
         stats = report.per_epoch.setdefault(epoch, SpecStats()) if wanted else SpecStats()
         if arm.scope == "prompt":
             if not wanted:
                 continue
-            hist = history_for(by_prompt[pid], epoch, config.history_epochs)
+            hist = history_for(by_prompt[batch[0].prompt_id], epoch, config.history_epochs)
             t0 = time.perf_counter()
             cache = arm.new_cache(-1)
             for j, h in enumerate(hist):
                 _cache_response(cache, ("history", j), h.token_ids)
             stats.index_seconds += time.perf_counter() - t0
             stats.index_tokens += sum(len(h.token_ids) for h in hist)
-        replay_suffix_group(cache, (epoch, step, pid), group[0].prompt_token_ids,
-                            [r.token_ids for r in group], config, arm, stats)
+        requests = [((r.epoch, r.step, r.prompt_id, k), r.prompt_token_ids, r.token_ids)
+                    for k, r in enumerate(batch)]
+        replay_suffix_batch(cache, requests, config, arm, stats)
         if on_prompt is not None and epoch == last_epoch:
-            on_prompt()
+            for _ in {r.prompt_id for r in batch}:
+                on_prompt()
     return report
 
 
-def replay_suffix_group(cache, key: Hashable, prompt: Sequence[int], responses: Sequence[Sequence[int]],
+def replay_suffix_batch(cache, requests: Sequence[tuple[Hashable, Sequence[int], Sequence[int]]],
                         config: SpecConfig, arm: SuffixArm, stats: SpecStats) -> SpecStats:
-    """Replay one group in lockstep through `cache` (a `SuffixDecodingCache`); request ids (key, k)."""
-    prompt = [int(t) for t in prompt]
-    ids = [(key, k) for k in range(len(responses))]
-    for rid in ids:
+    """Replay (request id, prompt, response) triples in lockstep through `cache`, a `SuffixDecodingCache`.
+
+    Each round drafts for every unfinished request, then verifies them all and adds the emitted
+    tokens to the cache (as vLLM's proposer adds a step's sampled tokens before it drafts again).
+    """
+    ids = [rid for rid, _, _ in requests]
+    prompts = [[int(t) for t in prompt] for _, prompt, _ in requests]
+    responses = [resp for _, _, resp in requests]
+    for rid, prompt in zip(ids, prompts):
         cache.start_request(rid, prompt)
     depth = arm.max_tree_depth
     pos = [0] * len(responses)
@@ -241,7 +248,7 @@ def replay_suffix_group(cache, key: Hashable, prompt: Sequence[int], responses: 
         t0 = time.perf_counter()
         drafts = []
         for k in active:
-            context = (prompt + list(responses[k][max(0, pos[k] - depth):pos[k]]))[-depth:]
+            context = (prompts[k] + list(responses[k][max(0, pos[k] - depth):pos[k]]))[-depth:]
             drafts.append(cache.speculate(ids[k], context, max_spec_tokens=config.max_budget,
                                           max_spec_factor=arm.max_spec_factor,
                                           min_token_prob=arm.min_token_prob).token_ids if context else [])

@@ -53,10 +53,12 @@ class SuffixArm:
     """Which responses a replayed suffix cache holds, and its drafting knobs (vLLM's stock by default).
 
     scope "global": one cache for the whole run, fed every response in the order the run generated
-    them (epoch, step, prompt), the newest `max_cached_requests` kept (FIFO) — what one vLLM engine's
-    stock cache holds when it serves every request. `cache_steps > 0` sizes it instead to that many
-    training steps' worth of responses (the median step of the records): what a per-engine cache keeps
-    at real scale, where an epoch is far larger than any cache.
+    them (epoch, step), the newest `max_cached_requests` kept (FIFO; requests in flight count) — what
+    one vLLM engine's stock cache holds when it serves every request. `cache_steps > 0` sizes it
+    instead to that many training steps of finished responses plus the step in flight (steps of the
+    records' median size): what a per-engine cache keeps at real scale, where an epoch's responses
+    are spread over many engines and far outnumber any cache, so a prompt's own earlier responses
+    are gone and only recent responses of other prompts and its siblings remain.
     scope "prompt": a fresh cache per group holding exactly HistoSpec's information — the prompt's
     responses from its last `spec.history_epochs` epochs plus its siblings as they grow.
     """

@@ -32,7 +32,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 # What each suffix setting's cache holds (rhymerl.histospec.suffix.SuffixArm): the stock global cache
 # (10,000 responses), one cache per prompt holding HistoSpec's information, and a global cache holding
-# about one training step of responses (what a per-engine cache keeps when an epoch outgrows it).
+# the last training step's responses besides the step in flight (what a per-engine cache keeps when an
+# epoch outgrows it).
 SUFFIX_ARMS: dict[str, SuffixArm] = {
     "suffix": SuffixArm(),
     "suffix-prompt": SuffixArm(scope="prompt"),
