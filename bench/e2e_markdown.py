@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.e2e_analysis import OVERHEAD, SPLIT
-from bench.e2e_report import SPLIT_LABELS, mean_sd, num
+from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 
 ROWS = [("wall_s", "step time (epoch wall), s"), *[(k, f"  {SPLIT_LABELS[k]}, s") for k in SPLIT],
         ("overhead_s", "overhead (plan .. epoch flow), s")]

@@ -16,14 +16,11 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.e2e_analysis import compare, parity
+from bench.e2e_format import SPLIT_LABELS, mean_sd, num
+from bench.e2e_markdown import markdown
 from bench.e2e_scale import ScaleSpec, estimate
 
 STEP_TARGET, OVERHEAD_TARGET = 2.6, 0.10
-SPLIT_LABELS = {"rollout_s": "rollout", "reward_s": "reward", "train_s": "train", "sync_s": "weight sync",
-                "index_s": "index build", "plan_s": "plan (forecast query)", "lake_s": "lake write",
-                "measure_s": "measure (bubble, Gantt)", "log_s": "log (MLflow, steps row)",
-                "checkpoint_s": "checkpoint", "dispatch_s": "dispatch (Prefect/Ray)",
-                "flow_s": "epoch flow"}
 
 
 def machine() -> str:
@@ -118,15 +115,6 @@ def _targets(report: dict) -> dict:
             "accuracy_parity": {"p_value": acc.get("p_value"), "diff": acc.get("diff"), "met": acc.get("parity")}}
 
 
-def num(x, fmt: str = ".2f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
-def mean_sd(cell: dict, fmt: str = ".2f") -> str:
-    """mean ± sd over seeds (sd only with > 1 seed)."""
-    return num(cell["mean"], fmt) + (f" ± {num(cell['sd'], fmt)}" if cell["n"] > 1 else "")
-
-
 def format_text(report: dict) -> str:
     """The readable table printed to stdout: per epoch and overall, both arms and their ratio."""
     s = report["settings"]
@@ -167,8 +155,7 @@ def format_text(report: dict) -> str:
 
 def write_report(runs: Sequence[dict], spec, scale: dict) -> dict:
     """Build the report and write OUT/e2e.json, OUT/REPORT.md and the plots; returns the report."""
-    from bench.e2e_markdown import markdown
-    from bench.e2e_plots import plot_all
+    from bench.e2e_plots import plot_all  # matplotlib only when a report is written
 
     out = Path(spec.out)
     report = build_report(runs, spec, scale)
