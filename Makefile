@@ -100,7 +100,7 @@ ui: $(STAMP)
 
 # Everything but the benchmark smoke tests (`bench` marker), which `make bench` runs.
 test: $(STAMP) browser compose-tool
-	$(BIN)/python -m pytest -q -rs -m "not bench"
+	$(BIN)/python -m pytest -q -rs --durations=25 -m "not bench"
 
 test-fast: $(STAMP) compose-tool
 	$(BIN)/python -m pytest -q -m "not slow"

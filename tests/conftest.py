@@ -7,9 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 S3_BUCKET = "rhymerl-test"
 
@@ -25,6 +23,9 @@ class S3Endpoint:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Endpoint]:
     """moto's S3 server on a free local port for the whole session (real HTTP, no AWS)."""
+    import boto3  # only the tests that use S3 pay for boto3 and moto
+    from moto.server import ThreadedMotoServer
+
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -56,6 +57,16 @@ def lake_url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "local":
         return str(tmp_path / "lake")
     return request.getfixturevalue("s3_url")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test harness (a temporary API server and database) for every test that runs a
+    flow, started once per session instead of once per test (10-30 s each on 2 busy cores)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=240):
+        yield
 
 
 @pytest.fixture(scope="session")

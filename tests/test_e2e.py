@@ -9,9 +9,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_two_epoch_run(tiny_model, s3_url, tmp_path, monkeypatch):
+def test_two_epoch_run(prefect_harness, tiny_model, s3_url, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.run import run_flow
     from rhymerl.config import config_to_dict, load_config
@@ -28,8 +27,7 @@ def test_two_epoch_run(tiny_model, s3_url, tmp_path, monkeypatch):
         # decoupled weight decay still moves the weights each step, so the sync path is exercised.
         "train.weight_decay=0.5",
     ])
-    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
-        result = run_flow(config=config_to_dict(cfg))
+    result = run_flow(config=config_to_dict(cfg))
 
     lake = Lake(s3_url)
     counts = lake.sql("SELECT epoch, step, count(*) AS n FROM rollouts GROUP BY ALL ORDER BY ALL").to_pylist()

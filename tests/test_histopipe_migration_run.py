@@ -7,8 +7,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_forced_migration_keeps_every_sample_once(tiny_model, tmp_path, monkeypatch):
-    from prefect.testing.utilities import prefect_test_harness
+def test_forced_migration_keeps_every_sample_once(prefect_harness, tiny_model, tmp_path, monkeypatch):
 
     from flows.run import run_flow
     from rhymerl.config import config_to_dict, load_config
@@ -24,8 +23,7 @@ def test_forced_migration_keeps_every_sample_once(tiny_model, tmp_path, monkeypa
         "pipe.migrate_per_worker=4", "pipe.gantt=false", "checkpoint.every_steps=0",
         f'lake.url="{lake_url}"', f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"',
     ])
-    with prefect_test_harness(server_startup_timeout=240):
-        run_flow(config=config_to_dict(cfg))
+    run_flow(config=config_to_dict(cfg))
 
     lake = Lake(lake_url)
     per_step = lake.sql("SELECT step, count(*) AS rows, count(DISTINCT (prompt_id, sample_idx)) AS keys, "

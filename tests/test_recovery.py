@@ -63,7 +63,7 @@ def test_recovery_config_is_checked():
     assert load_config(None, []).recovery.trainer_restarts == 1
 
 
-@pytest.mark.slow  # starts a local Ray (seconds; no vLLM)
+# (no `slow` marker: a local Ray and fake workers, seconds; `slow` means vLLM engines)
 def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path):
     # Small real fakes on a real Ray: each "engine" streams one sample per request stamped with the
     # weights and history it holds and its pid; worker 1's first process dies before its 3rd, after
@@ -160,14 +160,13 @@ def _lake_checks(lake_url: str, steps: int, rows: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_killed_worker_and_trainer_recover_in_run(tiny_model, tmp_path, monkeypatch):
+def test_killed_worker_and_trainer_recover_in_run(prefect_harness, tiny_model, tmp_path, monkeypatch):
     # Worker 1's process is SIGKILLed while it still has requests generating (from global step 1
     # on, at its first streamed event that leaves requests unfinished); the trainer's process is
     # SIGKILLed before epoch 1. The run finishes by itself: Ray restarts the worker, which gets the
     # trainer's weights and the history before re-running its unfinished requests; a new trainer
     # is loaded from the checkpoint and trains step (1, 0) on its committed lake rows.
     from mlflow.tracking import MlflowClient
-    from prefect.testing.utilities import prefect_test_harness
 
     import flows.run
     import tasks.stream
@@ -205,8 +204,7 @@ def test_killed_worker_and_trainer_recover_in_run(tiny_model, tmp_path, monkeypa
     monkeypatch.setattr(flows.run, "rollout_task", rollout_arming_the_kill)
     monkeypatch.setattr(tasks.stream._Driver, "take", take_then_kill_worker_1)
     monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
-    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
-        result = flows.run.run_flow(config=config_to_dict(cfg))
+    result = flows.run.run_flow(config=config_to_dict(cfg))
 
     _lake_checks(str(tmp_path / "lake"), steps=4, rows=per_step * n)
     [restart] = seen["guard"].restarts

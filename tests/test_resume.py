@@ -79,13 +79,12 @@ def test_prompts_digest_depends_on_order():
 # ---------------------------------------------------------------- end to end (slow)
 
 @pytest.mark.slow
-def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
+def test_crash_after_lake_commit_then_resume(prefect_harness, tiny_model, tmp_path, monkeypatch):
     # In-run trainer restarts off, the trainer's process is SIGKILLed before epoch 1: global step 2
     # rolls out and commits its lake rows, then its training fails the run with the exact resume
     # command. The resumed run trains that step on its committed rows and finishes: every step
     # once, every row once, the same steps and policy versions as an uninterrupted run, one MLflow run.
     from mlflow.tracking import MlflowClient
-    from prefect.testing.utilities import prefect_test_harness
 
     import flows.run
     from rhymerl.config import config_to_dict, load_config
@@ -113,26 +112,25 @@ def test_crash_after_lake_commit_then_resume(tiny_model, tmp_path, monkeypatch):
         return real_history(*args, **kwargs)
 
     monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
-    with prefect_test_harness(server_startup_timeout=240):  # slow on a busy 2-core machine
-        with pytest.raises(TrainerLost) as err:
-            flows.run.run_flow(config=config_to_dict(cfg))
-        [crashed] = Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist()
-        run_id = crashed["run_id"]
-        assert crashed["status"] == "failed"
-        assert f"rhymerl run --resume {run_id} --lake {lake_url}" in str(err.value)
-        store = CheckpointStore(checkpoint_url(lake_url))
-        assert store.steps(run_id) == [0, 1]  # step 2 was committed to the lake, never trained
-        assert Lake(lake_url).sql("SELECT DISTINCT epoch, step FROM rollouts ORDER BY ALL").to_pylist() == [
-            {"epoch": 0, "step": 0}, {"epoch": 0, "step": 1}, {"epoch": 1, "step": 0}]
-        checkpointed = store.latest(run_id).meta["history"][-1]
-        monkeypatch.setattr(flows.run, "history_task", real_history)
-        result = flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
-        # Retrain: on the same data it continues the run; on new data a new run starts from the
-        # newest checkpoint's weights (1 epoch of 3 other prompts).
-        latest = latest_run_task(lake_url, cfg.tracking.experiment)
-        same = retrain_plan_task(latest, retrain_config_task(latest, 1, None), 1)
-        plan = retrain_plan_task(latest, retrain_config_task(latest, 1, ["data.num_prompts=3", "data.seed=5"]), 1)
-        warm = flows.run.run_flow(config=plan["config"], resume=plan["resume"])
+    with pytest.raises(TrainerLost) as err:
+        flows.run.run_flow(config=config_to_dict(cfg))
+    [crashed] = Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist()
+    run_id = crashed["run_id"]
+    assert crashed["status"] == "failed"
+    assert f"rhymerl run --resume {run_id} --lake {lake_url}" in str(err.value)
+    store = CheckpointStore(checkpoint_url(lake_url))
+    assert store.steps(run_id) == [0, 1]  # step 2 was committed to the lake, never trained
+    assert Lake(lake_url).sql("SELECT DISTINCT epoch, step FROM rollouts ORDER BY ALL").to_pylist() == [
+        {"epoch": 0, "step": 0}, {"epoch": 0, "step": 1}, {"epoch": 1, "step": 0}]
+    checkpointed = store.latest(run_id).meta["history"][-1]
+    monkeypatch.setattr(flows.run, "history_task", real_history)
+    result = flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
+    # Retrain: on the same data it continues the run; on new data a new run starts from the
+    # newest checkpoint's weights (1 epoch of 3 other prompts).
+    latest = latest_run_task(lake_url, cfg.tracking.experiment)
+    same = retrain_plan_task(latest, retrain_config_task(latest, 1, None), 1)
+    plan = retrain_plan_task(latest, retrain_config_task(latest, 1, ["data.num_prompts=3", "data.seed=5"]), 1)
+    warm = flows.run.run_flow(config=plan["config"], resume=plan["resume"])
 
     assert result["run_id"] == run_id
     lake = Lake(lake_url)
