@@ -28,6 +28,9 @@ from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_t
 from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_settings, sync_task, train_task
 
+# Engine vs trainer mean |log-prob| difference above which a step warns. float32 CPU engines agree
+# to ~1e-6; bf16 GPU engines round to ~1e-2; a stale engine after a real update is off by more.
+LOGPROB_DIFF_WARN = 0.05
 _RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflows
 
 
@@ -91,6 +94,11 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     train = train_task(rt.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
                        cfg.train.adv_eps)
     timings["train_s"] = time.perf_counter() - t
+    if train.get("logprob_abs_diff", 0.0) > LOGPROB_DIFF_WARN:
+        get_run_logger().warning(
+            "engine and trainer log-probs differ by %.3g on average in step %d of epoch %d (~1e-6 when they hold "
+            "the same weights and sampling settings): a stale engine or a sampling setting the trainer does "
+            "not apply", train["logprob_abs_diff"], step, epoch)
     sync = sync_task(rt.trainer, rt.workers, guard=rt.guard, **sync_settings(cfg))
     rt.policy_version += 1
     timings["sync_s"] = sync["sync_s"]
