@@ -22,6 +22,7 @@ help:
 	@echo "make run    - install (first time), build the built-in model, run RL training ($(CONFIG))"
 	@echo "make test   - install (first time) and run the whole test suite"
 	@echo "make model  - build the built-in tiny model only"
+	@echo "make arctic - (re)build arctic-inference (vLLM's suffix method; part of setup, ~1.5 min)"
 	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/); e2e in its --quick size"
 	@echo "make bench-e2e - the full end-to-end benchmark, RhymeRL vs baseline (~1 h on 2 cores)"
 	@echo "make ui     - Prefect UI (deployments train/retrain/lake-report + a worker) and MLflow UI on 127.0.0.1"
@@ -72,7 +73,7 @@ $(ARCTIC_STAMP): $(STAMP)
 model: $(STAMP)
 	$(BIN)/rhymerl model build
 
-run: $(STAMP)
+run: $(STAMP) $(ARCTIC_STAMP)
 	$(BIN)/rhymerl model build
 	$(BIN)/rhymerl run --config $(CONFIG)
 
@@ -99,14 +100,14 @@ ui: $(STAMP)
 	$(BIN)/rhymerl ui
 
 # Everything but the benchmark smoke tests (`bench` marker), which `make bench` runs.
-test: $(STAMP) browser compose-tool
+test: $(STAMP) $(ARCTIC_STAMP) browser compose-tool
 	$(BIN)/python -m pytest -q -rs --durations=25 -m "not bench"
 
-test-fast: $(STAMP) compose-tool
+test-fast: $(STAMP) $(ARCTIC_STAMP) compose-tool
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Each benchmark prints a readable table and writes its JSON next to the others.
-bench: $(STAMP)
+bench: $(STAMP) $(ARCTIC_STAMP)
 	mkdir -p $(BENCH_OUT)
 	$(BIN)/python -m bench.pipe_bench --json-out $(BENCH_OUT)/pipe.json
 	$(BIN)/python -m bench.lake_bench --json-out $(BENCH_OUT)/lake.json
