@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -264,6 +263,8 @@ def test_failed_start_leaves_lake_and_mlflow_untouched(inputs, s3_server, tmp_pa
     fresh = Inputs(tmp_path, inputs.model, inputs.dataset, tmp_path / "lake", tmp_path / "mlflow.db")
     r = run_cli(fresh, bad)
     assert r.code == 2 and not fresh.lake.exists() and not fresh.db.exists(), r.output
+    import boto3  # only the tests that use S3 pay for boto3 (as in conftest)
+
     s3 = boto3.client("s3", **{"endpoint_url": s3_server.url, "region_name": "us-east-1",
                                "aws_access_key_id": "testing", "aws_secret_access_key": "testing"})
     r = run_cli(fresh, [*bad, "--lake", f"s3://{s3_server.bucket}/untouched"], _s3_env(s3_server))
