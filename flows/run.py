@@ -106,7 +106,7 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     t = time.perf_counter()
     pipe = measure_task(plan, quote(samples), len(rt.workers), rt.tracker, len(rt.history), cfg.pipe.gantt)
     timings["measure_s"] = time.perf_counter() - t
-    stats = step_stats(samples, [r for r, _, _ in scores], [c for _, c, _ in scores], [f for _, _, f in scores])
+    stats = step_stats(samples, scores)
     record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
               "policy_version": rt.policy_version, **stats.as_metrics(), **timings, **pipe,
               "migrations": float(migrations),

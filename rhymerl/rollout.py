@@ -14,6 +14,7 @@ import torch
 
 from rhymerl.grpo import group_advantages
 from rhymerl.records import Prompt, Sample
+from rhymerl.reward import RewardResult
 
 
 def epoch_order(prompts: Sequence[Prompt], epoch: int, seed: int) -> list[Prompt]:
@@ -80,10 +81,11 @@ class StepStats:
         return {k: float(v) for k, v in self.__dict__.items()}
 
 
-def step_stats(samples: Sequence[Sample], rewards: Sequence[float], correct: Sequence[bool],
-               formatted: Sequence[bool]) -> StepStats:
-    """Reward, accuracy and length statistics over a step's samples."""
-    r = torch.tensor(list(rewards), dtype=torch.float64)
+def step_stats(samples: Sequence[Sample], scores: Sequence[RewardResult]) -> StepStats:
+    """Reward, accuracy and length statistics over a step's samples and their scores."""
+    r = torch.tensor([s.reward for s in scores], dtype=torch.float64)
+    correct = [s.correct for s in scores]
+    formatted = [s.formatted for s in scores]
     lengths = [len(s.token_ids) for s in samples]
     return StepStats(
         reward_mean=float(r.mean()),
@@ -98,18 +100,18 @@ def step_stats(samples: Sequence[Sample], rewards: Sequence[float], correct: Seq
 
 
 def rollout_rows(run_id: str, epoch: int, step: int, prompts: Sequence[Prompt], samples: Sequence[Sample],
-                 scores: Sequence[tuple[float, bool, bool]], policy_version: int) -> list[dict]:
+                 scores: Sequence[RewardResult], policy_version: int) -> list[dict]:
     """One lake row per sample (the column names of `storage.schema.ROLLOUTS_SCHEMA`)."""
     by_id = {p.prompt_id: p for p in prompts}
     rows = []
-    for s, (reward, correct, formatted) in zip(samples, scores):
+    for s, r in zip(samples, scores):
         p = by_id[s.prompt_id]
         rows.append({
             "run_id": run_id, "epoch": epoch, "step": step,
             "prompt_id": s.prompt_id, "prompt_index": p.index, "prompt_text": p.text,
             "sample_idx": s.sample_idx, "response_token_ids": list(s.token_ids),
             "response_text": s.text, "logprobs": list(s.logprobs),
-            "reward": reward, "correct": correct, "formatted": formatted,
+            "reward": r.reward, "correct": r.correct, "formatted": r.formatted,
             "length": len(s.token_ids), "finish_reason": s.finish_reason,
             "policy_version": policy_version, "worker_id": s.worker_id,
             "gen_start": s.t_start, "gen_end": s.t_end,

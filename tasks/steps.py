@@ -19,6 +19,7 @@ from prefect.runtime import task_run
 from rhymerl.config import PipeConfig
 from rhymerl.engine import SamplingSpec
 from rhymerl.records import Prompt, Sample
+from rhymerl.reward import RewardResult
 from rhymerl.rollout import advantages_for, check_groups, rollout_rows
 from rhymerl.trainer import TrainExample
 from storage.lake import LakeWriter, rows_to_table
@@ -48,8 +49,8 @@ def rollout_task(workers: list, plan: Plan, spec: SamplingSpec, prompts: list[Pr
 
 
 @task(name="reward", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def reward_task(prompts: list[Prompt], rollout: StreamedRollout) -> tuple[list[tuple[float, bool, bool]], float]:
-    """Every response's (reward, correct, formatted), waiting only for scoring the rollout has
+def reward_task(prompts: list[Prompt], rollout: StreamedRollout) -> tuple[list[RewardResult], float]:
+    """Every response's score, waiting only for scoring the rollout has
     not finished yet; also the reward compute seconds summed over all its chunks."""
     return collect_scores(rollout, {p.prompt_id: p.answer for p in prompts})
 
@@ -59,13 +60,13 @@ class CommittedStep:
     """What the lake holds for a step, and so what the step trains on."""
 
     samples: list[Sample]
-    scores: list[tuple[float, bool, bool]]
+    scores: list[RewardResult]
     rows_written: int  # 0: the step was committed before this call; samples/scores are those rows
 
 
 @task(name="lake-write", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2)
 def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
-                    samples: list[Sample], scores: list[tuple[float, bool, bool]], policy_version: int,
+                    samples: list[Sample], scores: list[RewardResult], policy_version: int,
                     n: int) -> CommittedStep:
     """Write the step's responses and commit them; a retried attempt never duplicates rows.
 
@@ -87,9 +88,9 @@ def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: 
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
-               scores: list[tuple[float, bool, bool]], scale: bool, eps: float) -> dict:
+               scores: list[RewardResult], scale: bool, eps: float) -> dict:
     """One GRPO update on the trainer actor from the step's samples and rewards."""
-    adv = advantages_for(samples, [r for r, _, _ in scores], scale=scale, eps=eps)
+    adv = advantages_for(samples, [s.reward for s in scores], scale=scale, eps=eps)
     by_id = {p.prompt_id: p for p in prompts}
     batch = [TrainExample(by_id[s.prompt_id].token_ids, s.token_ids, a, s.logprobs) for s, a in zip(samples, adv)]
     return ray.get(trainer.train_step.remote(batch))

@@ -20,16 +20,17 @@ import ray
 from rhymerl.engine import SamplingSpec
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
 from rhymerl.records import Partial, Request, Sample
+from rhymerl.reward import RewardResult
 
 SCORE_CHUNK = 32  # samples per scoring task: big enough to amortise a Ray task, small enough to overlap
 
 
-def score_timed(texts: list[str], golds: list[str]) -> tuple[list[tuple[float, bool, bool]], float]:
-    """(reward, correct, formatted) per response, and the seconds the scoring took."""
+def score_timed(texts: list[str], golds: list[str]) -> tuple[list[RewardResult], float]:
+    """The score of each response, and the seconds the scoring took."""
     from rhymerl.reward import score_batch
 
     t0 = time.perf_counter()
-    scores = [(r.reward, r.correct, r.formatted) for r in score_batch(texts, golds)]
+    scores = score_batch(texts, golds)
     return scores, time.perf_counter() - t0
 
 
@@ -226,14 +227,14 @@ def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingS
     return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard).run()
 
 
-def collect_scores(rollout: StreamedRollout, gold: dict[str, str]) -> tuple[list[tuple[float, bool, bool]], float]:
+def collect_scores(rollout: StreamedRollout, gold: dict[str, str]) -> tuple[list[RewardResult], float]:
     """Scores in sample order and the summed scoring seconds; waits for scoring still running.
 
     A chunk whose Ray task failed is scored again here (on this process), so a lost worker costs
     time, never scores.
     """
     rollout.submit_scoring(gold, force=True)
-    scores: list[tuple[float, bool, bool]] = [None] * len(rollout.samples)  # type: ignore[list-item]
+    scores: list[RewardResult] = [None] * len(rollout.samples)  # type: ignore[list-item]
     total_s = 0.0
     for ref, first, end in rollout.scoring:
         try:

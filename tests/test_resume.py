@@ -7,6 +7,7 @@ from proc_helpers import kill_and_wait
 
 from rhymerl.records import Prompt
 from rhymerl.resume import plan_resume, prompts_digest, samples_from_rows
+from rhymerl.reward import RewardResult
 
 
 def _prompt(i: int) -> Prompt:
@@ -60,7 +61,7 @@ def test_rows_come_back_in_batch_order():
     samples, scores = samples_from_rows(_rows(prompts, 2), prompts, n=2, policy_version=3)
     assert [(s.prompt_id, s.sample_idx) for s in samples] == [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
     assert samples[1].token_ids == (5, 1) and samples[1].logprobs == (-0.1, -0.2)
-    assert scores[:2] == [(0.0, False, True), (1.0, True, True)]
+    assert scores[:2] == [RewardResult(0.0, False, True, None), RewardResult(1.0, True, True, None)]
 
 
 def test_rows_of_other_prompts_or_policies_are_refused():

@@ -4,6 +4,7 @@ import pytest
 
 from rhymerl.records import Prompt, Sample
 from rhymerl.report import epoch_summary, format_table
+from rhymerl.reward import RewardResult
 from rhymerl.rollout import advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats
 
 
@@ -51,10 +52,11 @@ def test_advantages_grouped_by_prompt_in_any_order():
 
 def test_step_stats_and_rows():
     samples = [S("p0", 0, 2), S("p0", 1, 4, finish="length")]
-    st = step_stats(samples, [1.0, 0.0], [True, False], [True, True])
+    st = step_stats(samples, [RewardResult(1.0, True, True, "1"), RewardResult(0.0, False, True, "2")])
     assert (st.reward_mean, st.accuracy, st.length_mean, st.length_max, st.tokens, st.truncated) == \
         (0.5, 0.5, 3.0, 4, 6, 1)
-    rows = rollout_rows("r", 1, 2, [P(0)], samples, [(1.0, True, True), (0.0, False, True)], policy_version=7)
+    rows = rollout_rows("r", 1, 2, [P(0)], samples, [RewardResult(1.0, True, True, "1"), RewardResult(0.0, False, True, "2")],
+                        policy_version=7)
     assert [r["length"] for r in rows] == [2, 4] and rows[0]["prompt_text"] == "q0"
     assert rows[1]["policy_version"] == 7 and rows[1]["finish_reason"] == "length"
 

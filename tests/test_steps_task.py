@@ -8,16 +8,17 @@ import time
 import pytest
 
 from rhymerl.records import Prompt, Sample
+from rhymerl.reward import RewardResult
 from storage.lake import LakeWriter
 from tasks.steps import lake_write_task
 
 PROMPTS = [Prompt(f"p{i}", i, f"q{i}", (i + 1,), str(i)) for i in range(2)]
 
 
-def _samples(token: int) -> tuple[list[Sample], list[tuple[float, bool, bool]]]:
+def _samples(token: int) -> tuple[list[Sample], list[RewardResult]]:
     samples = [Sample(p.prompt_id, k, (token, k), (-0.5, -0.25), f"r{token}", "stop", 0, 1.0, 2.0)
                for p in PROMPTS for k in range(2)]
-    return samples, [(float(k), k == 1, True) for _ in PROMPTS for k in range(2)]
+    return samples, [RewardResult(float(k), k == 1, True, None) for _ in PROMPTS for k in range(2)]
 
 
 def _write(lake: str, token: int, version: int = 3):

@@ -147,7 +147,7 @@ def test_forced_migration_returns_every_sample_once_joined(ray_local):
     assert all(s.migrated_from_worker != s.worker_id for s in moved)
     assert any(s.prompt_id == "long" for s in moved)  # the most overdue (most tokens) move first
     assert len(scores) == len(out.samples) and total_s >= 0
-    assert all(not c and not f for _, c, f in scores)  # "xxx" has no "#### 7": scored, and wrong
+    assert all(not s.correct and not s.formatted for s in scores)  # "xxx" has no "#### 7": scored, and wrong
 
 
 def test_without_a_rule_nothing_moves(ray_local):
