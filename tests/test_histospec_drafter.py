@@ -291,3 +291,14 @@ def test_min_token_prob_stops_before_an_unlikely_branch():
     assert SpecConfig(min_token_prob=0.8).drafter(index).propose([1, 2], 8).tokens == (3,)
     with pytest.raises(ConfigError, match="spec.min_token_prob"):
         SpecConfig(min_token_prob=1.5)
+
+
+def test_max_spec_factor_ties_the_draft_to_the_match():
+    # Draft cap = factor x match length: the tail [2,3] matches 2 tokens, so factor 1 drafts 2 of the
+    # 5 the history offers, 1.5 drafts 3, and 0 (off) all 5.
+    index = SuffixIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]], None, min_match=1, max_match=2)
+    assert HistoSpecDrafter(index, max_spec_factor=1.0).propose([2, 3], 8).tokens == (4, 5)
+    assert HistoSpecDrafter(index, max_spec_factor=1.5).propose([2, 3], 8).tokens == (4, 5, 6)
+    assert SpecConfig(max_spec_factor=0.0).drafter(index).propose([2, 3], 8).tokens == (4, 5, 6, 7, 8)
+    with pytest.raises(ConfigError, match="spec.max_spec_factor"):
+        SpecConfig(max_spec_factor=-1.0)

@@ -52,11 +52,13 @@ class HistoSpecDrafter:
     """Drafts from one prompt's `SuffixIndex` (history plus any siblings added to it)."""
 
     def __init__(self, index: SuffixIndex, reward_weighted: bool = False,
-                 max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0) -> None:
+                 max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
+                 max_spec_factor: float = 0.0) -> None:
         self.index = index
         self.reward_weighted = reward_weighted
         self.max_candidates = max_candidates
         self.min_token_prob = min_token_prob
+        self.max_spec_factor = max_spec_factor
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
@@ -64,6 +66,10 @@ class HistoSpecDrafter:
         n, codes = self.index.match(context)
         if not codes:
             return EMPTY
+        if self.max_spec_factor > 0:  # a short match earns a short draft
+            budget = min(budget, int(self.max_spec_factor * n))
+            if budget <= 0:
+                return EMPTY
         tokens = follow(self.index, codes[-self.max_candidates:], budget, self.reward_weighted,
                         self.min_token_prob)
         return Draft(tuple(tokens), n) if tokens else EMPTY
@@ -276,6 +282,8 @@ class SpecConfig:
     min_token_prob: float = option(0.0, "stop a draft before a token whose estimated probability (the product of "
                                    "the chosen branches' shares of the matched continuations) is below this; "
                                    "0 = off", "0..1")
+    max_spec_factor: float = option(0.0, "cap a draft at this many times the matched context length (as suffix "
+                                    "decoding's max_spec_factor); 0 = off", ">= 0")
     # `rhymerl spec replay` of a default run (epochs 5-9) gave 3.22 tokens per verification at 1, 3.54 at 2,
     # 3.91 at 4, 4.20 at 8; each epoch adds n responses per prompt to the bundle every worker receives.
     history_epochs: int = option(4, "earlier epochs (that saw the prompt) whose responses form the history; "
@@ -309,6 +317,7 @@ class SpecConfig:
         check(1 <= self.max_budget <= 128, "max_budget", "must be in 1..128")
         check(self.history_epochs >= 0, "history_epochs", "must be >= 0 (0: siblings only)")
         check(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", "must be in 0..1")
+        check(self.max_spec_factor >= 0.0, "max_spec_factor", "must be >= 0 (0: off)")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 
@@ -318,7 +327,8 @@ class SpecConfig:
 
     def drafter(self, index: SuffixIndex) -> HistoSpecDrafter:
         """A HistoSpec drafter over `index` with this config's branching rule."""
-        return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob)
+        return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob,
+                                max_spec_factor=self.max_spec_factor)
 
 
 # ---------------------------------------------------------------- acceptance counters
