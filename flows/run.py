@@ -17,6 +17,7 @@ from prefect.utilities.annotations import quote
 from rhymerl.config import RunConfig, config_from_dict
 from rhymerl.engine import SamplingSpec
 from rhymerl.rollout import epoch_order, step_batches, step_stats
+from rhymerl.timing import Stopwatch
 from rhymerl.report import epoch_summary, format_summary
 from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_task
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
@@ -58,81 +59,86 @@ def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> d
     A step the lake committed before a crash (after the last checkpoint) trains on its
     committed rows instead of sampling again, so it is neither lost nor duplicated.
     """
-    cfg = rt.cfg
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    plan = plan_task(cfg.pipe, cfg.lake.url, rt.run_id, epoch, step, batch, len(rt.workers), spec.n,
-                     spec.max_tokens)
-    timings["plan_s"] = time.perf_counter() - t0
-    t = time.perf_counter()
-    if (epoch, step) in rt.reuse:
-        samples, scores = lake_rows_task(cfg.lake.url, rt.run_id, epoch, step, batch, spec.n,
-                                         rt.policy_version)
-        speculation = None  # the original rollout's counters died with it
-        timings["rollout_s"] = time.perf_counter() - t
-        timings["reward_s"] = timings["reward_total_s"] = 0.0
-        migrations = 0
-    else:  # scoring starts on finished responses while the rollout's tail still generates
-        rollout = rollout_task(rt.workers, plan, spec, batch, cfg.pipe, guard=rt.guard)
-        samples, migrations = rollout.samples, rollout.migrations
-        timings["rollout_s"] = time.perf_counter() - t
-        speculation = spec_stats_task(rt.workers)
-        t = time.perf_counter()
-        scores, timings["reward_total_s"] = reward_task(batch, quote(rollout))  # quote: see lake_write_task below
-        timings["reward_s"] = time.perf_counter() - t  # what scoring still added after the rollout
+    cfg, watch = rt.cfg, Stopwatch()
+    with watch("plan_s"):
+        plan = plan_task(cfg.pipe, cfg.lake.url, rt.run_id, epoch, step, batch, len(rt.workers), spec.n,
+                         spec.max_tokens)
+    samples, scores, speculation, migrations = _sample(rt, epoch, step, batch, spec, plan, watch)
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
-    t = time.perf_counter()
-    committed = lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, quote(samples), quote(scores),
-                                rt.policy_version, spec.n)
+    with watch("lake_s"):
+        committed = lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, quote(samples), quote(scores),
+                                    rt.policy_version, spec.n)
     if not committed.rows_written and (epoch, step) not in rt.reuse:
         get_run_logger().warning("step %d of epoch %d was committed to the lake before this rollout's rows; "
                                  "training on the committed rows", step, epoch)
     samples, scores = committed.samples, committed.scores
-    timings["lake_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    train = train_task(rt.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
-                       cfg.train.adv_eps)
-    timings["train_s"] = time.perf_counter() - t
-    if train.get("logprob_abs_diff", 0.0) > LOGPROB_DIFF_WARN:
-        get_run_logger().warning(
-            "engine and trainer log-probs differ by %.3g on average in step %d of epoch %d (~1e-6 when they hold "
-            "the same weights and sampling settings): a stale engine or a sampling setting the trainer does "
-            "not apply", train["logprob_abs_diff"], step, epoch)
+    with watch("train_s"):
+        train = train_task(rt.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
+                           cfg.train.adv_eps)
+    _warn_logprob_diff(train, epoch, step)
     sync = sync_task(rt.trainer, rt.workers, guard=rt.guard, **sync_settings(cfg))
     rt.policy_version += 1
-    timings["sync_s"] = sync["sync_s"]
-    timings["step_s"] = time.perf_counter() - t0
-    t = time.perf_counter()
-    pipe = measure_task(plan, quote(samples), len(rt.workers), rt.tracker, len(rt.history), cfg.pipe.gantt)
-    timings["measure_s"] = time.perf_counter() - t
-    stats = step_stats(samples, scores)
+    watch.seconds.update(sync_s=sync["sync_s"], step_s=watch.total())
+    with watch("measure_s"):
+        pipe = measure_task(plan, quote(samples), len(rt.workers), rt.tracker, len(rt.history), cfg.pipe.gantt)
+    record = _record(rt, epoch, step, step_stats(samples, scores), dict(watch.seconds), pipe, sync, train)
+    record["migrations"] = float(migrations)
+    if speculation is not None:
+        record.update(speculation.as_metrics("spec/"))
+    rt.history.append(record)
+    with watch("log_s"):
+        log_step_task(rt, record)
+        lake_step_task(cfg.lake.url, rt.run_id, record, cfg.spec.method if speculation is not None else None)
+    with watch("checkpoint_s"):
+        checkpoint_task(rt, record)
+    # Known only once the step's record is logged: kept in the run's history (the returned
+    # records; `rhymerl bench e2e` splits wall_s from them), not in MLflow or the lake.
+    record.update(log_s=watch.seconds["log_s"], checkpoint_s=watch.seconds["checkpoint_s"], wall_s=watch.total())
+    return record
+
+
+def _sample(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec, plan, watch: Stopwatch):
+    """The step's samples, scores, speculation counters and migrations: generated (scoring starts on
+    finished responses while the rollout's tail still generates), or read back from the lake for a
+    step committed before a crash (`rollout_s` is then the lake read)."""
+    cfg = rt.cfg
+    if (epoch, step) in rt.reuse:
+        with watch("rollout_s"):
+            samples, scores = lake_rows_task(cfg.lake.url, rt.run_id, epoch, step, batch, spec.n, rt.policy_version)
+        watch.seconds.update(reward_s=0.0, reward_total_s=0.0)
+        return samples, scores, None, 0  # the original rollout's counters died with it
+    with watch("rollout_s"):
+        rollout = rollout_task(rt.workers, plan, spec, batch, cfg.pipe, guard=rt.guard)
+    speculation = spec_stats_task(rt.workers)
+    with watch("reward_s"):  # what scoring still added after the rollout
+        scores, watch.seconds["reward_total_s"] = reward_task(batch, quote(rollout))
+    return rollout.samples, scores, speculation, rollout.migrations
+
+
+def _record(rt: Runtime, epoch: int, step: int, stats, timings: dict, pipe: dict, sync: dict, train: dict) -> dict:
+    """The step's record: what MLflow, the lake's steps table and the end-of-run table read."""
     record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
               "policy_version": rt.policy_version, **stats.as_metrics(), **timings, **pipe,
-              "migrations": float(migrations),
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
               "sync_probe_max_diff": sync["probe_max_diff"],
               **{f"train_{k}": v for k, v in train.items()}}
     record["worker_restarts"] = float(rt.guard.new_restarts()) if rt.guard is not None else 0.0
-    if (epoch, step) in rt.reuse:  # rollout_s above is the lake read, not a rollout
+    if (epoch, step) in rt.reuse:  # rollout_s is the lake read, not a rollout
         record["reused_lake_rows"] = 1.0
-    if speculation is not None:
-        record.update(speculation.as_metrics("spec/"))
     if step == 0 and rt.spec_history is not None:  # the epoch's bundle, reported once
         record.update(rt.spec_history.as_metrics("spec/history_"))
-    rt.history.append(record)
-    t = time.perf_counter()
-    log_step_task(rt, record)
-    lake_step_task(cfg.lake.url, rt.run_id, record, cfg.spec.method if speculation is not None else None)
-    t_log = time.perf_counter()
-    checkpoint_task(rt, record)
-    # Known only once the step's record is logged: kept in the run's history (the returned
-    # records; `rhymerl bench e2e` splits wall_s from them), not in MLflow or the lake.
-    record.update(log_s=t_log - t, checkpoint_s=time.perf_counter() - t_log,
-                  wall_s=time.perf_counter() - t0)
     return record
+
+
+def _warn_logprob_diff(train: dict, epoch: int, step: int) -> None:
+    if train.get("logprob_abs_diff", 0.0) > LOGPROB_DIFF_WARN:
+        get_run_logger().warning(
+            "engine and trainer log-probs differ by %.3g on average in step %d of epoch %d (~1e-6 when they hold "
+            "the same weights and sampling settings): a stale engine or a sampling setting the trainer does "
+            "not apply", train["logprob_abs_diff"], step, epoch)
 
 
 @flow(name="rhymerl-run", flow_run_name="{config[name]}")

@@ -1,0 +1,19 @@
+"""`rhymerl.timing.Stopwatch`: named parts add up, a failing part still counts."""
+
+import time
+
+import pytest
+
+from rhymerl.timing import Stopwatch
+
+
+def test_parts_add_up_and_a_failing_part_counts():
+    watch = Stopwatch()
+    with watch("a"):
+        time.sleep(0.01)
+    with watch("a"):  # the same part twice: the seconds add up
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError), watch("b"):
+        raise RuntimeError("boom")
+    assert watch.seconds["a"] >= 0.02 and "b" in watch.seconds
+    assert watch.total() >= watch.seconds["a"] + watch.seconds["b"]
