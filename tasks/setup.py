@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
 from rhymerl.engine import EngineSpec
-from rhymerl.histospec.history import engine_speculation
+from rhymerl.histospec.history import counted_by_vllm, engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
@@ -125,7 +125,7 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
             cpu_core=w % cores, cache_dir=str(Path(".cache").absolute()),
             speculation=engine_speculation(cfg.spec),
             # vLLM's counters are the only acceptance figures for its own n-gram drafter.
-            log_stats=cfg.spec.enabled and cfg.spec.method == "ngram",
+            log_stats=counted_by_vllm(cfg.spec),
         )
         # Ray restarts a dead worker with these arguments (initial weights): tasks.recovery resyncs it.
         workers.append(RolloutWorker.options(num_cpus=place.worker_cpus, num_gpus=place.worker_gpus,
