@@ -41,7 +41,8 @@ from pathlib import Path
 
 from rhymerl.config import DataConfig
 from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
-from rhymerl.histospec.drafter import SpecConfig, SpecStats
+from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.history import bundle_for_epoch, counted_by_vllm, engine_speculation, uses_bundle
 from rhymerl.histospec.suffix import INSTALL_HINT, has_arctic_inference
 from rhymerl.histospec.vllm_drafter import INDEX_ENV

@@ -16,14 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin
 
+from rhymerl.errors import ConfigError
 from rhymerl.histopipe.migration import MigrationRule
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.options import option
 from rhymerl.switchboard import env_layer, merge
-
-
-class ConfigError(ValueError):
-    """A configuration key or value is wrong; the message names the key and the fix."""
 
 
 def _check(cond: bool, key: str, msg: str) -> None:

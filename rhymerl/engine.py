@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
-from rhymerl.histospec.drafter import SpecStats
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histopipe.migration import join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
 from rhymerl.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded

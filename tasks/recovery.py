@@ -35,8 +35,8 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 from rhymerl.config import RunConfig
 from rhymerl.resume import ResumePlan
 from tasks.actors import TrainerWorker, placement_for
+from tasks.steps import FINGERPRINT_RTOL, WeightsMismatch, sync_settings, sync_task
 
-FINGERPRINT_RTOL = 1e-6  # engine and trainer sum the same weights in a different order
 
 
 class WorkerLost(RuntimeError):
@@ -234,7 +234,6 @@ def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
     checkpoints are off, none is committed yet, or `recovery.trainer_restarts` are used up.
     """
     from tasks.resume import restore_task
-    from tasks.steps import WeightsMismatch, sync_settings, sync_task
 
     cfg = rt.cfg
     if cfg.checkpoint.every_steps == 0:

@@ -15,7 +15,8 @@ import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rhymerl.histospec.drafter import SpecConfig, SpecStats
+from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.history import BundleInfo, bundle_for_epoch, merge_history, uses_bundle
 from rhymerl.records import Prompt
 from storage.lake import Lake

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from rhymerl.config import ConfigError
-from rhymerl.histospec.drafter import (AdditiveBudget, DoublingBudget, HistoSpecDrafter, NgramDrafter,
-                                       SpecConfig, SpecStats)
+from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget
+from rhymerl.histospec.drafter import HistoSpecDrafter, NgramDrafter, SpecConfig
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import STRIDE, HistoryBundle, PromptHistory, SuffixIndex
 from rhymerl.histospec.vllm_drafter import (INDEX_ENV, BatchDrafter, HistoSpecProposer, PromptTable,
                                             publish_bundle, speculative_config)

@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from rhymerl.config import ConfigError, load_config
-from rhymerl.histospec.drafter import SpecConfig, SpecStats
+from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.history import counted_by_vllm, engine_speculation, uses_bundle
 from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
 from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_inference,

@@ -38,3 +38,69 @@ def test_checker_sees_forbidden_import(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import os\nfrom prefect import flow\n")
     assert imported_roots(f) & FORBIDDEN["rhymerl"] == {"prefect"}
+
+
+PROJECT = ("rhymerl", "storage", "tasks", "flows", "bench", "infra")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports anywhere (module level or in a function)."""
+    files = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
+             for pkg in PROJECT for f in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                targets.update(f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
+        graph[name] = {t for t in targets if t in files and t != name}
+    packages = {name for name, path in files.items() if path.name == "__init__.py"}
+    for name in graph:  # a member importing its own package's __init__ (re-exports) is no circle
+        graph[name] -= {pkg for pkg in packages if name.startswith(pkg + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    # Rule: no two modules import each other, directly or around a loop, not even inside a
+    # function (a deferred import that only hides a circle still ties the two modules together).
+    # A package's __init__ re-exporting its modules is not a circle.
+    assert cycles(module_graph()) == []
+
+
+def test_cycle_finder_sees_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

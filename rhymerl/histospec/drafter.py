@@ -1,5 +1,6 @@
-"""Drafting from a prompt's history: the `propose(context, budget) -> Draft` interface, budget rules,
-the `SpecConfig` of a run and the acceptance counters every report reads.
+"""Drafting from a prompt's history: the `propose(context, budget) -> Draft` interface, the
+HistoSpec and n-gram drafters, and the `SpecConfig` of a run (budget rules: `rhymerl.histospec.budget`;
+acceptance counters: `rhymerl.histospec.stats`).
 
 `HistoSpecDrafter` finds the longest tail of the context (between `min_match` and `max_match`
 tokens) in the prompt's `SuffixIndex` and follows the continuations of its occurrences, like a walk
@@ -8,16 +9,16 @@ the branch with the most occurrences (or, reward-weighted, the highest sum of re
 ties going to the most recent occurrence. The draft ends at the budget or when the history runs out.
 
 The per-request draft budget adapts to acceptance through a rule picked by name from
-`BUDGET_RULES`: "additive" (the paper: start 2, +2 after a fully accepted draft, back to 2 after a
-rejection, cap 32), "doubling" (the public code: x2 / halve within 2..16; the default, as it
-measured better) or "fixed".
+`BUDGET_RULES` (`rhymerl.histospec.budget`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
 
+from rhymerl.errors import ConfigError
+from rhymerl.histospec.budget import BUDGET_RULES, BudgetRule
 from rhymerl.histospec.index import STRIDE, SuffixIndex
 from rhymerl.options import option
 
@@ -174,88 +175,6 @@ class NgramDrafter:
         return EMPTY
 
 
-# ---------------------------------------------------------------- budget rules
-
-
-class BudgetRule(Protocol):
-    """How a request's draft budget moves with acceptance."""
-
-    @property
-    def initial(self) -> int:
-        ...
-
-    def update(self, budget: int, drafted: int, accepted: int) -> int:
-        """Next budget after a step that drafted `drafted` tokens of which `accepted` were taken.
-        A step without a draft leaves the budget unchanged."""
-        ...
-
-
-@dataclass(frozen=True)
-class AdditiveBudget:
-    """The paper's rule: start 2, +2 after a fully accepted draft, back to 2 on a rejection."""
-
-    start: int = 2
-    step: int = 2
-    cap: int = 32
-
-    @property
-    def initial(self) -> int:
-        return min(self.start, self.cap)
-
-    def update(self, budget: int, drafted: int, accepted: int) -> int:
-        if drafted == 0:
-            return budget
-        return min(budget + self.step, self.cap) if accepted >= drafted else self.initial
-
-
-@dataclass(frozen=True)
-class DoublingBudget:
-    """The public code's rule: double after a fully accepted draft, halve on a rejection."""
-
-    low: int = 2
-    high: int = 16
-
-    @property
-    def initial(self) -> int:
-        return min(self.low, self.high)
-
-    def update(self, budget: int, drafted: int, accepted: int) -> int:
-        if drafted == 0:
-            return budget
-        if accepted >= drafted:
-            return min(budget * 2, self.high)
-        return max(budget // 2, self.initial)
-
-
-@dataclass(frozen=True)
-class FixedBudget:
-    """Always the same budget (vLLM's n-gram method drafts a fixed k)."""
-
-    k: int = 8
-
-    @property
-    def initial(self) -> int:
-        return self.k
-
-    def update(self, budget: int, drafted: int, accepted: int) -> int:
-        return self.k
-
-
-# name -> factory taking the run's max_budget (the engine's num_speculative_tokens)
-BUDGET_RULES: dict[str, Callable[[int], BudgetRule]] = {
-    "additive": lambda max_budget: AdditiveBudget(cap=min(32, max_budget)),
-    "doubling": lambda max_budget: DoublingBudget(high=min(16, max_budget)),
-    "fixed": lambda max_budget: FixedBudget(max_budget),
-}
-
-
-def register_budget_rule(name: str, factory: Callable[[int], BudgetRule]) -> None:
-    """Add a budget rule selectable as `spec.budget_rule=<name>`."""
-    if name in BUDGET_RULES:
-        raise ValueError(f"budget rule {name!r} is already registered")
-    BUDGET_RULES[name] = factory
-
-
 # ---------------------------------------------------------------- config
 
 
@@ -301,9 +220,6 @@ class SpecConfig:
     def __post_init__(self) -> None:
         def check(cond: bool, key: str, msg: str) -> None:
             if not cond:
-                # Imported here so that rhymerl.config can compose SpecConfig without an import cycle.
-                from rhymerl.config import ConfigError
-
                 raise ConfigError(f"config key 'spec.{key}': {msg}")
 
         check(self.method in METHODS, "method",
@@ -329,109 +245,3 @@ class SpecConfig:
         """A HistoSpec drafter over `index` with this config's branching rule."""
         return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob,
                                 max_spec_factor=self.max_spec_factor)
-
-
-# ---------------------------------------------------------------- acceptance counters
-
-
-@dataclass
-class SpecStats:
-    """Acceptance counters, defined once for replay, the vLLM drafter and every report.
-
-    A step is one verification (decode) step of one request: it emits the accepted draft tokens
-    plus one token from the model (the bonus or the correction), with or without a draft.
-    Per-position counts are kept as histograms of draft and accepted lengths (O(1) per step).
-    """
-
-    steps: int = 0
-    tokens: int = 0  # tokens emitted: accepted + 1 per step
-    drafts: int = 0  # steps that carried a non-empty draft
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted
-    draft_len_hist: list[int] = field(default_factory=list)  # [d]: drafts of length d
-    accept_len_hist: list[int] = field(default_factory=list)  # [a]: drafts with a accepted
-    drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
-    index_seconds: float = 0.0  # time spent building history indexes
-    index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes included)
-
-    def record(self, drafted: int, accepted: int) -> None:
-        """Count one step that verified `drafted` draft tokens and accepted the first `accepted`."""
-        if not 0 <= accepted <= drafted:
-            raise ValueError(f"accepted={accepted} must be within 0..drafted={drafted}")
-        self.steps += 1
-        self.tokens += accepted + 1
-        if drafted:
-            self.drafts += 1
-            self.drafted += drafted
-            self.accepted += accepted
-            hist, acc = self.draft_len_hist, self.accept_len_hist
-            if len(hist) <= drafted:
-                hist.extend([0] * (drafted + 1 - len(hist)))
-                acc.extend([0] * (drafted + 1 - len(acc)))
-            hist[drafted] += 1
-            acc[accepted] += 1
-
-    def merge(self, other: "SpecStats") -> None:
-        """Add `other`'s counts into these."""
-        for name in ("steps", "tokens", "drafts", "drafted", "accepted", "drafter_seconds",
-                     "index_seconds", "index_tokens"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for mine, theirs in ((self.draft_len_hist, other.draft_len_hist),
-                             (self.accept_len_hist, other.accept_len_hist)):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for j, v in enumerate(theirs):
-                mine[j] += v
-
-    @property
-    def drafted_at(self) -> list[int]:
-        """[j]: drafts that had a token at position j."""
-        return _tail_sums(self.draft_len_hist)
-
-    @property
-    def accepted_at(self) -> list[int]:
-        """[j]: drafts whose token at position j was accepted."""
-        return _tail_sums(self.accept_len_hist)  # same length: both grow together
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens per verification step, counting the bonus token (1.0 = no speed-up)."""
-        return self.tokens / self.steps if self.steps else 0.0
-
-    @property
-    def mean_accepted_length_drafted(self) -> float:
-        """vLLM's definition: 1 + accepted tokens per step that carried a draft."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    def acceptance_by_position(self) -> list[float]:
-        """[j]: share of drafts reaching position j whose token j was accepted."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
-
-    def as_metrics(self, prefix: str = "spec/") -> dict[str, float]:
-        """Flat metric names and values for MLflow and the lake (positions as `..._pos{j}`)."""
-        out = {
-            f"{prefix}steps": float(self.steps), f"{prefix}tokens": float(self.tokens),
-            f"{prefix}drafts": float(self.drafts), f"{prefix}drafted": float(self.drafted),
-            f"{prefix}accepted": float(self.accepted),
-            f"{prefix}mean_accepted_length": self.mean_accepted_length,
-            f"{prefix}mean_accepted_length_drafted": self.mean_accepted_length_drafted,
-            f"{prefix}acceptance_rate": self.acceptance_rate,
-            f"{prefix}drafter_seconds": self.drafter_seconds,
-            f"{prefix}index_seconds": self.index_seconds,
-            f"{prefix}index_tokens": float(self.index_tokens),
-        }
-        for j, rate in enumerate(self.acceptance_by_position()):
-            out[f"{prefix}acceptance_pos{j}"] = rate
-        return out
-
-
-def _tail_sums(hist: list[int]) -> list[int]:
-    """[j] = sum(hist[j+1:]): how many lengths exceed j."""
-    out, run = [], 0
-    for v in reversed(hist[1:]):
-        run += v
-        out.append(run)
-    return out[::-1]

@@ -26,7 +26,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
-from rhymerl.histospec.drafter import Drafter, FixedBudget, NgramDrafter, SpecConfig, SpecStats
+from rhymerl.histospec.budget import FixedBudget
+from rhymerl.histospec.drafter import Drafter, NgramDrafter, SpecConfig
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.suffix import SuffixArm
 

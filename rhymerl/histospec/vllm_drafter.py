@@ -47,7 +47,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig, SpecStats
+from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import HistoryBundle, SuffixIndex
 from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
 from rhymerl.histospec.suffix import require_arctic_inference

@@ -1,0 +1,109 @@
+"""Acceptance counters of speculative decoding (`SpecStats`), defined once for replay, the vLLM
+drafter and every report (mean accepted length counts the bonus token)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    """Acceptance counters, defined once for replay, the vLLM drafter and every report.
+
+    A step is one verification (decode) step of one request: it emits the accepted draft tokens
+    plus one token from the model (the bonus or the correction), with or without a draft.
+    Per-position counts are kept as histograms of draft and accepted lengths (O(1) per step).
+    """
+
+    steps: int = 0
+    tokens: int = 0  # tokens emitted: accepted + 1 per step
+    drafts: int = 0  # steps that carried a non-empty draft
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    draft_len_hist: list[int] = field(default_factory=list)  # [d]: drafts of length d
+    accept_len_hist: list[int] = field(default_factory=list)  # [a]: drafts with a accepted
+    drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
+    index_seconds: float = 0.0  # time spent building history indexes
+    index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes included)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Count one step that verified `drafted` draft tokens and accepted the first `accepted`."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted={accepted} must be within 0..drafted={drafted}")
+        self.steps += 1
+        self.tokens += accepted + 1
+        if drafted:
+            self.drafts += 1
+            self.drafted += drafted
+            self.accepted += accepted
+            hist, acc = self.draft_len_hist, self.accept_len_hist
+            if len(hist) <= drafted:
+                hist.extend([0] * (drafted + 1 - len(hist)))
+                acc.extend([0] * (drafted + 1 - len(acc)))
+            hist[drafted] += 1
+            acc[accepted] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        """Add `other`'s counts into these."""
+        for name in ("steps", "tokens", "drafts", "drafted", "accepted", "drafter_seconds",
+                     "index_seconds", "index_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.draft_len_hist, other.draft_len_hist),
+                             (self.accept_len_hist, other.accept_len_hist)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for j, v in enumerate(theirs):
+                mine[j] += v
+
+    @property
+    def drafted_at(self) -> list[int]:
+        """[j]: drafts that had a token at position j."""
+        return _tail_sums(self.draft_len_hist)
+
+    @property
+    def accepted_at(self) -> list[int]:
+        """[j]: drafts whose token at position j was accepted."""
+        return _tail_sums(self.accept_len_hist)  # same length: both grow together
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verification step, counting the bonus token (1.0 = no speed-up)."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def mean_accepted_length_drafted(self) -> float:
+        """vLLM's definition: 1 + accepted tokens per step that carried a draft."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        """[j]: share of drafts reaching position j whose token j was accepted."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def as_metrics(self, prefix: str = "spec/") -> dict[str, float]:
+        """Flat metric names and values for MLflow and the lake (positions as `..._pos{j}`)."""
+        out = {
+            f"{prefix}steps": float(self.steps), f"{prefix}tokens": float(self.tokens),
+            f"{prefix}drafts": float(self.drafts), f"{prefix}drafted": float(self.drafted),
+            f"{prefix}accepted": float(self.accepted),
+            f"{prefix}mean_accepted_length": self.mean_accepted_length,
+            f"{prefix}mean_accepted_length_drafted": self.mean_accepted_length_drafted,
+            f"{prefix}acceptance_rate": self.acceptance_rate,
+            f"{prefix}drafter_seconds": self.drafter_seconds,
+            f"{prefix}index_seconds": self.index_seconds,
+            f"{prefix}index_tokens": float(self.index_tokens),
+        }
+        for j, rate in enumerate(self.acceptance_by_position()):
+            out[f"{prefix}acceptance_pos{j}"] = rate
+        return out
+
+
+def _tail_sums(hist: list[int]) -> list[int]:
+    """[j] = sum(hist[j+1:]): how many lengths exceed j."""
+    out, run = [], 0
+    for v in reversed(hist[1:]):
+        run += v
+        out.append(run)
+    return out[::-1]
