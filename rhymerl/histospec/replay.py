@@ -80,6 +80,15 @@ def accepted_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:
     return n
 
 
+def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecStats) -> int:
+    """One replayed verification at `pos`: the draft tokens the recorded response accepts (the
+    step's one model token, bonus or correction, always comes after them, so at most the tokens
+    left but one), counted in `stats`."""
+    accepted = min(accepted_prefix(draft, response[pos:]), len(response) - pos - 1)
+    stats.record(len(draft), accepted)
+    return accepted
+
+
 def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
                         rewards: Sequence[float] | None, config: SpecConfig) -> SuffixIndex:
     """The prompt's index over its history responses (oldest first), prompt tail as prefix."""
@@ -122,8 +131,7 @@ def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], conf
         still = []
         for k, draft in zip(active, drafts):
             resp, p = responses[k], pos[k]
-            accepted = min(accepted_prefix(draft, resp[p:]), len(resp) - p - 1)
-            stats.record(len(draft), accepted)
+            accepted = verify(draft, resp, p, stats)
             budget[k] = rule.update(budget[k], len(draft), accepted)
             pos[k] = p + accepted + 1
             if sib:
@@ -259,9 +267,7 @@ def replay_suffix_batch(cache, requests: Sequence[tuple[Hashable, Sequence[int],
         still = []
         for k, draft in zip(active, drafts):
             resp, p = responses[k], pos[k]
-            accepted = min(accepted_prefix(draft, resp[p:]), len(resp) - p - 1)
-            stats.record(len(draft), accepted)
-            pos[k] = p + accepted + 1
+            pos[k] = p + verify(draft, resp, p, stats) + 1
             cache.add_active_response(ids[k], list(resp[p:pos[k]]))
             if pos[k] < len(resp):
                 still.append(k)
