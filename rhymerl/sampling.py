@@ -55,13 +55,23 @@ def sampling_logits(logits: Tensor, temperature: float, top_p: float = 1.0,
     return scaled.masked_fill(drop, float("-inf"))
 
 
+NUCLEUS_ROWS = 4096  # rows whose vocabulary is sorted at once: bounds the float64 sort's memory
+
+
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
     """Log-prob of `tokens` (shape logits.shape[:-1]) under the sampling distribution, float32.
 
-    Equal to vLLM's `logprobs_mode="processed_logprobs"` for the sampled token.
+    Equal to vLLM's `logprobs_mode="processed_logprobs"` for the sampled token. With a nucleus the
+    rows are processed NUCLEUS_ROWS at a time (the sort needs ~24 bytes per vocabulary entry).
     """
-    scaled = sampling_logits(logits.float(), temperature, top_p, keep=tokens)
-    return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1)
+    flat, ids = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
+    parts = []
+    step = flat.shape[0] if top_p >= 1.0 else NUCLEUS_ROWS
+    for start in range(0, flat.shape[0], max(step, 1)):
+        rows, want = flat[start:start + step].float(), ids[start:start + step]
+        scaled = sampling_logits(rows, temperature, top_p, keep=want)
+        parts.append(scaled.gather(-1, want.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1))
+    return (torch.cat(parts) if parts else flat.new_zeros(0)).reshape(tokens.shape)
 
 
 def sampling_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:

@@ -73,3 +73,18 @@ def test_score_function_gradient_vanishes_only_under_the_sampling_distribution(t
     wrong = expected_grad(lambda lg, y: torch.log_softmax(lg, -1)[y].double())
     assert right.abs().max() < 1e-6
     assert wrong.abs().max() > 1e-3
+
+
+def test_nucleus_rows_in_chunks_give_the_same_logprobs_and_gradients(monkeypatch):
+    # Rule: processing rows a few at a time (memory) changes neither log-probs nor gradients.
+    import rhymerl.sampling as sampling
+
+    torch.manual_seed(2)
+    logits = torch.randn(3, 5, 40, requires_grad=True)
+    tokens = torch.randint(0, 40, (3, 5))
+    whole = token_logprobs(logits, tokens, 0.7, 0.9)
+    (g_whole,) = torch.autograd.grad(whole.sum(), logits)
+    monkeypatch.setattr(sampling, "NUCLEUS_ROWS", 4)
+    chunked = sampling.token_logprobs(logits, tokens, 0.7, 0.9)
+    (g_chunked,) = torch.autograd.grad(chunked.sum(), logits)
+    assert torch.equal(whole, chunked) and torch.allclose(g_whole, g_chunked)
