@@ -185,8 +185,8 @@ class Trainer:
     @torch.no_grad()
     def probe_logprobs(self, ids: list[int]) -> list[float]:
         """Raw log-prob (no temperature) of ids[i + 1] given ids[:i + 1], for i < len(ids) - 1."""
-        logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float()
-        return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:], device=self.device)[:, None])[:, 0].tolist()
+        logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1]
+        return token_logprobs(logits, torch.tensor(ids[1:], device=self.device)).tolist()
 
     # ------------------------------------------------------------ training
 

@@ -38,7 +38,6 @@ from tasks.actors import TrainerWorker, placement_for
 from tasks.steps import FINGERPRINT_RTOL, WeightsMismatch, sync_settings, sync_task
 
 
-
 class WorkerLost(RuntimeError):
     """A rollout worker is gone for good (restarts used up, or it never came back in time)."""
 

@@ -243,3 +243,14 @@ def test_train_step_reports_engine_vs_trainer_logprob_difference(model_dir: str)
 def test_trainer_refuses_greedy_sampling(model_dir: str) -> None:
     with pytest.raises(ValueError, match="temperature > 0"):
         Trainer(model_dir, TrainConfig(), temperature=0.0)
+
+
+def test_probe_logprobs_are_the_raw_next_token_logprobs(model_dir: str) -> None:
+    # Rule: the weight-sync probe is the untempered log-prob of each token after the ones before
+    # it, whatever the run's sampling settings (engines report their prompt log-probs raw).
+    from rhymerl.trainer import probe_ids
+
+    ids = probe_ids(32, 12)
+    trainer = Trainer(model_dir, TrainConfig(), temperature=0.7, top_p=0.9)
+    want = _hand_logprobs(model_dir, TrainExample(tuple(ids[:1]), tuple(ids[1:]), 0.0))
+    assert trainer.probe_logprobs(ids) == pytest.approx(want, abs=1e-5)
