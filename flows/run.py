@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from rhymerl.config import RunConfig, config_from_dict
-from rhymerl.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSpec
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.timing import Stopwatch
 from rhymerl.report import epoch_summary, format_summary

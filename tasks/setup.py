@@ -18,8 +18,9 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
-from rhymerl.engine import EngineSpec
-from rhymerl.histospec.history import counted_by_vllm, engine_speculation
+from rhymerl.vllm.engine import EngineSpec
+from rhymerl.histospec.history import counted_by_vllm
+from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter

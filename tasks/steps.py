@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from rhymerl.config import PipeConfig
-from rhymerl.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSpec
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import advantages_for, check_groups, rollout_rows

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import ray
 
-from rhymerl.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSpec
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
 from rhymerl.records import Partial, Request, Sample
 from rhymerl.reward import RewardResult

@@ -33,6 +33,17 @@ def test_package_imports_point_one_way(package):
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+ADAPTER = ROOT / "rhymerl" / "vllm"  # the one package that talks to vLLM
+
+
+def test_only_the_adapter_package_imports_vllm():
+    files = [f for pkg in PROJECT for f in (ROOT / pkg).rglob("*.py")]
+    outside = sorted(str(f.relative_to(ROOT)) for f in files
+                     if ADAPTER not in f.parents and "vllm" in imported_roots(f))
+    assert outside == []
+    assert any("vllm" in imported_roots(f) for f in ADAPTER.rglob("*.py"))  # the rule sees its imports
+
+
 def test_checker_sees_forbidden_import(tmp_path):
     # The rule has power: a module importing prefect is caught.
     f = tmp_path / "m.py"

@@ -72,7 +72,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
     # would keep the short responses).
     import ray
 
-    from rhymerl.engine import SamplingSpec, StreamEvent
+    from rhymerl.vllm.engine import SamplingSpec, StreamEvent
     from rhymerl.records import Prompt, Request, Sample
     from tasks.stream import stream_rollout
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rhymerl.engine import SamplingSpec, StreamEvent
+from rhymerl.vllm.engine import SamplingSpec, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
 
