@@ -25,8 +25,8 @@ from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
-from tasks.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
-from tasks.recovery import wait_alive
+from workers.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
+from workers.guard import wait_alive
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Runtime:
     logged_steps: set[int] = field(default_factory=set)  # global steps MLflow has (a resumed run)
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
-    guard: object = None  # tasks.recovery.WorkerGuard once the actors are up (dead actors)
+    guard: object = None  # workers.guard.WorkerGuard once the actors are up (dead actors)
 
 
 @task(name="prepare-model", cache_policy=NO_CACHE)
@@ -91,7 +91,7 @@ def init_ray(num_workers: int) -> bool:
         ray.init(address=address, log_to_driver=True)
         return True
     # Logical CPUs: one per engine plus one for reward tasks; the trainer takes none
-    # (see tasks.actors.placement_for). Without the spare CPU reward tasks never schedule.
+    # (see workers.actors.placement_for). Without the spare CPU reward tasks never schedule.
     for _ in range(2):
         try:
             ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)

@@ -29,7 +29,7 @@ def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, promp
 
     Epoch 0 (or `history_epochs = 0`) gets a bundle of prompts without history: drafts then come
     from each group's siblings only. None when the run does not use HistoSpec. With a
-    `tasks.recovery.WorkerGuard`, a worker that is down (or restarts later) gets the bundle too.
+    `workers.guard.WorkerGuard`, a worker that is down (or restarts later) gets the bundle too.
     """
     if not uses_bundle(spec):
         return None

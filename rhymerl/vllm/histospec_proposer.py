@@ -11,7 +11,7 @@ Settings. The run's `SpecConfig` arrives in `vllm_config.additional_config`
 How the history reaches the worker. Before each epoch the run builds a `HistoryBundle` (every prompt
 of the coming epoch and its earlier responses; `rhymerl.histospec.history`) and
 sends its bytes through the Ray object store to every rollout worker, which writes them atomically
-to a file on its own node (`RolloutWorker.set_history` in tasks/actors.py). The worker named that
+to a file on its own node (`RolloutWorker.set_history` in workers/actors.py). The worker named that
 file in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits
 the variable and re-reads the file whenever it changes (one `os.stat` per step), so each epoch needs
 only a rewrite of that file: no worker queries the lake.

@@ -216,3 +216,12 @@ class TrainerWorker:
 
     def info(self) -> dict:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+
+def start_trainer(cfg: RunConfig, model_dir: str):
+    """A new trainer actor (initial weights), placed like the run's first one."""
+    cluster = ray.cluster_resources()
+    place = placement_for(cfg, cluster.get("GPU", 0))
+    return TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
+                                 resources=place.trainer_resources).remote(model_dir, cfg,
+                                                                           threads=os.cpu_count() or 1)
