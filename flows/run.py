@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from rhymerl.config import RunConfig, config_from_dict
-from rhymerl.vllm.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.timing import Stopwatch
 from rhymerl.report import epoch_summary, format_summary
@@ -66,19 +66,19 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     mid-epoch: the order depends on seed and epoch only); returns each step's record."""
     ctx, st = _LIVE[run_id]
     cfg = ctx.cfg
-    spec = SamplingSpec(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+    sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                         top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
     order = epoch_order(list(ctx.prompts), epoch, cfg.seed)
     st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, order, st.workers, st.guard)
     records = []
     for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
         if step >= start_step:
-            records.append(run_step(ctx, st, epoch, step, batch, spec))
+            records.append(run_step(ctx, st, epoch, step, batch, sampling))
     log_epoch_task(st.tracking, st.history, epoch)
     return records
 
 
-def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, spec: SamplingSpec) -> dict:
+def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings) -> dict:
     """One on-policy step: every sample comes from the weights after the previous step.
 
     A step the lake committed before a crash (after the last checkpoint) trains on its
@@ -86,14 +86,14 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, spec: 
     """
     cfg, watch = ctx.cfg, Stopwatch()
     with watch("plan_s"):
-        plan = plan_task(cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step, batch, len(st.workers), spec.n,
-                         spec.max_tokens)
-    samples, scores, speculation, migrations = _sample(ctx, st, epoch, step, batch, spec, plan, watch)
+        plan = plan_task(cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step, batch, len(st.workers), sampling.n,
+                         sampling.max_tokens)
+    samples, scores, speculation, migrations = _sample(ctx, st, epoch, step, batch, sampling, plan, watch)
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
     with watch("lake_s"):
         committed = lake_write_task(cfg.lake.url, ctx.run_id, epoch, step, batch, quote(samples), quote(scores),
-                                    st.policy_version, spec.n)
+                                    st.policy_version, sampling.n)
     if not committed.rows_written and (epoch, step) not in st.reuse:
         get_run_logger().warning("step %d of epoch %d was committed to the lake before this rollout's rows; "
                                  "training on the committed rows", step, epoch)
@@ -124,7 +124,7 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, spec: 
     return record
 
 
-def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, spec: SamplingSpec, plan,
+def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings, plan,
             watch: Stopwatch):
     """The step's samples, scores, speculation counters and migrations: generated (scoring starts on
     finished responses while the rollout's tail still generates), or read back from the lake for a
@@ -132,11 +132,12 @@ def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, spec: S
     cfg = ctx.cfg
     if (epoch, step) in st.reuse:
         with watch("rollout_s"):
-            samples, scores = lake_rows_task(cfg.lake.url, ctx.run_id, epoch, step, batch, spec.n, st.policy_version)
+            samples, scores = lake_rows_task(cfg.lake.url, ctx.run_id, epoch, step, batch, sampling.n,
+                                             st.policy_version)
         watch.seconds.update(reward_s=0.0, reward_total_s=0.0)
         return samples, scores, None, 0  # the original rollout's counters died with it
     with watch("rollout_s"):
-        rollout = rollout_task(st.workers, plan, spec, batch, cfg.pipe, guard=st.guard)
+        rollout = rollout_task(st.workers, plan, sampling, batch, cfg.pipe, guard=st.guard)
     speculation = spec_stats_task(st.workers)
     with watch("reward_s"):  # what scoring still added after the rollout
         scores, watch.seconds["reward_total_s"] = reward_task(batch, quote(rollout))

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
-from rhymerl.vllm.engine import EngineSpec
+from rhymerl.vllm.engine import EngineSettings
 from rhymerl.histospec.history import counted_by_vllm
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
@@ -113,7 +113,7 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
                                     resources=place.trainer_resources).remote(model_dir, cfg, threads=cores)
     workers = []
     for w in range(cfg.rollout.num_workers):
-        spec = EngineSpec(
+        spec = EngineSettings(
             model_dir=model_dir, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
             seed=cfg.seed + w, enforce_eager=cfg.rollout.enforce_eager,
             kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,

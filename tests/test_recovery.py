@@ -75,7 +75,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
     # would keep the short responses).
     import ray
 
-    from rhymerl.vllm.engine import SamplingSpec, StreamEvent
+    from rhymerl.vllm.engine import SamplingSettings, StreamEvent
     from rhymerl.records import Prompt, Request, Sample
     from workers.stream import stream_rollout
 
@@ -122,7 +122,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
         ray.get([w.load_weights.remote({"w": 7.0}) for w in workers])  # the run's synced state
         guard = WorkerGuard.watch(workers, ray.remote(FakeTrainer).remote(), timeout_s=120)
         guard.share_history(ray.put(b"H"))
-        out = stream_rollout(workers, requests, SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
+        out = stream_rollout(workers, requests, SamplingSettings(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
                              {p.prompt_id: p.answer for p in prompts}, guard=guard)
     finally:
         ray.shutdown()
