@@ -23,6 +23,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "histospec-additive": {"budget_rule": "additive", "max_budget": 32},
     "histospec-no-siblings": {"siblings": False},
     "siblings-only": {"history_epochs": 0},
+    "histospec-no-recent": {"recent_responses": 0},  # the prompt's own index only
     "histospec-reward": {"reward_weighted": True},
     "ngram": {"method": "ngram"},
     # vLLM's suffix decoding (Arctic Inference) at its stock settings, in the cache scopes of SUFFIX_ARMS
