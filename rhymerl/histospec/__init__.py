@@ -1,9 +1,10 @@
 """HistoSpec: lossless speculative rollouts drafted from each prompt's own earlier responses.
 
 Pure core (no engine imports): `index` (per-prompt n-gram occurrence index and the history bundle
-that carries it to rollout workers), `drafter` (drafting, `SpecConfig`), `budget` (budget rules),
-`stats` (`SpecStats`), `replay` (offline acceptance on recorded responses). `vllm_drafter` is the adapter that plugs the
-drafter into vLLM as a `custom_class` proposer; it imports vLLM only when vLLM builds it.
+that carries it to rollout workers), `drafter` (drafting, `SpecConfig`), `tree` (the cross-prompt
+tree of recent responses, on Arctic Inference's suffix tree), `budget` (budget rules), `stats`
+(`SpecStats`), `replay` (offline acceptance on recorded responses). `vllm_drafter` is the adapter
+that plugs the drafter into vLLM as a `custom_class` proposer; it imports vLLM only when vLLM builds it.
 """
 
 from rhymerl.histospec.budget import BUDGET_RULES

@@ -9,8 +9,8 @@ often each continuation occurred (its count) or by the rewards of the responses 
 Why an n-gram occurrence table and not a suffix tree, automaton or array
 ------------------------------------------------------------------------
 The structure is a suffix trie of bounded depth (`max_match`) stored flat: one hash-map entry per
-distinct n-gram (`min_match <= n <= max_match`) listing where it ended, as packed (sequence,
-position) codes. Continuations are read from the sequences themselves, so depth is unbounded where
+distinct n-gram (`min_match <= n <= max_match`, keyed by a 64-bit hash of its tokens) listing where
+it ended, as packed (sequence, position) codes. Continuations are read from the sequences themselves, so depth is unbounded where
 it matters (a draft of 32 tokens) while the table stays O(T * (max_match - min_match + 1)) for T
 indexed tokens.
 - Appending one token (a sibling growing by one step) touches a fixed `max_match - min_match + 1`
@@ -19,13 +19,14 @@ indexed tokens.
   exists for) every append walks O(T), and reward sums would need the same propagation.
 - A suffix array cannot grow with siblings without a rebuild.
 - A suffix trie with counts down to the draft depth (as in suffix decoding, depth ~32-64) adds up
-  to one Python dict node per token per depth level; the flat table files 5 tuples per token at
-  the defaults and the draft depth costs nothing extra.
+  to one node per token per depth level; the flat table files `max_match - min_match + 1` codes
+  per token and the draft depth costs nothing extra. (Arctic Inference's C++ tree serves the
+  cross-prompt tree, `rhymerl.histospec.tree`; per prompt it drafted less well on the same history.)
 - Counts and reward sums of a continuation are computed when asked from its occurrence codes, so
   late-arriving rewards and growing siblings never invalidate stored aggregates.
 Queries cost at most `max_match - min_match + 1` dict lookups; in steady state the first (longest)
-hits. Measured at the defaults: a prompt history of 8 responses x 200 tokens (~3,000 distinct
-n-grams) takes ~0.9 MB of Python objects and 5-15 ms to build on a loaded 2-core machine.
+hits. A history is indexed in one numpy pass (`build`); siblings' tokens are added as they come.
+Build speed and memory per token: docs/histospec.md.
 
 Sequences may start with a `prefix` (the prompt's last tokens) so that the very first tokens of a
 response can be drafted from the start of earlier responses.

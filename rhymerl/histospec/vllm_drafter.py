@@ -23,6 +23,10 @@ may be taken for the longer one when the response happens to continue with the r
 are only proposals, so this can cost speed, never correctness. Rows whose prompt is not in the
 bundle get no drafts.
 
+Cross-prompt tree. Every request's tokens also join the drafter's `RecentTree` (the engine's last
+`spec.recent_responses` responses of every prompt); a request drafts from it when that draft scores
+higher than its prompt's own (`HistoSpecDrafter`). The tree outlives a new epoch's bundle.
+
 Which request a row is. vLLM moves requests between rows as others finish, so per-request state
 (budget, last draft, sibling sequence) is keyed by the bytes of the request's tokens at the last
 step: next step the request's first `num_tokens - len(sampled)` tokens are exactly those bytes,
