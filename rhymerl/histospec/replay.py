@@ -177,8 +177,8 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
 
     Training steps replay in the order the run generated them (epoch, step), each step's groups in
     one lockstep batch, so HistoSpec's cross-prompt tree (`recent_responses`) holds what one engine
-    serving every request would hold. With `only_epochs`, groups of other epochs are not replayed,
-    but still serve as history and feed the cross-prompt tree. `on_prompt` is called once per prompt
+    serving every request would hold. With `only_epochs`, groups of other epochs are not reported,
+    but still serve as history and, replayed unseen, feed the cross-prompt tree. `on_prompt` is called once per prompt
     (progress bars). With `config.method` "suffix", `arm` says what the suffix cache holds (default:
     vLLM's stock global cache; see `replay_suffix`).
     """
@@ -194,13 +194,11 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
     recent = config.new_recent() if config.method == "histospec" else None
     last_epoch = max((k[0] for k in steps if only_epochs is None or k[0] in only_epochs), default=None)
     for (epoch, _), groups in sorted(steps.items()):
-        if only_epochs is not None and epoch not in only_epochs:
-            for group in groups.values():  # not replayed: its responses still reach the recent tree
-                for r in group:
-                    if recent is not None:
-                        recent.start(r.token_ids)
+        wanted = only_epochs is None or epoch in only_epochs
+        if not wanted and recent is None:
             continue
-        stats = report.per_epoch.setdefault(epoch, SpecStats())
+        # an epoch not reported still runs when the recent tree needs its responses, as they grew
+        stats = report.per_epoch.setdefault(epoch, SpecStats()) if wanted else SpecStats()
         batch = []
         for pid, group in groups.items():
             prompt, index = group[0].prompt_token_ids, None
