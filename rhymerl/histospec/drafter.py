@@ -233,7 +233,9 @@ class SpecConfig:
     # (5.22 / 5.19 overall, 47% / 43% of draft tokens accepted); 4 reaches issue 17's 2.5 in epoch 0.
     recent_spec_factor: float = option(4.0, "max_spec_factor of drafts from the cross-prompt tree (the library "
                                        "caps its drafts at this many times the matched length); 0 = off", ">= 0")
-    tree_depth: int = option(64, "the cross-prompt tree's depth: longest context match plus draft", "2..1024")
+    # vLLM's stock depth. Replay of a default run (2026-12-03): 24 / 32 / 64 gave 5.186 / 5.187 / 5.187 tokens
+    # per verification; a token appended or a draft costs work per level, so the shallowest is the default.
+    tree_depth: int = option(24, "the cross-prompt tree's depth: longest context match plus draft", "2..1024")
     # A key of BUDGET_RULES. With drafts capped by match length (max_spec_factor) and scored, "fixed"
     # replayed a default run at 5.26 tokens per verification where "doubling" reached 3.52 (2026-12-03);
     # the engine's cost-aware trimming (cost_aware) shortens drafts that do not pay for themselves.
