@@ -31,8 +31,10 @@ from rhymerl.options import option
 
 METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, then vLLM's two model-free ones
 # A continuation seen m times gets at most m / (m + PRIOR): few sightings are weak evidence, so a draft
-# from one sibling's tokens must score well to beat the cross-prompt tree's. Replay of a default run
-# (2026-12-03): PRIOR 0 / 1 / 2 gave 2.38 / 2.42 / 2.50 tokens per verification in epoch 0.
+# from one sibling's tokens must score well to beat the cross-prompt tree's (whose library estimates
+# have no such discount). Replays of a default run (2026-12-03; scratch runs, cross-prompt factor 2):
+# PRIOR 0 / 1 gave 2.38 / 2.42 tokens per verification in epoch 0; 2 (factor 3) 2.50; 3 (factor 4) 2.52
+# but 5.10 overall where 2 gives 5.19.
 PRIOR = 2.0
 MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams
 # (on the built-in model's responses 32 drafted exactly as well as no cap; 8 lost ~14%)
@@ -108,9 +110,9 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
     The continuations are sorted lexicographically, so those sharing a prefix are contiguous and a
     group agrees on a stretch exactly when its first and last members do: agreement runs cost one
     C-level slice comparison, and Python work is spent only where the history branches.
-    A token's estimated probability is the product of the chosen groups' shares of the continuations
-    at each branch so far, as a suffix tree estimates it; with `min_token_prob` the draft stops
-    before a token whose probability falls below it.
+    A token's estimated probability is m / (m + PRIOR) for the m continuations followed, times the
+    chosen groups' shares of the continuations at each branch so far (as a suffix tree estimates
+    it); with `min_token_prob` the draft stops before a token whose probability falls below it.
     """
     seqs, conts, kept = index.sequences, [], []
     for code in codes:

@@ -10,7 +10,7 @@ task's answer format).
 
 Why the library here and RhymeRL's table per prompt: on a default run's responses (replay, 2026-12-03)
 the library's tree per prompt, holding exactly the table's history, drafted less well from epoch 1 on
-than the table's longest-match, most-recent-first walk (4.45 vs 5.16 tokens per verification in epoch
+than the table's longest-match, most-recent-first walk (4.51 vs 5.16 tokens per verification in epoch
 1, both with this tree beside them), while the tree is the right structure for a large, churning set
 of responses: C++, per-node counts, a draft's tokens carry probability estimates (the count share of
 the chosen child), drafts of every match length are scored by the sum of those probabilities and

@@ -311,7 +311,9 @@ class HistoSpecProposer:
     def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
         spec = SpecConfig(**bundle.meta["spec"]) if "spec" in bundle.meta else SpecConfig(max_budget=self.k)
         old = getattr(self, "_batch", None)  # recent responses outlive an epoch's bundle
-        recent = old.recent if old is not None and old.spec.recent_responses == spec.recent_responses else None
+        same = old is not None and (old.spec.recent_responses, old.spec.tree_depth) == (spec.recent_responses,
+                                                                                         spec.tree_depth)
+        recent = old.recent if same else None
         return BatchDrafter(bundle, spec, self.k, self.max_model_len, stats or SpecStats(), recent)
 
     def _reload_if_changed(self) -> None:
