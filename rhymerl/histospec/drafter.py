@@ -239,7 +239,7 @@ class SpecConfig:
     # per verification; a token appended or a draft costs work per level, so the shallowest is the default.
     tree_depth: int = option(24, "the cross-prompt tree's depth: longest context match plus draft", "2..1024")
     # A key of BUDGET_RULES. With drafts capped by match length (max_spec_factor) and scored, "fixed"
-    # replayed a default run at 5.26 tokens per verification where "doubling" reached 3.52 (2026-12-03);
+    # replayed a default run at 5.19 tokens per verification where "doubling" reached 3.95 (2026-12-03);
     # the engine's cost-aware trimming (cost_aware) shortens drafts that do not pay for themselves.
     budget_rule: str = option("fixed", "per-request draft budget: doubling (x2 after a fully accepted draft, "
                               "halved after a rejection, 2..16), additive (the paper's +2 / back to 2, cap 32), "
