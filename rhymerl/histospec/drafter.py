@@ -316,7 +316,8 @@ class SpecConfig:
     def needs_arctic_inference(self) -> bool:
         """True when this setting drafts through Arctic Inference's suffix trees (vLLM's `suffix` method,
         or HistoSpec's cross-prompt tree)."""
-        return self.enabled and (self.method == "suffix" or (self.method == "histospec" and self.recent_responses > 0))
+        tree = self.method == "histospec" and self.recent_responses > 0
+        return self.enabled and (self.method == "suffix" or tree)
 
     @property
     def context_tail(self) -> int:

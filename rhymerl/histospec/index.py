@@ -10,9 +10,9 @@ Why an n-gram occurrence table and not a suffix tree, automaton or array
 ------------------------------------------------------------------------
 The structure is a suffix trie of bounded depth (`max_match`) stored flat: one hash-map entry per
 distinct n-gram (`min_match <= n <= max_match`, keyed by a 64-bit hash of its tokens) listing where
-it ended, as packed (sequence, position) codes. Continuations are read from the sequences themselves, so depth is unbounded where
-it matters (a draft of 32 tokens) while the table stays O(T * (max_match - min_match + 1)) for T
-indexed tokens.
+it ended, as packed (sequence, position) codes. Continuations are read from the sequences
+themselves, so depth is unbounded where it matters (a draft of 32 tokens) while the table stays
+O(T * (max_match - min_match + 1)) for T indexed tokens.
 - Appending one token (a sibling growing by one step) touches a fixed `max_match - min_match + 1`
   entries. A suffix automaton also appends online, but its occurrence counts live on suffix-link
   chains that are as long as the repeated text: for near-identical responses (the case HistoSpec
