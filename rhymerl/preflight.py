@@ -53,8 +53,9 @@ def check_config(cfg: RunConfig) -> list[Finding]:
         found.append(Finding("config", f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for a "
                              f"prompt in model.max_model_len={cfg.model.max_model_len}; lower "
                              "rollout.max_tokens or raise model.max_model_len"))
-    if cfg.spec.enabled and cfg.spec.method == "suffix" and not has_arctic_inference():
-        found.append(Finding("config", f"spec.method='suffix' needs {INSTALL_HINT}"))
+    if cfg.spec.needs_arctic_inference and not has_arctic_inference():
+        what = "spec.method='suffix'" if cfg.spec.method == "suffix" else "spec.recent_responses > 0"
+        found.append(Finding("config", f"{what} needs {INSTALL_HINT}"))
     return found
 
 

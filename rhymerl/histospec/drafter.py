@@ -2,11 +2,17 @@
 HistoSpec and n-gram drafters, and the `SpecConfig` of a run (budget rules: `rhymerl.histospec.budget`;
 acceptance counters: `rhymerl.histospec.stats`).
 
-`HistoSpecDrafter` finds the longest tail of the context (between `min_match` and `max_match`
-tokens) in the prompt's `SuffixIndex` and follows the continuations of its occurrences, like a walk
-down a suffix tree: where the continuations agree the draft copies them; where they branch it takes
-the branch with the most occurrences (or, reward-weighted, the highest sum of response rewards),
-ties going to the most recent occurrence. The draft ends at the budget or when the history runs out.
+`HistoSpecDrafter` drafts from the prompt's own `SuffixIndex` — its responses of earlier epochs
+plus its siblings as they grow — and, when given one, from a `RecentTree` of recent responses of every
+prompt (`rhymerl.histospec.tree`), and proposes the draft with the higher score (the sum of its tokens'
+estimated probabilities, i.e. its expected accepted length; ties go to the prompt's own). From the
+prompt's index it finds the longest tail of the context (between `min_match` and `max_match` tokens)
+that occurred before and follows the continuations of its most recent occurrences, like a walk down a
+suffix tree: where they agree the draft copies them; where they branch it takes the branch with the
+most occurrences (or, reward-weighted, the highest sum of response rewards), ties going to the most
+recent. Either source stops a draft before a token whose estimated probability falls below
+`min_token_prob` and keeps it within `max_spec_factor` x the matched length: a short match earns a
+short draft.
 
 The per-request draft budget adapts to acceptance through a rule picked by name from
 `BUDGET_RULES` (`rhymerl.histospec.budget`).
@@ -20,9 +26,16 @@ from typing import Literal, Protocol, Sequence
 from rhymerl.errors import ConfigError
 from rhymerl.histospec.budget import BUDGET_RULES, BudgetRule
 from rhymerl.histospec.index import STRIDE, SuffixIndex
+from rhymerl.histospec.tree import RecentTree
 from rhymerl.options import option
 
 METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, then vLLM's two model-free ones
+# A continuation seen m times gets at most m / (m + PRIOR): few sightings are weak evidence, so a draft
+# from one sibling's tokens must score well to beat the cross-prompt tree's (whose library estimates
+# have no such discount). Replays of a default run (2026-12-03; scratch runs, cross-prompt factor 2):
+# PRIOR 0 / 1 gave 2.38 / 2.42 tokens per verification in epoch 0; 2 (factor 3) 2.50; 3 (factor 4) 2.52
+# but 5.10 overall where 2 gives 5.19.
+PRIOR = 2.0
 MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams
 # (on the built-in model's responses 32 drafted exactly as well as no cap; 8 lost ~14%)
 
@@ -33,6 +46,7 @@ class Draft:
 
     tokens: tuple[int, ...]
     match_len: int = 0  # length of the matched context tail (0: no match, empty draft)
+    score: float = 0.0  # sum of the tokens' estimated probabilities (the expected accepted length)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -50,20 +64,32 @@ class Drafter(Protocol):
 
 
 class HistoSpecDrafter:
-    """Drafts from one prompt's `SuffixIndex` (history plus any siblings added to it)."""
+    """Drafts from one prompt's index (history plus any siblings added to it) and, if given, from a
+    cross-prompt `RecentTree`; the higher-scoring draft wins (the prompt's own on a tie)."""
 
     def __init__(self, index: SuffixIndex, reward_weighted: bool = False,
                  max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
-                 max_spec_factor: float = 0.0) -> None:
+                 max_spec_factor: float = 0.0, recent: RecentTree | None = None,
+                 recent_spec_factor: float = 0.0) -> None:
         self.index = index
         self.reward_weighted = reward_weighted
         self.max_candidates = max_candidates
         self.min_token_prob = min_token_prob
         self.max_spec_factor = max_spec_factor
+        self.recent = recent
+        self.recent_spec_factor = recent_spec_factor
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
             return EMPTY
+        best = self._from_index(context, budget)
+        if self.recent is not None:
+            other = Draft(*self.recent.speculate(context, budget, self.recent_spec_factor, self.min_token_prob))
+            if other.score > best.score:
+                best = other
+        return best if best.tokens else EMPTY
+
+    def _from_index(self, context: Sequence[int], budget: int) -> Draft:
         n, codes = self.index.match(context)
         if not codes:
             return EMPTY
@@ -71,21 +97,22 @@ class HistoSpecDrafter:
             budget = min(budget, int(self.max_spec_factor * n))
             if budget <= 0:
                 return EMPTY
-        tokens = follow(self.index, codes[-self.max_candidates:], budget, self.reward_weighted,
-                        self.min_token_prob)
-        return Draft(tuple(tokens), n) if tokens else EMPTY
+        tokens, score = follow(self.index, codes[-self.max_candidates:], budget, self.reward_weighted,
+                               self.min_token_prob)
+        return Draft(tuple(tokens), n, score) if tokens else EMPTY
 
 
 def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighted: bool,
-           min_token_prob: float = 0.0) -> list[int]:
-    """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group.
+           min_token_prob: float = 0.0) -> tuple[list[int], float]:
+    """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group;
+    the tokens and their score (the sum of their estimated probabilities).
 
     The continuations are sorted lexicographically, so those sharing a prefix are contiguous and a
     group agrees on a stretch exactly when its first and last members do: agreement runs cost one
     C-level slice comparison, and Python work is spent only where the history branches.
-    With `min_token_prob`, the draft stops before a token whose estimated probability — the product
-    of the chosen groups' shares of the continuations at each branch so far, as a suffix tree
-    estimates it — falls below it.
+    A token's estimated probability is m / (m + PRIOR) for the m continuations followed, times the
+    chosen groups' shares of the continuations at each branch so far (as a suffix tree estimates
+    it); with `min_token_prob` the draft stops before a token whose probability falls below it.
     """
     seqs, conts, kept = index.sequences, [], []
     for code in codes:
@@ -94,12 +121,17 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
         if cont:
             conts.append(cont)
             kept.append(code)
-    if len(conts) <= 1:
-        return conts[0] if conts else []
+    if not conts:
+        return [], 0.0
+    prob = len(conts) / (len(conts) + PRIOR)
+    if prob < min_token_prob:
+        return [], 0.0
+    if len(conts) == 1:
+        return conts[0], prob * len(conts[0])
     order = sorted(range(len(conts)), key=conts.__getitem__)
     conts = [conts[i] for i in order]
     kept = [kept[i] for i in order]
-    lo, hi, depth, src, prob = 0, len(conts), 0, conts[0], 1.0
+    lo, hi, depth, src, score = 0, len(conts), 0, conts[0], 0.0
     while depth < budget:
         while lo < hi and len(conts[lo]) <= depth:  # ended here; a proper prefix sorts first
             lo += 1
@@ -115,15 +147,18 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
                 break
             src = conts[lo]
             depth += 1
+            score += prob
             continue
         end = min(len(first), len(last))
+        run = depth + 1
         if first[depth:end] == last[depth:end]:
-            depth = end
+            run = end
         else:
-            depth += 1
-            while first[depth] == last[depth]:
-                depth += 1
-    return src[:depth]
+            while first[run] == last[run]:
+                run += 1
+        score += prob * (run - depth)
+        depth = run
+    return src[:depth], score
 
 
 def _best_group(index: SuffixIndex, conts: list[list[int]], codes: list[int], lo: int, hi: int,
@@ -187,11 +222,26 @@ class SpecConfig:
         "histospec", "histospec (drafts from the prompt's history and siblings), or for comparison ngram "
         "(vLLM's prompt lookup) or suffix (vLLM's suffix decoding, Arctic Inference, stock settings, drafts "
         "<= max_budget; needs arctic-inference, which make setup builds)")
-    min_match: int = option(3, "shortest context tail that may anchor a draft", ">= 1")
-    max_match: int = option(7, "longest context tail matched (the index's n-gram depth)", "min_match..64")
-    # A key of BUDGET_RULES. "doubling" reached a higher mean accepted length than "additive" in
-    # replay (2.61 vs 2.48 on the built-in model, 4.0 vs 3.4 on 200-token synthetic responses).
-    budget_rule: str = option("doubling", "per-request draft budget: doubling (x2 after a fully accepted draft, "
+    min_match: int = option(1, "shortest context tail that may anchor a draft from the prompt's index "
+                            "(the longest one found is used)", ">= 1")
+    max_match: int = option(7, "longest context tail matched (the prompt index's n-gram depth)", "min_match..64")
+    # Responses, not prompts: at scale one engine's recent responses are about one step's worth, so this
+    # is sized like the `suffix-step` comparison arm's cache (two 256-response steps of the default run).
+    recent_responses: int = option(512, "cross-prompt tree of the engine's most recent responses (every prompt, "
+                                   "growing as generated; Arctic Inference's suffix tree, needs arctic-inference, "
+                                   "which make setup builds); a request drafts from it when its draft scores "
+                                   "higher than the prompt's own; 0 = off", ">= 0")
+    # Replay of a default run (2026-12-03): 3 / 4 gave 2.499 / 2.504 tokens per verification in epoch 0
+    # (5.22 / 5.19 overall, 47% / 43% of draft tokens accepted); 4 reaches issue 17's 2.5 in epoch 0.
+    recent_spec_factor: float = option(4.0, "max_spec_factor of drafts from the cross-prompt tree (the library "
+                                       "caps its drafts at this many times the matched length); 0 = off", ">= 0")
+    # vLLM's stock depth. Replay of a default run (2026-12-03): 24 / 32 / 64 gave 5.186 / 5.187 / 5.187 tokens
+    # per verification; a token appended or a draft costs work per level, so the shallowest is the default.
+    tree_depth: int = option(24, "the cross-prompt tree's depth: longest context match plus draft", "2..1024")
+    # A key of BUDGET_RULES. With drafts capped by match length (max_spec_factor) and scored, "fixed"
+    # replayed a default run at 5.19 tokens per verification where "doubling" reached 3.95 (2026-12-03);
+    # the engine's cost-aware trimming (cost_aware) shortens drafts that do not pay for themselves.
+    budget_rule: str = option("fixed", "per-request draft budget: doubling (x2 after a fully accepted draft, "
                               "halved after a rejection, 2..16), additive (the paper's +2 / back to 2, cap 32), "
                               "fixed", ", ".join(map(repr, BUDGET_RULES)))
     max_budget: int = option(16, "most draft tokens per step (vLLM's num_speculative_tokens)", "1..128")
@@ -201,8 +251,10 @@ class SpecConfig:
     min_token_prob: float = option(0.0, "stop a draft before a token whose estimated probability (the product of "
                                    "the chosen branches' shares of the matched continuations) is below this; "
                                    "0 = off", "0..1")
-    max_spec_factor: float = option(0.0, "cap a draft at this many times the matched context length (as suffix "
-                                    "decoding's max_spec_factor); 0 = off", ">= 0")
+    # Replay of a default run (2026-12-03, with the cross-prompt tree): factor 2 / 3 gave 5.26 / 5.63 tokens
+    # per verification with 56% / 48% of draft tokens accepted; 2 wastes less verification work.
+    max_spec_factor: float = option(2.0, "cap a draft from the prompt's index at this many times the matched "
+                                    "context length (as suffix decoding's max_spec_factor); 0 = off", ">= 0")
     # `rhymerl spec replay` of a default run (epochs 5-9) gave 3.22 tokens per verification at 1, 3.54 at 2,
     # 3.91 at 4, 4.20 at 8; each epoch adds n responses per prompt to the bundle every worker receives.
     history_epochs: int = option(4, "earlier epochs (that saw the prompt) whose responses form the history; "
@@ -225,6 +277,8 @@ class SpecConfig:
 
         check(self.method in METHODS, "method",
               f"got {self.method!r}; allowed values: {', '.join(map(repr, METHODS))}")
+        check(2 <= self.tree_depth <= 1024, "tree_depth", "must be in 2..1024")
+        check(self.recent_responses >= 0, "recent_responses", "must be >= 0 (0: off)")
         check(self.min_match >= 1, "min_match", "must be >= 1")
         check(self.max_match >= self.min_match, "max_match",
               f"must be >= spec.min_match ({self.min_match})")
@@ -235,6 +289,7 @@ class SpecConfig:
         check(self.history_epochs >= 0, "history_epochs", "must be >= 0 (0: siblings only)")
         check(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", "must be in 0..1")
         check(self.max_spec_factor >= 0.0, "max_spec_factor", "must be >= 0 (0: off)")
+        check(self.recent_spec_factor >= 0.0, "recent_spec_factor", "must be >= 0 (0: off)")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 
@@ -242,7 +297,30 @@ class SpecConfig:
         """The configured budget rule, capped at `max_budget`."""
         return BUDGET_RULES[self.budget_rule](self.max_budget)
 
-    def drafter(self, index: SuffixIndex) -> HistoSpecDrafter:
-        """A HistoSpec drafter over `index` with this config's branching rule."""
+    def new_index(self, responses: Sequence[Sequence[int]] = (), rewards: Sequence[float] | None = None,
+                  prefix: Sequence[int] = ()) -> SuffixIndex:
+        """The prompt's index over `responses`, oldest first, each after `prefix` (the prompt's tail)."""
+        return SuffixIndex.build(responses, rewards, min_match=self.min_match, max_match=self.max_match,
+                                 prefix=prefix)
+
+    def new_recent(self) -> RecentTree | None:
+        """An empty cross-prompt tree of `recent_responses` responses (None: off)."""
+        return RecentTree(self.recent_responses, self.tree_depth) if self.recent_responses else None
+
+    def drafter(self, index: SuffixIndex, recent: RecentTree | None = None) -> HistoSpecDrafter:
+        """A HistoSpec drafter over `index` (and `recent`, if given) with this config's drafting rules."""
         return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob,
-                                max_spec_factor=self.max_spec_factor)
+                                max_spec_factor=self.max_spec_factor, recent=recent,
+                                recent_spec_factor=self.recent_spec_factor)
+
+    @property
+    def needs_arctic_inference(self) -> bool:
+        """True when this setting drafts through Arctic Inference's suffix trees (vLLM's `suffix` method,
+        or HistoSpec's cross-prompt tree)."""
+        tree = self.method == "histospec" and self.recent_responses > 0
+        return self.enabled and (self.method == "suffix" or tree)
+
+    @property
+    def context_tail(self) -> int:
+        """How many trailing context tokens the HistoSpec drafter reads."""
+        return max(self.max_match, self.tree_depth if self.recent_responses else 0)

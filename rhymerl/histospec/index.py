@@ -9,23 +9,24 @@ often each continuation occurred (its count) or by the rewards of the responses 
 Why an n-gram occurrence table and not a suffix tree, automaton or array
 ------------------------------------------------------------------------
 The structure is a suffix trie of bounded depth (`max_match`) stored flat: one hash-map entry per
-distinct n-gram (`min_match <= n <= max_match`) listing where it ended, as packed (sequence,
-position) codes. Continuations are read from the sequences themselves, so depth is unbounded where
-it matters (a draft of 32 tokens) while the table stays O(T * (max_match - min_match + 1)) for T
-indexed tokens.
+distinct n-gram (`min_match <= n <= max_match`, keyed by a 64-bit hash of its tokens) listing where
+it ended, as packed (sequence, position) codes. Continuations are read from the sequences
+themselves, so depth is unbounded where it matters (a draft of 32 tokens) while the table stays
+O(T * (max_match - min_match + 1)) for T indexed tokens.
 - Appending one token (a sibling growing by one step) touches a fixed `max_match - min_match + 1`
   entries. A suffix automaton also appends online, but its occurrence counts live on suffix-link
   chains that are as long as the repeated text: for near-identical responses (the case HistoSpec
   exists for) every append walks O(T), and reward sums would need the same propagation.
 - A suffix array cannot grow with siblings without a rebuild.
 - A suffix trie with counts down to the draft depth (as in suffix decoding, depth ~32-64) adds up
-  to one Python dict node per token per depth level; the flat table files 5 tuples per token at
-  the defaults and the draft depth costs nothing extra.
+  to one node per token per depth level; the flat table files `max_match - min_match + 1` codes
+  per token and the draft depth costs nothing extra. (Arctic Inference's C++ tree serves the
+  cross-prompt tree, `rhymerl.histospec.tree`; per prompt it drafted less well on the same history.)
 - Counts and reward sums of a continuation are computed when asked from its occurrence codes, so
   late-arriving rewards and growing siblings never invalidate stored aggregates.
 Queries cost at most `max_match - min_match + 1` dict lookups; in steady state the first (longest)
-hits. Measured at the defaults: a prompt history of 8 responses x 200 tokens (~3,000 distinct
-n-grams) takes ~0.9 MB of Python objects and 5-15 ms to build on a loaded 2-core machine.
+hits. A history is indexed in one numpy pass (`build`); siblings' tokens are added as they come.
+Build speed and memory per token: docs/histospec.md.
 
 Sequences may start with a `prefix` (the prompt's last tokens) so that the very first tokens of a
 response can be drafted from the start of earlier responses.
@@ -41,6 +42,11 @@ from typing import Iterable, Sequence
 import numpy as np
 
 STRIDE = 1 << 32  # occurrence code = seq_id * STRIDE + position of the continuation token
+# An n-gram's key: a 64-bit polynomial hash of its tokens (+1), folded from its last token back, so the
+# keys of all tails of a context come in one pass and a whole response's in a few numpy operations.
+# Int keys build ~1.6x faster than tuples and take less memory; a collision (~2^-64 per pair) can only
+# cost a useless draft, which the verifier rejects.
+_SEED, _MUL, _MASK = 0x243F6A8885A308D3, 0x9E3779B97F4A7C15, (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class SuffixIndex:
         self.prefix: tuple[int, ...] = tuple(int(t) for t in prefix)[-max_match:]
         self.sequences: list[list[int]] = []  # prefix + response tokens; read-only for callers
         self.rewards: list[float] = []
-        self.table: dict[tuple[int, ...], list[int]] = {}
+        self.table: dict[int, list[int]] = {}  # n-gram key -> occurrence codes
 
     @classmethod
     def build(cls, responses: Iterable[Sequence[int]], rewards: Sequence[float] | None = None, *,
@@ -80,9 +86,43 @@ class SuffixIndex:
             raise ValueError(f"got {len(rewards)} rewards for {len(responses)} responses; "
                              "pass one reward per response or none")
         index = cls(min_match, max_match, prefix)
+        if len(responses) >= STRIDE:
+            raise ValueError("index holds too many sequences; build a fresh one per step")
         for i, tokens in enumerate(responses):
-            index.add(tokens, 0.0 if rewards is None else float(rewards[i]))
+            index.sequences.append([*index.prefix, *(int(t) for t in tokens)])
+            index.rewards.append(0.0 if rewards is None else float(rewards[i]))
+            if len(index.sequences[-1]) >= STRIDE:
+                raise ValueError(f"sequence {i} is longer than {STRIDE - 1} tokens")
+        index._index_all()
         return index
+
+    def _index_all(self) -> None:
+        """Index every n-gram of every sequence at once (an empty table): keys and codes in numpy,
+        grouped by a stable sort, so Python touches each distinct n-gram once, not each occurrence —
+        a rhyming history repeats most of its n-grams. Same table as adding the sequences one by one."""
+        lens = np.asarray([len(s) for s in self.sequences], dtype=np.int64)
+        total = int(lens.sum())
+        if total == 0:
+            return
+        tokens = np.fromiter((t for s in self.sequences for t in s), dtype=np.uint64, count=total) + np.uint64(1)
+        starts = np.repeat(np.cumsum(lens) - lens, lens)
+        pos = np.arange(total, dtype=np.int64) - starts  # each token's position in its sequence
+        codes = np.repeat(np.arange(len(lens), dtype=np.int64) * STRIDE, lens) + pos + 1  # its n-grams' end
+        keys = np.full(total, _SEED, dtype=np.uint64)  # [t]: key of the n-gram whose last token is t
+        found_keys, found_codes = [], []
+        for n in range(1, self.max_match + 1):
+            keys[n - 1:] = keys[n - 1:] * np.uint64(_MUL) + tokens[:total - n + 1]  # wraps mod 2**64
+            if n >= self.min_match:
+                inside = pos >= n - 1  # the n-gram lies within one sequence
+                found_keys.append(keys[inside])
+                found_codes.append(codes[inside])
+        keys, codes = np.concatenate(found_keys), np.concatenate(found_codes)
+        order = np.argsort(keys, kind="stable")  # stable: codes stay in insertion order per key
+        keys, codes = keys[order], codes[order].tolist()
+        cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+        table = self.table
+        for key, lo, hi in zip(keys[[0, *cuts]].tolist(), [0, *cuts], [*cuts, len(codes)]):
+            table[key] = codes[lo:hi]
 
     # ------------------------------------------------------------------ growing
 
@@ -119,23 +159,28 @@ class SuffixIndex:
         size = len(seq)
         base = seq_id * STRIDE
         lo, hi = self.min_match, self.max_match
-        if size - first_end < 16:  # a sibling's step: a plain loop has the least overhead
+        if size - first_end < 128:  # a sibling's step or a short response: a plain loop has the least overhead
             for end in range(first_end, size + 1):
-                code = base + end
-                for n in range(lo, min(hi, end) + 1):
-                    key = tuple(seq[end - n:end])
-                    occ = table.get(key)
-                    if occ is None:
-                        table[key] = [code]
-                    else:
-                        occ.append(code)
+                code, key = base + end, _SEED
+                for n in range(1, min(hi, end) + 1):
+                    key = (key * _MUL + seq[end - n] + 1) & _MASK
+                    if n >= lo:
+                        occ = table.get(key)
+                        if occ is None:
+                            table[key] = [code]
+                        else:
+                            occ.append(code)
             return
-        for n in range(lo, hi + 1):  # a whole response: zip() builds the n-gram tuples in C
-            start = max(first_end, n)
-            if start > size:
+        tokens = np.asarray(seq, dtype=np.uint64) + np.uint64(1)  # a whole response: keys in numpy
+        keys = np.full(size + 1, _SEED, dtype=np.uint64)  # [end]: key of the n-gram ending at end
+        for n in range(1, hi + 1):
+            if n > size:
                 break
-            grams = zip(*[seq[start - n + j:size - n + j + 1] for j in range(n)])
-            for key, code in zip(grams, range(base + start, base + size + 1)):
+            keys[n:] = keys[n:] * np.uint64(_MUL) + tokens[:size - n + 1]  # wraps mod 2**64
+            start = max(first_end, n)
+            if n < lo or start > size:
+                continue
+            for key, code in zip(keys[start:].tolist(), range(base + start, base + size + 1)):
                 occ = table.get(key)
                 if occ is None:
                     table[key] = [code]
@@ -153,10 +198,14 @@ class SuffixIndex:
         recent occurrences come last; some may sit at a sequence end. The list is the index's
         own: do not modify it.
         """
-        tail = list(context[-self.max_match:])
+        tail = [int(t) for t in context[-self.max_match:]]
         table, seqs = self.table, self.sequences
+        keys, key = [], _SEED
+        for n in range(1, len(tail) + 1):
+            key = (key * _MUL + tail[-n] + 1) & _MASK
+            keys.append(key)
         for n in range(len(tail), self.min_match - 1, -1):
-            occ = table.get(tuple(tail[len(tail) - n:]))
+            occ = table.get(keys[n - 1])
             if occ is not None:
                 for code in occ:
                     seq_id, pos = divmod(code, STRIDE)

@@ -28,9 +28,10 @@ from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.drafter import Drafter, NgramDrafter, SpecConfig
-from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import SuffixIndex
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.suffix import SuffixArm
+from rhymerl.histospec.tree import RecentTree
 
 
 @dataclass(frozen=True)
@@ -92,50 +93,70 @@ def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecS
 def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
                         rewards: Sequence[float] | None, config: SpecConfig) -> SuffixIndex:
     """The prompt's index over its history responses (oldest first), prompt tail as prefix."""
-    return SuffixIndex.build(history, rewards, min_match=config.min_match,
-                             max_match=config.max_match, prefix=prompt)
+    return config.new_index(history, rewards, prefix=prompt)
+
+
+Group = tuple[Sequence[int], Sequence[Sequence[int]], "SuffixIndex | None"]  # prompt, responses, history index
 
 
 def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], config: SpecConfig,
-                 index: SuffixIndex | None = None, stats: SpecStats | None = None) -> SpecStats:
+                 index: SuffixIndex | None = None, stats: SpecStats | None = None,
+                 recent: RecentTree | None = None) -> SpecStats:
     """Replay one prompt's group in lockstep and return its counters.
 
     `index` is the prompt's history index (HistoSpec only; None: no history). With `siblings` the
-    group's responses are added to it as they grow, so pass a fresh index per group.
+    group's responses are added to it as they grow, so pass a fresh index per group. `recent`: the
+    cross-prompt tree (HistoSpec only), fed the group's tokens as they are emitted.
+    """
+    return replay_batch([(prompt, responses, index)], config, stats, recent)
+
+
+def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats | None = None,
+                 recent: RecentTree | None = None) -> SpecStats:
+    """Replay several groups (one training step's) in one lockstep batch, as one engine runs them.
+
+    Every round drafts for all unfinished responses, then verifies them and appends the emitted
+    tokens to their group's index (`siblings`) and to `recent`.
     """
     stats = stats if stats is not None else SpecStats()
-    prompt = [int(t) for t in prompt]
-    sib: list[int] = []
+    rows = []  # (context prefix, response, drafter, index or None, sibling id, recent handle)
+    for prompt, responses, index in groups:
+        prompt = [int(t) for t in prompt]
+        if config.method == "histospec":
+            index = index if index is not None else build_history_index(prompt, (), None, config)
+            drafter: Drafter = config.drafter(index, recent)
+        else:
+            drafter = NgramDrafter(config.min_match, config.max_match)
+        for resp in responses:
+            sib = index.add() if config.method == "histospec" and config.siblings else -1
+            handle = recent.start() if recent is not None else -1
+            rows.append((prompt, resp, drafter, index, sib, handle))
     if config.method == "histospec":
-        if index is None:
-            index = build_history_index(prompt, (), None, config)
-        if config.siblings:
-            sib = [index.add() for _ in responses]
-        drafter: Drafter = config.drafter(index)
-        rule = config.budget()
-        tail: int | None = config.max_match  # the drafter reads only the context's tail
+        rule, tail = config.budget(), config.context_tail  # the drafter reads only the context's tail
     else:
-        drafter = NgramDrafter(config.min_match, config.max_match)
-        rule = FixedBudget(config.max_budget)  # vLLM's n-gram method has no adaptive budget
-        tail = None
-    pos = [0] * len(responses)
-    budget = [rule.initial] * len(responses)
-    active = [k for k, r in enumerate(responses) if len(r) > 0]
+        rule, tail = FixedBudget(config.max_budget), None  # vLLM's n-gram method has no adaptive budget
+    pos = [0] * len(rows)
+    budget = [rule.initial] * len(rows)
+    active = [k for k, row in enumerate(rows) if len(row[1]) > 0]
     while active:
         t0 = time.perf_counter()
         drafts = []
         for k in active:
-            context = prompt + list(responses[k][:pos[k]])
+            prompt, resp, drafter = rows[k][:3]
+            context = prompt + list(resp[:pos[k]])
             drafts.append(drafter.propose(context[-tail:] if tail else context, budget[k]).tokens)
         stats.drafter_seconds += time.perf_counter() - t0
         still = []
         for k, draft in zip(active, drafts):
-            resp, p = responses[k], pos[k]
+            _, resp, _, index, sib, handle = rows[k]
+            p = pos[k]
             accepted = verify(draft, resp, p, stats)
             budget[k] = rule.update(budget[k], len(draft), accepted)
             pos[k] = p + accepted + 1
-            if sib:
-                index.extend(sib[k], resp[p:pos[k]])
+            if sib >= 0:
+                index.extend(sib, resp[p:pos[k]])
+            if handle >= 0:
+                recent.extend(handle, resp[p:pos[k]])
             if pos[k] < len(resp):
                 still.append(k)
         active = still
@@ -154,34 +175,45 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
            on_prompt: Callable[[], None] | None = None, arm: SuffixArm | None = None) -> ReplayReport:
     """Replay every (prompt, epoch) group of `records` under `config`; acceptance per epoch.
 
-    With `only_epochs`, groups of other epochs are not replayed but still serve as history.
-    `on_prompt` is called after each prompt's groups (progress bars). With `config.method` "suffix",
-    `arm` says what the suffix cache holds (default: vLLM's stock global cache; see `replay_suffix`).
+    Training steps replay in the order the run generated them (epoch, step), each step's groups in
+    one lockstep batch, so HistoSpec's cross-prompt tree (`recent_responses`) holds what one engine
+    serving every request would hold. With `only_epochs`, groups of other epochs are not reported,
+    but still serve as history and, replayed unseen, feed the cross-prompt tree. `on_prompt` is called once per prompt
+    (progress bars). With `config.method` "suffix", `arm` says what the suffix cache holds (default:
+    vLLM's stock global cache; see `replay_suffix`).
     """
     if config.method == "suffix":
         return replay_suffix(records, config, arm or SuffixArm(), only_epochs, on_prompt)
+    records = list(records)
     by_prompt: dict[str, dict[int, list[RecordedResponse]]] = defaultdict(lambda: defaultdict(list))
+    steps: dict[tuple[int, int], dict[str, list[RecordedResponse]]] = defaultdict(dict)
     for r in records:
         by_prompt[r.prompt_id][r.epoch].append(r)
+        steps[(r.epoch, r.step)].setdefault(r.prompt_id, []).append(r)
     report = ReplayReport(config)
-    for epochs in by_prompt.values():
-        for epoch in sorted(epochs):
-            if only_epochs is not None and epoch not in only_epochs:
-                continue
-            group = epochs[epoch]
-            prompt = group[0].prompt_token_ids
-            stats = report.per_epoch.setdefault(epoch, SpecStats())
-            index = None
+    recent = config.new_recent() if config.method == "histospec" else None
+    last_epoch = max((k[0] for k in steps if only_epochs is None or k[0] in only_epochs), default=None)
+    for (epoch, _), groups in sorted(steps.items()):
+        wanted = only_epochs is None or epoch in only_epochs
+        if not wanted and recent is None:
+            continue
+        # an epoch not reported still runs when the recent tree needs its responses, as they grew
+        stats = report.per_epoch.setdefault(epoch, SpecStats()) if wanted else SpecStats()
+        batch = []
+        for pid, group in groups.items():
+            prompt, index = group[0].prompt_token_ids, None
             if config.method == "histospec":
-                hist = history_for(epochs, epoch, config.history_epochs)
+                hist = history_for(by_prompt[pid], epoch, config.history_epochs)
                 t0 = time.perf_counter()
                 index = build_history_index(prompt, [h.token_ids for h in hist],
                                             [h.reward for h in hist], config)
                 stats.index_seconds += time.perf_counter() - t0
                 stats.index_tokens += index.num_tokens
-            replay_group(prompt, [r.token_ids for r in group], config, index, stats)
-        if on_prompt is not None:
-            on_prompt()
+            batch.append((prompt, [r.token_ids for r in group], index))
+        replay_batch(batch, config, stats, recent)
+        if on_prompt is not None and epoch == last_epoch:
+            for _ in groups:
+                on_prompt()
     return report
 
 

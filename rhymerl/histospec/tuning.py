@@ -22,7 +22,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "histospec": {},
     "histospec-additive": {"budget_rule": "additive", "max_budget": 32},
     "histospec-no-siblings": {"siblings": False},
-    "siblings-only": {"history_epochs": 0},
+    "siblings-only": {"history_epochs": 0, "recent_responses": 0},
+    "histospec-no-recent": {"recent_responses": 0},  # the prompt's own index only
     "histospec-reward": {"reward_weighted": True},
     "ngram": {"method": "ngram"},
     # vLLM's suffix decoding (Arctic Inference) at its stock settings, in the cache scopes of SUFFIX_ARMS
@@ -76,11 +77,12 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
 
 def default_settings() -> tuple[list[str], str]:
     """The settings a replay runs when none are named, and a note ("" if none) on what was left out:
-    every setting, less the suffix ones when arctic-inference is not installed."""
+    every setting, less those that draft through Arctic Inference's trees (the suffix arms and
+    HistoSpec's cross-prompt tree) when arctic-inference is not installed."""
     if has_arctic_inference():
         return list(SETTINGS), ""
-    return ([n for n in SETTINGS if SETTINGS[n].get("method") != "suffix"],
-            f"note: settings {', '.join(SUFFIX_ARMS)} skipped: {INSTALL_HINT}")
+    needs = [n for n in SETTINGS if SpecConfig(**SETTINGS[n]).needs_arctic_inference]
+    return [n for n in SETTINGS if n not in needs], f"note: settings {', '.join(needs)} skipped: {INSTALL_HINT}"
 
 
 def replay_configs(names: Sequence[str] | None = None,
@@ -90,7 +92,12 @@ def replay_configs(names: Sequence[str] | None = None,
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]!r}; known settings: {', '.join(SETTINGS)}")
     extra = parse_overrides(overrides)
-    return {name: SpecConfig(**{**SETTINGS[name], **extra}) for name in names or SETTINGS}
+    configs = {name: SpecConfig(**{**SETTINGS[name], **extra}) for name in names or SETTINGS}
+    lacking = [n for n, c in configs.items() if c.needs_arctic_inference and c.method != "suffix"]
+    if lacking and not has_arctic_inference():  # the suffix settings are checked by the caller
+        raise ConfigError(f"settings {', '.join(lacking)} draft from the cross-prompt tree "
+                          f"(spec.recent_responses > 0), which needs {INSTALL_HINT}; or --set recent_responses=0")
+    return configs
 
 
 def records_from_columns(columns: Mapping[str, Sequence[Any]]) -> list[RecordedResponse]:

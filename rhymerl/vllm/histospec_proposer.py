@@ -24,6 +24,10 @@ may be taken for the longer one when the response happens to continue with the r
 are only proposals, so this can cost speed, never correctness. Rows whose prompt is not in the
 bundle get no drafts.
 
+Cross-prompt tree. Every request's tokens also join the drafter's `RecentTree` (the engine's last
+`spec.recent_responses` responses of every prompt); a request drafts from it when that draft scores
+higher than its prompt's own (`HistoSpecDrafter`). The tree outlives a new epoch's bundle.
+
 Which request a row is. vLLM moves requests between rows as others finish, so per-request state
 (budget, last draft, sibling sequence) is keyed by the bytes of the request's tokens at the last
 step: next step the request's first `num_tokens - len(sampled)` tokens are exactly those bytes,
@@ -51,6 +55,7 @@ from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import HistoryBundle, SuffixIndex
 from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
+from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
@@ -99,6 +104,7 @@ class _Request:
     n: int = 0  # tokens when last drafted for
     drafted: int = 0  # length of the draft proposed at that step
     sib: int = -1  # its sequence in the prompt's index (siblings), -1: none
+    recent: int = -1  # its handle in the cross-prompt tree, -1: none
     step: int = 0
 
 
@@ -111,9 +117,12 @@ class BatchDrafter:
     k: int  # vLLM's num_speculative_tokens: no draft may be longer
     max_model_len: int
     stats: SpecStats = field(default_factory=SpecStats)
+    recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
 
     def __post_init__(self) -> None:
         self.rule = self.spec.budget()
+        if self.recent is None and self.spec.method == "histospec":
+            self.recent = self.spec.new_recent()
         self.table: PromptTable | None = None
         self.prompts: dict[int, _Prompt] = {}
         self.states: dict[bytes, list[_Request]] = {}
@@ -155,11 +164,13 @@ class BatchDrafter:
                 req.budget = self.rule.update(req.budget, req.drafted, accepted)
                 if req.sib >= 0:
                     req.prompt.index.extend(req.sib, sampled)
+                if req.recent >= 0:
+                    self.recent.extend(req.recent, sampled)
             req.n, req.step, req.drafted = n, self.step, 0
             claimed.setdefault(row[:n].tobytes(), []).append(req)
             todo.append((i, req))
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        tail = self.spec.max_match
+        tail = self.spec.context_tail
         for i, req in todo:  # ... then drafts, so siblings see this step's tokens
             if req.prompt is None:
                 continue
@@ -207,13 +218,16 @@ class BatchDrafter:
         if prompt is None:
             hist = self.bundle.prompts[k]
             t0 = time.perf_counter()
-            index = hist.build_index(self.spec.min_match, self.spec.max_match)
+            index = self.spec.new_index(hist.responses, hist.rewards, prefix=hist.prompt_token_ids)
             self.stats.index_seconds += time.perf_counter() - t0
             self.stats.index_tokens += index.num_tokens
-            prompt = self.prompts[k] = _Prompt(index, self.spec.drafter(index), len(hist.prompt_token_ids))
+            prompt = self.prompts[k] = _Prompt(index, self.spec.drafter(index, self.recent),
+                                               len(hist.prompt_token_ids))
         req = _Request(prompt, self.rule.initial)
         if self.spec.siblings:
             req.sib = prompt.index.add(row[prompt.plen:n].tolist())
+        if self.recent is not None:
+            req.recent = self.recent.start(row[prompt.plen:n].tolist())
         return req
 
     def _keep_recent(self, claimed: dict[bytes, list[_Request]]) -> None:
@@ -254,7 +268,9 @@ class HistoSpecProposer:
         return stats
 
     def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
-        return BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats())
+        old = getattr(self, "_batch", None)  # recent responses outlive an epoch's bundle (same settings)
+        recent = old.recent if old is not None else None
+        return BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(), recent)
 
     def _reload_if_changed(self) -> None:
         if not self.path:

@@ -134,7 +134,7 @@ def test_bad_set_and_setting_name_the_key(lake: str, capsys: pytest.CaptureFixtu
     assert (code, out) == (2, "") and "unknown config key 'spec.max_bugdet'" in err and "max_budget" in err
     code, _, err = _replay(capsys, "--lake", lake, "--run", RUN, "--set", "max_budget=lots")
     assert code == 2 and "'spec.max_budget': expected int, got 'lots'" in err
-    code, _, err = _replay(capsys, "--lake", lake, "--run", RUN, "--set", "max_match=2")
+    code, _, err = _replay(capsys, "--lake", lake, "--run", RUN, "--set", "min_match=3", "max_match=2")
     assert code == 2 and "'spec.max_match'" in err  # SpecConfig's own check: max_match >= min_match
     code, _, err = _replay(capsys, "--lake", lake, "--run", RUN, "--settings", "fast")
     assert code == 2 and "unknown setting 'fast'; known settings: histospec," in err

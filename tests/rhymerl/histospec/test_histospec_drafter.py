@@ -6,8 +6,8 @@ import random
 import pytest
 
 from rhymerl.config import ConfigError
-from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget
-from rhymerl.histospec.drafter import HistoSpecDrafter, NgramDrafter, SpecConfig
+from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget, FixedBudget
+from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import STRIDE, SuffixIndex
 
@@ -130,10 +130,10 @@ def test_partial_acceptance_is_a_rejection():
     assert DoublingBudget().update(8, 8, 7) == 4
 
 
-def test_default_budget_rule_is_doubling():
-    # Measured (replay and engine): doubling drafts more per step and reaches a higher mean
-    # accepted length than additive on the built-in model's responses.
-    assert isinstance(SpecConfig().budget(), DoublingBudget) and SpecConfig().max_budget == 16
+def test_default_budget_rule_is_fixed():
+    # Measured (replay of a default run): with drafts capped by match length and scored, a fixed
+    # budget of 16 reached a higher mean accepted length than doubling.
+    assert isinstance(SpecConfig().budget(), FixedBudget) and SpecConfig().max_budget == 16
 
 
 def test_spec_config_budget_respects_max_budget():
@@ -183,14 +183,18 @@ def test_stats_merge_adds_counts():
 
 
 def test_min_token_prob_stops_before_an_unlikely_branch():
-    # Probability stop: after [1,2] all 4 continue with 3; then 3 of 4 take 5, 1 takes 9: the token 5
-    # has estimated probability 0.75, so a 0.8 threshold drafts only [3] and 0.7 drafts [3, 5, 6].
+    # Probability stop: after [1,2] all 4 occurrences continue with 3, estimated 4 / (4 + PRIOR); then
+    # 3 of 4 take 5 and 1 takes 9, so 5 is estimated at that x 0.75. A threshold just above either
+    # estimate stops the draft before that token.
     seqs = [[1, 2, 3, 5, 6], [1, 2, 3, 5, 6], [1, 2, 3, 5, 6], [1, 2, 3, 9, 9]]
     index = SuffixIndex.build(seqs, None, min_match=2, max_match=3)
-    assert HistoSpecDrafter(index, min_token_prob=0.8).propose([1, 2], 8).tokens == (3,)
-    assert HistoSpecDrafter(index, min_token_prob=0.7).propose([1, 2], 8).tokens == (3, 5, 6)
+    p3 = 4 / (4 + PRIOR)
+    p5 = p3 * 0.75
+    assert HistoSpecDrafter(index, min_token_prob=p3 + 0.01).propose([1, 2], 8).tokens == ()
+    assert HistoSpecDrafter(index, min_token_prob=p5 + 0.01).propose([1, 2], 8).tokens == (3,)
+    assert HistoSpecDrafter(index, min_token_prob=p5 - 0.01).propose([1, 2], 8).tokens == (3, 5, 6)
     assert HistoSpecDrafter(index).propose([1, 2], 8).tokens == (3, 5, 6)
-    assert SpecConfig(min_token_prob=0.8).drafter(index).propose([1, 2], 8).tokens == (3,)
+    assert SpecConfig(min_token_prob=p5 + 0.01).drafter(index).propose([1, 2], 8).tokens == (3,)
     with pytest.raises(ConfigError, match="spec.min_token_prob"):
         SpecConfig(min_token_prob=1.5)
 

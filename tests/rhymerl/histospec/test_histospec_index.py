@@ -127,3 +127,21 @@ def test_prompt_history_index_uses_prompt_tail():
     ix = hist.build_index(min_match=2, max_match=2)
     assert ix.prefix == (2, 3)
     assert [c.token for c in ix.continuations([2, 3])] == [4]
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 7), (3, 5)])
+def test_one_pass_build_equals_adding_long_and_short_sequences(lo, hi):
+    # The numpy paths (a history in one pass; a long chunk appended) file exactly what the token loop
+    # files, codes in insertion order per n-gram.
+    rng = random.Random(1)
+    seqs = [[rng.randrange(6) for _ in range(n)] for n in (300, 5, 0, 140, 1)]
+    whole = SuffixIndex.build(seqs, min_match=lo, max_match=hi, prefix=[7, 8])
+    one_by_one = SuffixIndex(lo, hi, prefix=[7, 8])
+    for s in seqs:
+        sid = one_by_one.add()
+        for k in range(0, len(s), 7):
+            one_by_one.extend(sid, s[k:k + 7])
+    long_chunks = SuffixIndex(lo, hi, prefix=[7, 8])
+    for s in seqs:
+        long_chunks.add(s)
+    assert whole.table == one_by_one.table == long_chunks.table

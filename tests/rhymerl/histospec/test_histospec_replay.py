@@ -69,7 +69,7 @@ def test_replay_reports_per_epoch():
     # Epoch 0 has no history (10 undrafted steps); epoch 1 replays the exact-repeat case above.
     records = [RecordedResponse("p", 0, HIST, 1.0, PROMPT), RecordedResponse("p", 1, HIST, 1.0, PROMPT),
                RecordedResponse("q", 1, (5, 6), 0.0, (7, 8, 9))]
-    report = replay(records, SpecConfig(siblings=False, budget_rule="additive"))
+    report = replay(records, SpecConfig(siblings=False, budget_rule="additive", recent_responses=0))
     assert report.per_epoch[0].steps == 10 and report.per_epoch[0].drafted == 0
     assert (report.per_epoch[1].steps, report.per_epoch[1].drafted) == (3 + 2, 8)
     assert report.overall().tokens == 10 + 10 + 2

@@ -1,0 +1,110 @@
+"""The cross-prompt tree (RecentTree) and how HistoSpec picks between it and the prompt's own index."""
+
+import numpy as np
+import pytest
+
+from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, SpecConfig, follow
+from rhymerl.histospec.index import HistoryBundle, PromptHistory, SuffixIndex
+from rhymerl.histospec.replay import RecordedResponse, replay
+from rhymerl.histospec.suffix import has_arctic_inference
+from rhymerl.histospec.tree import RecentTree
+from rhymerl.vllm.histospec_proposer import BatchDrafter
+
+needs_arctic = pytest.mark.skipif(not has_arctic_inference(),
+                                  reason="arctic-inference is not installed (make setup builds it)")
+
+
+@needs_arctic
+def test_recent_tree_drafts_from_held_responses_and_evicts_the_oldest():
+    # FIFO: with room for 2, the third response evicts the first; extending an evicted one is a no-op.
+    tree = RecentTree(capacity=2, depth=16)
+    first = tree.start([1, 2, 3, 4, 5])
+    tree.start([7, 8, 9])
+    assert tree.speculate([1, 2], 8, 0.0, 0.0)[0] == (3, 4, 5)
+    tree.start([6, 6])
+    assert tree.speculate([1, 2], 8, 0.0, 0.0)[0] == ()
+    tree.extend(first, [1, 2, 3])
+    assert tree.speculate([1, 2], 8, 0.0, 0.0)[0] == ()
+    assert (len(tree), tree.num_tokens) == (2, 5)
+
+
+@needs_arctic
+def test_recent_tree_caps_the_draft_at_factor_times_the_match():
+    # max_spec_factor: the 2-token match [1,2] may draft 2 x 1.5 = 3 of the 5 tokens that follow
+    # (the library matches at most all but the context's first token).
+    tree = RecentTree(capacity=4, depth=16)
+    tree.start([1, 2, 3, 4, 5, 6, 7])
+    tokens, match, score = tree.speculate([0, 1, 2], 8, 1.5, 0.0)
+    assert (tokens, match, score) == ((3, 4, 5), 2, 3.0)
+
+
+@needs_arctic
+def test_a_prompt_without_history_drafts_from_the_cross_prompt_tree():
+    # Epoch 0: the prompt's own index is empty; another prompt's response holds the shared format.
+    recent = RecentTree(capacity=8, depth=16)
+    recent.start([5, 9, 9, 1, 2, 3, 4])
+    alone = HistoSpecDrafter(SuffixIndex(1, 7), max_spec_factor=2.0)
+    assert alone.propose([7, 9, 1], 8).tokens == ()
+    both = HistoSpecDrafter(SuffixIndex(1, 7), max_spec_factor=2.0, recent=recent, recent_spec_factor=2.0)
+    assert both.propose([7, 9, 1], 8).tokens == (2, 3, 4)
+
+
+@needs_arctic
+def test_the_higher_scoring_draft_wins():
+    # Score = expected accepted length. Own history: [1,2] -> 3 4 5 seen 6 times, each token estimated
+    # at 6 / (6 + PRIOR); the recent tree: -> 8 8 once (the library estimates 1.0 per token, no prior).
+    own = SuffixIndex.build([[1, 2, 3, 4, 5]] * 6, min_match=1, max_match=4)
+    recent = RecentTree(capacity=8, depth=16)
+    recent.start([1, 2, 8, 8])
+    drafter = HistoSpecDrafter(own, max_spec_factor=2.0, recent=recent, recent_spec_factor=2.0)
+    assert 3 * 6 / (6 + PRIOR) > 2.0
+    assert drafter.propose([0, 1, 2], 8).tokens == (3, 4, 5)
+    # ... and with the roles swapped the recent tree's draft is taken.
+    weak = SuffixIndex.build([[1, 2, 8, 8, 8]], min_match=1, max_match=4)
+    strong = RecentTree(capacity=8, depth=16)
+    for _ in range(6):
+        strong.start([1, 2, 3, 4, 5])
+    drafter = HistoSpecDrafter(weak, max_spec_factor=2.0, recent=strong, recent_spec_factor=2.0)
+    assert drafter.propose([0, 1, 2], 8).tokens == (3, 4, 5)
+
+
+def test_the_longest_match_anchors_the_draft():
+    # [3] alone was followed by 7 more often, but the longer tail [2,3] was followed by 4: 4 is drafted.
+    index = SuffixIndex.build([[3, 7, 7], [3, 7, 7], [3, 7, 7], [1, 2, 3, 4, 5]], min_match=1, max_match=4)
+    assert HistoSpecDrafter(index).propose([9, 2, 3], 8).tokens == (4, 5)
+    assert HistoSpecDrafter(index).propose([9, 8, 3], 8).tokens == (7, 7)
+
+
+def test_draft_score_is_the_sum_of_estimated_token_probabilities():
+    # 3 occurrences agree on 5 then split 2:1 -> token 5 at 3/(3+PRIOR), token 6 at that x 2/3.
+    index = SuffixIndex.build([[1, 5, 6], [1, 5, 6], [1, 5, 9]], min_match=1, max_match=2)
+    _, codes = index.match([1])
+    tokens, score = follow(index, codes, 8, False)
+    p = 3 / (3 + PRIOR)
+    assert tokens == [5, 6] and score == pytest.approx(p + p * 2 / 3)
+
+
+@needs_arctic
+def test_batch_drafter_feeds_and_drafts_from_the_recent_tree():
+    # Engine path: prompt A's request generates 1..6; a request of prompt B (no history) whose
+    # response reaches [2, 3] then drafts A's continuation from the cross-prompt tree.
+    a, b = (50, 51), (60, 61)
+    bundle = HistoryBundle((PromptHistory(a), PromptHistory(b)))
+    spec = SpecConfig(cost_aware=False, recent_spec_factor=2.0)
+    batch = BatchDrafter(bundle, spec, k=8, max_model_len=64)
+    rows = np.zeros((2, 64), dtype=np.int64)
+    rows[0, :8] = [*a, 1, 2, 3, 4, 5, 6]
+    batch.propose([[6]], np.array([8]), rows[:1])
+    rows[1, :5] = [*b, 9, 2, 3]
+    assert batch.propose([[3]], np.array([5]), rows[1:2]) == [[4, 5, 6]]
+
+
+@needs_arctic
+def test_replay_drafts_epoch_zero_from_an_earlier_step_of_another_prompt():
+    # Step 0 holds prompt p; in step 1 prompt q (no history, no sibling yet) repeats p's tokens.
+    shared = tuple(range(10, 30))
+    records = [RecordedResponse("p", 0, shared, step=0), RecordedResponse("q", 0, (1,) + shared, step=1)]
+    on = replay(records, SpecConfig()).per_epoch[0]
+    off = replay(records, SpecConfig(recent_responses=0)).per_epoch[0]
+    assert off.accepted == 0
+    assert on.accepted > 10
