@@ -28,6 +28,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from rhymerl import grpo
+from rhymerl.blocks import checkpoint_activations
 from rhymerl.config import TrainConfig
 from rhymerl.sampling import token_logprobs
 
@@ -159,6 +160,8 @@ class Trainer:
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+        if cfg.activation_checkpointing:  # after the copy: the reference never runs backward
+            checkpoint_activations(self.model)
         self.aggregation = grpo.get_aggregation(cfg.loss_agg)
         self.policy_version = 0
 
@@ -207,13 +210,19 @@ class Trainer:
         """
         if not batch:
             raise ValueError("train_step got an empty batch; pass at least one TrainExample")
+        return self._step(batch)
+
+    def _step(self, batch: list[TrainExample]) -> dict[str, float]:
+        """`train_step` on this process's part of the batch (all of it here; a share of it in
+        `rhymerl.sharded`, where `_all_sum` and `_padding` make the step the whole batch's)."""
         start = time.perf_counter()
         micro = list(self._micro_batches(batch))
+        (denominator,) = self._all_sum([sum(self.aggregation.count(mb.mask) for mb in micro)])
+        micro += self._padding(len(micro))
         with torch.no_grad():
             old = [self._logprobs(self.model, mb) for mb in micro]
             ref = ([self._logprobs(self.ref_model, mb) for mb in micro]
                    if self.ref_model is not None else None)
-        denominator = sum(self.aggregation.count(mb.mask) for mb in micro)
         totals: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
                                     "ratio_mean": 0.0, "kl": 0.0}
         for _ in range(self.cfg.updates_per_step):
@@ -222,12 +231,28 @@ class Trainer:
                 totals[key] += update[key] / self.cfg.updates_per_step
         self.policy_version += 1
         seconds = time.perf_counter() - start
-        tokens = float(sum(len(ex.response_ids) for ex in batch))
+        missing = float(sum(mb.sampler is None for mb in micro))
+        diff = sum(float(((o - mb.sampler).abs() * mb.mask).sum()) for o, mb in zip(old, micro)
+                   if mb.sampler is not None)
+        tokens, missing, diff = self._all_sum([float(sum(len(ex.response_ids) for ex in batch)), missing, diff])
         out = {**totals, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
-        if all(mb.sampler is not None for mb in micro):
-            diff = sum(float(((o - mb.sampler).abs() * mb.mask).sum()) for o, mb in zip(old, micro))
+        if missing == 0:
             out["logprob_abs_diff"] = diff / max(tokens, 1.0)
         return out
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        """Sums over every process that holds a part of the batch: one process here."""
+        return values
+
+    def _padding(self, n_micro: int) -> list[_Padded]:
+        """Micro-batches that add nothing, run so every process makes as many passes: none here."""
+        return []
+
+    def _clip_and_step(self) -> float:
+        """Clip the gradients to `max_grad_norm`, step the optimizer; the norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return float(grad_norm)
 
     def _update(self, micro: list[_Padded], old: list[Tensor], ref: list[Tensor] | None,
                 denominator: float) -> dict[str, float]:
@@ -248,10 +273,11 @@ class Trainer:
             clip_sum += stats["clip_frac"] * stats["tokens"]
             ratio_sum += stats["ratio_mean"] * stats["tokens"]
             token_sum += stats["tokens"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = self._clip_and_step()
+        loss_sum, kl_sum, clip_sum, ratio_sum, token_sum = self._all_sum(
+            [loss_sum, kl_sum, clip_sum, ratio_sum, token_sum])
         n = max(token_sum, 1.0)
-        return {"loss": loss_sum, "grad_norm": float(grad_norm), "clip_frac": clip_sum / n,
+        return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clip_sum / n,
                 "ratio_mean": ratio_sum / n, "kl": kl_sum}
 
     # ------------------------------------------------------------ weights out

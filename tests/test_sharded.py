@@ -1,0 +1,118 @@
+"""Sharded trainer (FSDP2, gloo on CPU): one step on 2 ranks equals the step on 1 rank.
+
+Two spawned processes form the group; each case builds a fresh ShardedTrainer per rank and
+writes the updated whole weights, which are compared with the single-process Trainer's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import transformers
+
+from rhymerl.config import TrainConfig
+from rhymerl.sharded import DistSpec, ShardedTrainer, free_port, split_by_tokens
+from rhymerl.trainer import Trainer, TrainExample
+
+# Uneven lengths: a 2-rank split gives one rank more micro-batches (padding passes on the other);
+# one example has no response tokens (it still counts as a sequence in "sequence" aggregation).
+BATCH = [
+    TrainExample((1, 2, 3), (4, 5), 1.0),
+    TrainExample((7,), (8, 9, 10, 11, 12, 13, 14, 15, 16), -0.5),
+    TrainExample((3, 4, 5, 6), (), 0.0),
+    TrainExample((13, 14), (15, 16, 17), 0.7),
+    TrainExample((2,), (3, 4, 5, 6, 7), -1.2),
+    TrainExample((9, 10, 11), (12,), 0.3),
+    TrainExample((20, 21), (22, 23, 24, 25), 0.9),
+]
+CASES = [(agg, kl) for agg in ("token", "sequence") for kl in (0.0, 0.1)]
+
+
+def _cfg(agg: str, kl: float, world_size: int) -> TrainConfig:
+    # two updates: the second sees ratio != 1, so the sharded old log-probs matter
+    return TrainConfig(lr=1e-2, loss_agg=agg, kl_coef=kl, micro_batch_size=2, updates_per_step=2,
+                       world_size=world_size)
+
+
+def _tiny_qwen2(path: Path) -> str:
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=True)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def _perturb(trainer: Trainer) -> None:
+    """Move the policy off the reference so the KL term has a gradient (same on every rank)."""
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.mul_(1.01)
+
+
+def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The last update's (clipped) gradient per parameter, whole (gathered from the shards)."""
+    return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for name, p in trainer.model.named_parameters()}
+
+
+def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
+    spec = DistSpec(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port)
+    for agg, kl in CASES:
+        trainer = ShardedTrainer(model_dir, _cfg(agg, kl, 2), spec, threads=1)
+        _perturb(trainer)
+        metrics = trainer.train_step(BATCH)
+        weights = trainer.state_dict_for_engine()
+        grads = _grads(trainer)
+        if rank == 0:
+            torch.save({"weights": weights, "grads": grads, "metrics": metrics}, f"{out_dir}/{agg}-{kl}.pt")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("sharded")
+    mp.spawn(_rank, args=(model_dir, free_port(), str(out)), nprocs=2, join=True)
+    return {case: torch.load(out / f"{case[0]}-{case[1]}.pt") for case in CASES}
+
+
+def test_split_by_tokens_balances_and_keeps_order() -> None:
+    # LPT: 9 -> r0, 5 -> r1, 4 -> r1 (9 vs 9), 3 -> r0, 1 -> r1
+    assert split_by_tokens([9, 4, 5, 3, 1], 2) == [[0, 3], [1, 2, 4]]
+    assert split_by_tokens([2, 2], 3) == [[0], [1], []]
+    assert split_by_tokens([5], 1) == [[0]]
+
+
+@pytest.mark.parametrize("agg,kl", CASES)
+def test_two_ranks_update_equals_one_rank(model_dir: str, two_rank_results: dict, agg: str, kl: float) -> None:
+    single = Trainer(model_dir, _cfg(agg, kl, 1), threads=1)
+    _perturb(single)
+    before = {k: v.clone() for k, v in single.state_dict_for_engine().items()}
+    metrics = single.train_step(BATCH)
+    expected = single.state_dict_for_engine()
+    got = two_rank_results[(agg, kl)]
+    assert got["weights"].keys() == expected.keys()
+    for name, tensor in expected.items():
+        if name.endswith("k_proj.bias"):
+            # its true gradient is 0 (a key bias shifts a query's scores by one constant; softmax
+            # ignores it): the float noise left, AdamW scales to +-lr in either run alike
+            continue
+        assert not torch.equal(tensor, before[name]), f"{name} did not move"
+        # AdamW divides by sqrt(v): where a gradient is near 0, summation-order noise moves the
+        # update by a sliver of lr (seen: 2e-3 of it); a hundredth of one step (lr = 1e-2) bounds
+        # that. The gradients below are the strict check (AdamW would hide a wrong scale).
+        torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=1e-4)
+    grads = _grads(single)
+    for name, grad in grads.items():
+        # float32 rounding in another summation order (~1e-7 seen); a wrong share or scale is far above
+        torch.testing.assert_close(got["grads"][name], grad, rtol=1e-5, atol=1e-6)
+    for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "kl", "tokens"):
+        assert got["metrics"][key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), key
