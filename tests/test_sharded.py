@@ -2,6 +2,7 @@
 
 Two spawned processes form the group; each case builds a fresh ShardedTrainer per rank and
 writes the updated whole weights, which are compared with the single-process Trainer's.
+Resharding: a checkpoint written by 2 ranks resumes on 1, and one written by 1 resumes on 2.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.multiprocessing as mp
 import transformers
 
 from rhymerl.config import TrainConfig
+from rhymerl.dist_checkpoint import load_trainer, save_trainer
 from rhymerl.sharded import DistSpec, ShardedTrainer, free_port, split_by_tokens
 from rhymerl.trainer import Trainer, TrainExample
 
@@ -70,6 +72,17 @@ def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
         grads = _grads(trainer)
         if rank == 0:
             torch.save({"weights": weights, "grads": grads, "metrics": metrics}, f"{out_dir}/{agg}-{kl}.pt")
+    # resharding: 2 ranks write a checkpoint after one step (read back by 1 rank in the test) ...
+    trainer = ShardedTrainer(model_dir, _cfg("token", 0.1, 2), spec, threads=1)
+    trainer.train_step(BATCH)
+    save_trainer(trainer, f"{out_dir}/ckpt-2")
+    # ... and resume what 1 rank wrote, then step again
+    trainer = ShardedTrainer(model_dir, _cfg("token", 0.1, 2), spec, threads=1)
+    version = load_trainer(trainer, f"{out_dir}/ckpt-1")
+    trainer.train_step(BATCH)
+    weights = trainer.state_dict_for_engine()
+    if rank == 0:
+        torch.save({"weights": weights, "version": version}, f"{out_dir}/resumed-from-1.pt")
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +93,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def two_rank_results(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("sharded")
+    single = Trainer(model_dir, _cfg("token", 0.1, 1), threads=1)
+    single.train_step(BATCH)
+    save_trainer(single, str(out / "ckpt-1"))
     mp.spawn(_rank, args=(model_dir, free_port(), str(out)), nprocs=2, join=True)
-    return {case: torch.load(out / f"{case[0]}-{case[1]}.pt") for case in CASES}
+    results = {case: torch.load(out / f"{case[0]}-{case[1]}.pt") for case in CASES}
+    return {**results, "out": out, "resumed-from-1": torch.load(out / "resumed-from-1.pt")}
 
 
 def test_split_by_tokens_balances_and_keeps_order() -> None:
@@ -116,3 +133,29 @@ def test_two_ranks_update_equals_one_rank(model_dir: str, two_rank_results: dict
         torch.testing.assert_close(got["grads"][name], grad, rtol=1e-5, atol=1e-6)
     for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "kl", "tokens"):
         assert got["metrics"][key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), key
+
+
+def _two_steps(model_dir: str) -> dict[str, torch.Tensor]:
+    single = Trainer(model_dir, _cfg("token", 0.1, 1), threads=1)
+    single.train_step(BATCH)
+    single.train_step(BATCH)
+    return single.state_dict_for_engine()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_checkpoint_of_two_ranks_resumes_on_one(model_dir: str, two_rank_results: dict) -> None:
+    resumed = Trainer(model_dir, _cfg("token", 0.1, 1), threads=1)
+    assert load_trainer(resumed, str(two_rank_results["out"] / "ckpt-2")) == 1
+    resumed.train_step(BATCH)
+    got = resumed.state_dict_for_engine()
+    for name, tensor in _two_steps(model_dir).items():
+        if not name.endswith("k_proj.bias"):  # see test_two_ranks_update_equals_one_rank
+            torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-4)
+
+
+def test_checkpoint_of_one_rank_resumes_on_two(model_dir: str, two_rank_results: dict) -> None:
+    got = two_rank_results["resumed-from-1"]
+    assert got["version"] == 1
+    for name, tensor in _two_steps(model_dir).items():
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=1e-4)
