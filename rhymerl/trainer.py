@@ -298,12 +298,13 @@ class Trainer:
             out[name] = copies[key]
         return out
 
-    def save(self, out_dir: str | Path) -> Path:
+    def save(self, out_dir: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
         """Write a loadable HF directory: safetensors weights, config, and the source tokenizer
-        files that exist (none is fine: a model dir without a tokenizer is saved as such)."""
+        files that exist (none is fine: a model dir without a tokenizer is saved as such).
+        `state_dict` (whole tensors) replaces the model's own: a sharded trainer gathers it."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
+        self.model.save_pretrained(out, state_dict=state_dict)
         for name in TOKENIZER_FILES:
             src = Path(self.model_dir) / name
             if src.is_file():

@@ -51,21 +51,21 @@ def placement_for(cfg: RunConfig, gpus_available: float) -> Placement:
     return Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0, **custom)
 
 
-def missing_resources(place: Placement, workers: int, cluster: dict[str, float]) -> list[str]:
+def missing_resources(place: Placement, workers: int, cluster: dict[str, float], trainer_ranks: int = 1) -> list[str]:
     """What the cluster lacks for this placement (GPUs and custom resources), as fix-it messages.
 
     Ray would queue such actors forever; the run should stop at once and say why.
     """
-    gpus = place.worker_gpus * workers + place.trainer_gpus
+    gpus = place.worker_gpus * workers + place.trainer_gpus * trainer_ranks
     short = [] if gpus <= cluster.get("GPU", 0.0) else [
         f"the Ray cluster has {cluster.get('GPU', 0.0):g} GPUs, the run needs {gpus:g} (rollout.num_workers x "
-        "rollout.tensor_parallel_size, plus 1 for the trainer); lower rollout.num_workers, or on one GPU "
-        "set placement.share_gpu=true"]
+        "rollout.tensor_parallel_size, plus train.world_size for the trainer); lower rollout.num_workers or "
+        "train.world_size, or on one GPU set placement.share_gpu=true"]
     need: dict[str, float] = {}
     for name, units in place.worker_resources.items():
         need[name] = need.get(name, 0.0) + units * workers
     for name, units in place.trainer_resources.items():
-        need[name] = need.get(name, 0.0) + units
+        need[name] = need.get(name, 0.0) + units * trainer_ranks
     return short + [f"the Ray cluster has {cluster.get(name, 0.0):g} units of custom resource '{name}', the run "
             f"needs {units:g}; start nodes with ray start --resources '{{\"{name}\": {units:g}}}' or "
             "change placement.rollout_resource / placement.trainer_resource"
@@ -207,6 +207,25 @@ class TrainerWorker:
         """Start from another run's checkpoint (`export_state` bytes): its weights, optimizer and
         RNG, at policy version 0 of this run; returns the weights' fingerprint."""
         self.trainer.load_state_bytes(blob)
+        self.trainer.policy_version = 0
+        return self.weights_fingerprint()
+
+    def save_checkpoint(self, url: str, storage_options: dict) -> int:
+        """Write the state as a sharded checkpoint (one shard) under `url`; the policy version."""
+        from rhymerl.dist_checkpoint import save_trainer
+
+        save_trainer(self.trainer, url, **storage_options)
+        return self.trainer.policy_version
+
+    def load_checkpoint(self, url: str, storage_options: dict) -> int:
+        """Restore a sharded checkpoint written by any trainer world size; the policy version."""
+        from rhymerl.dist_checkpoint import load_trainer
+
+        return load_trainer(self.trainer, url, **storage_options)
+
+    def warm_start_checkpoint(self, url: str, storage_options: dict) -> float:
+        """`warm_start` from another run's sharded checkpoint."""
+        self.load_checkpoint(url, storage_options)
         self.trainer.policy_version = 0
         return self.weights_fingerprint()
 

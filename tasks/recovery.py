@@ -34,8 +34,9 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
 from rhymerl.config import RunConfig
 from rhymerl.resume import ResumePlan
-from tasks.actors import TrainerWorker, placement_for
+from tasks.actors import placement_for
 from tasks.steps import FINGERPRINT_RTOL, WeightsMismatch, sync_settings, sync_task
+from tasks.trainer_group import start_trainer as start_group, stop_trainer
 
 
 class WorkerLost(RuntimeError):
@@ -203,9 +204,7 @@ def start_trainer(cfg: RunConfig, model_dir: str):
     """A new trainer actor (initial weights), placed like the run's first one."""
     cluster = ray.cluster_resources()
     place = placement_for(cfg, cluster.get("GPU", 0))
-    return TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
-                                 resources=place.trainer_resources).remote(model_dir, cfg,
-                                                                           threads=os.cpu_count() or 1)
+    return start_group(model_dir, cfg, place, threads=os.cpu_count() or 1)
 
 
 def trainer_lost(trainer, exc: BaseException) -> bool:
@@ -245,7 +244,7 @@ def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
     log = _log()
     log.warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
                 rt.run_id, str(exc).splitlines()[0])
-    ray.kill(rt.trainer)  # already dead: frees its handle's resources, no effect otherwise
+    stop_trainer(rt.trainer)  # already dead: frees its handle's resources, no effect otherwise
     rt.trainer = guard.trainer = start_trainer(cfg, rt.model_dir)
     logged = set(rt.logged_steps) | {int(h["global_step"]) for h in rt.history}
     try:

@@ -23,7 +23,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.resume import ResumePlan, plan_resume, prompts_digest, same_prompts, samples_from_rows
 from rhymerl.rollout import step_batches
-from storage.checkpoints import CheckpointStore, checkpoint_url
+from storage.checkpoints import Checkpoint, CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError, LakeWriter
 from storage.tracking import MlflowTracker
 
@@ -59,14 +59,33 @@ def checkpoint_task(rt, record: dict) -> bool:
     global_step = int(record["global_step"])
     if every == 0 or (global_step + 1) % every:
         return False
-    blob = ray.get(rt.trainer.export_state.remote())
     meta = {"run_id": rt.run_id, "epoch": int(record["epoch"]), "step": int(record["step"]),
             "global_step": global_step, "policy_version": rt.policy_version,
             "mlflow_run_id": rt.mlflow_run_id, "prompts_digest": prompts_digest(rt.prompts),
             "prompts_per_step": rt.cfg.rollout.prompts_per_step, "written_at": time.time(),
             # numpy scalars and the like become plain floats; the end summary reads these records
             "history": json.loads(json.dumps(rt.history, default=float))}
-    return _store(rt).save(rt.run_id, global_step, blob, meta, keep=rt.cfg.checkpoint.keep)
+    store = _store(rt)
+    if rt.cfg.train.world_size == 1:
+        blob = ray.get(rt.trainer.export_state.remote())
+        return store.save(rt.run_id, global_step, blob, meta, keep=rt.cfg.checkpoint.keep)
+    if global_step in store.steps(rt.run_id):  # never write shards into a committed checkpoint
+        return False
+    ray.get(rt.trainer.save_checkpoint.remote(store.sharded_url(rt.run_id, global_step), store.storage_options()))
+    return store.commit_sharded(rt.run_id, global_step, meta, keep=rt.cfg.checkpoint.keep)
+
+
+def _load_checkpoint(rt, store: CheckpointStore, ckpt: Checkpoint, warm: bool) -> ray.ObjectRef:
+    """Start loading `ckpt` into the trainer (`warm`: as a warm start); sharded checkpoints load
+    onto any train.world_size, a single trainer's bytes only onto world size 1."""
+    if ckpt.sharded:
+        method = rt.trainer.warm_start_checkpoint if warm else rt.trainer.load_checkpoint
+        return method.remote(ckpt.trainer_url, store.storage_options())
+    if rt.cfg.train.world_size > 1:
+        raise ValueError(f"checkpoint {ckpt.run_id} step {ckpt.global_step} was written by a single trainer "
+                         "(trainer.pt); load it with train.world_size=1 (its next checkpoint is sharded if "
+                         "the run then continues with train.world_size > 1)")
+    return (rt.trainer.warm_start if warm else rt.trainer.import_state).remote(ckpt.trainer_state)
 
 
 @task(name="restore", cache_policy=NO_CACHE)
@@ -81,7 +100,7 @@ def restore_task(rt) -> ResumePlan:
     if not same_prompts(meta, prompts_digest(rt.prompts), rt.cfg.rollout.prompts_per_step):
         raise ValueError(f"run {rt.run_id} was checkpointed with other prompts or another "
                          "rollout.prompts_per_step; resume with the run's own data.* and rollout settings")
-    version = ray.get(rt.trainer.import_state.remote(ckpt.trainer_state))
+    version = ray.get(_load_checkpoint(rt, store, ckpt, warm=False))
     rt.policy_version = int(meta["policy_version"])
     if version != rt.policy_version:
         raise ValueError(f"checkpoint {ckpt.global_step}: trainer state is at policy version {version}, "
@@ -113,7 +132,7 @@ def warm_start_task(rt) -> dict:
                          f"list the lake's runs with `rhymerl lake summary --lake {rt.cfg.lake.url}` (checkpoints "
                          "live in the lake's _checkpoints, or checkpoint.dir if the source run set it)")
     try:
-        fingerprint = ray.get(rt.trainer.warm_start.remote(ckpt.trainer_state))
+        fingerprint = ray.get(_load_checkpoint(rt, store, ckpt, warm=True))
     except ray.exceptions.RayTaskError as exc:  # e.g. the checkpoint's tensors do not fit this model
         raise ValueError(f"model.init_from_run={source!r}: its checkpoint (global step {ckpt.global_step}) does "
                          f"not load into model.path={rt.cfg.model.path or 'built-in'!r}; warm-start from a "

@@ -24,7 +24,8 @@ from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
-from tasks.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
+from tasks.actors import RolloutWorker, missing_resources, placement_for
+from tasks.trainer_group import start_trainer, stop_trainer
 from tasks.recovery import wait_alive
 
 
@@ -109,12 +110,11 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
     the first engine's initial weight fingerprint (to show later that weight sync reached it)."""
     cluster = ray.cluster_resources()
     place = placement_for(cfg, cluster.get("GPU", 0))
-    missing = missing_resources(place, cfg.rollout.num_workers, cluster)
+    missing = missing_resources(place, cfg.rollout.num_workers, cluster, cfg.train.world_size)
     if missing:
         raise ValueError("; ".join(missing))
     cores = os.cpu_count() or 1
-    trainer = TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
-                                    resources=place.trainer_resources).remote(model_dir, cfg, threads=cores)
+    trainer = start_trainer(model_dir, cfg, place, threads=cores)
     workers = []
     for w in range(cfg.rollout.num_workers):
         spec = EngineSpec(
@@ -173,7 +173,9 @@ def finish_run_task(rt: Runtime, status: str) -> None:
         rt.tracker.finish(status)
     if rt.lake_run_written:
         LakeWriter(rt.cfg.lake.url).finish_run(rt.run_id, status)
-    for actor in rt.workers + ([rt.trainer] if rt.trainer is not None else []):
+    for actor in rt.workers:
         ray.kill(actor)
+    if rt.trainer is not None:
+        stop_trainer(rt.trainer)
     if rt.started_ray:
         ray.shutdown()
