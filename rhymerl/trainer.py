@@ -118,7 +118,8 @@ def _response_logprobs(model: torch.nn.Module, padded: _Padded, temperature: flo
                        top_p: float = 1.0) -> Tensor:
     """Log-prob (float32) of each response token under the model's sampling distribution at
     (`temperature`, `top_p`), (B, T); 0 on padding."""
-    logits = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits
+    # no KV cache: nothing is decoded, and a cache would grow again when checkpointing recomputes
+    logits = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False).logits
     # Only the response positions: the nucleus sorts the vocabulary, so skip the prompt's rows.
     index = padded.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
     logits = logits.gather(1, index)  # (B, T, V): row t predicts response token t

@@ -65,7 +65,9 @@ def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
 def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
     spec = DistSpec(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port)
     for agg, kl in CASES:
-        trainer = ShardedTrainer(model_dir, _cfg(agg, kl, 2), spec, threads=1)
+        # with KL on, the ranks also checkpoint activations (under FSDP2): still the 1-rank update
+        cfg = dataclasses.replace(_cfg(agg, kl, 2), activation_checkpointing=kl > 0)
+        trainer = ShardedTrainer(model_dir, cfg, spec, threads=1)
         _perturb(trainer)
         metrics = trainer.train_step(BATCH)
         weights = trainer.state_dict_for_engine()
@@ -159,3 +161,30 @@ def test_checkpoint_of_one_rank_resumes_on_two(model_dir: str, two_rank_results:
     for name, tensor in _two_steps(model_dir).items():
         if not name.endswith("k_proj.bias"):
             torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=1e-4)
+
+
+def test_activation_checkpointing_changes_no_update(model_dir: str) -> None:
+    # Rule: recomputing a block's activations in backward gives the same gradients (eval mode, no dropout).
+    plain, checkpointed = (Trainer(model_dir, dataclasses.replace(_cfg("token", 0.1, 1), activation_checkpointing=on),
+                                   threads=1) for on in (False, True))
+    for trainer in (plain, checkpointed):
+        _perturb(trainer)
+        trainer.train_step(BATCH)
+    for (name, p), (_, q) in zip(plain.model.named_parameters(), checkpointed.model.named_parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-6, msg=name)
+    assert checkpointed.ref_model is not None
+    assert "forward" not in vars(checkpointed.ref_model.model.layers[0])  # the reference is not wrapped
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"train": {"world_size": 0}}, "train.world_size.*must be >= 1"),
+    ({"train": {"world_size": 5}, "rollout": {"prompts_per_step": 4}}, "train.world_size.*at most 4 prompt groups"),
+    ({"train": {"world_size": 2}, "placement": {"share_gpu": True}, "rollout": {"num_workers": 1,
+      "gpu_memory_utilization": 0.4}}, "must be 1 with placement.share_gpu"),
+])
+def test_bad_world_size_is_a_config_error(overrides: dict, message: str) -> None:
+    from rhymerl.config import config_from_dict
+    from rhymerl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(overrides)
