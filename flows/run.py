@@ -123,7 +123,7 @@ def _record(rt: Runtime, epoch: int, step: int, stats, timings: dict, pipe: dict
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
-              "sync_probe_max_diff": sync["probe_max_diff"],
+              "sync_probe_max_diff": sync["probe_max_diff"], "sync_s_per_gb": sync["sync_s_per_gb"],
               **{f"train_{k}": v for k, v in train.items()}}
     record["worker_restarts"] = float(rt.guard.new_restarts()) if rt.guard is not None else 0.0
     if (epoch, step) in rt.reuse:  # rollout_s is the lake read, not a rollout

@@ -128,11 +128,14 @@ class TrainConfig:
                                 "and weights kept in train.dtype (FSDP2 mixed precision); no effect on CPU")
     activation_checkpointing: bool = option(False, "recompute each transformer block's activations in backward "
                                             "(less memory, ~1/3 more compute)")
+    sync_bucket_mb: int = option(256, "weight sync trainer -> engines: MiB of weights per bucket (each bucket "
+                                 "travels on its own while the next is gathered)", ">= 1")
     cpu_offload: bool = option(False, "sharded trainer: keep parameter shards, gradients and optimizer state in "
                                "CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
 
     def __post_init__(self) -> None:
         _check(self.world_size >= 1, "train.world_size", "must be >= 1")
+        _check(self.sync_bucket_mb >= 1, "train.sync_bucket_mb", "must be >= 1")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _check(self.updates_per_step >= 1, "train.updates_per_step", "must be >= 1")

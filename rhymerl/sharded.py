@@ -153,7 +153,7 @@ class ShardedTrainer(Trainer):
         raise NotImplementedError("the sharded trainer computes log-probs inside train_step only")
 
     @torch.no_grad()
-    def full_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
+    def engine_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
         """(HF name, whole CPU tensor) per parameter and buffer, gathered one at a time: every
         rank gets each; only one whole tensor beyond the shards is alive at a time per rank."""
         for name, tensor in self.model.state_dict().items():
@@ -164,7 +164,7 @@ class ShardedTrainer(Trainer):
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
         """The whole weights on every rank (see `Trainer.state_dict_for_engine`); tied names
         share one tensor as there."""
-        out = dict(self.full_tensors())
+        out = dict(self.engine_tensors())
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         if tied and "lm_head.weight" in out and "model.embed_tokens.weight" in out:
             out["lm_head.weight"] = out["model.embed_tokens.weight"]

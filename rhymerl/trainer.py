@@ -299,6 +299,13 @@ class Trainer:
             out[name] = copies[key]
         return out
 
+    @torch.no_grad()
+    def engine_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, detached contiguous CPU copy) one at a time: what a bucketed weight sync
+        sends (`rhymerl.weight_sync`), without a whole-model copy alive at once."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().to("cpu", copy=True).contiguous()
+
     def save(self, out_dir: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
         """Write a loadable HF directory: safetensors weights, config, and the source tokenizer
         files that exist (none is fine: a model dir without a tokenizer is saved as such).

@@ -149,6 +149,21 @@ class RolloutWorker:
             self.engine.load_weights(state.items())
             return self.engine.weights_fingerprint()
 
+    def stage_weights(self, bucket: dict) -> int:
+        """Hand one bucket of a bucketed weight sync to the engine (loaded at `commit_weights`);
+        returns the bucket's bytes."""
+        from rhymerl.weight_sync import bucket_bytes_of
+
+        with self._engine_lock:
+            self.engine.stage_weights(bucket.items())
+        return bucket_bytes_of(bucket)
+
+    def commit_weights(self) -> float:
+        """Load the staged buckets in place; returns the engine's weight fingerprint afterwards."""
+        with self._engine_lock:
+            self.engine.commit_weights()
+            return self.engine.weights_fingerprint()
+
     def weights_fingerprint(self) -> float:
         with self._engine_lock:
             return self.engine.weights_fingerprint()
@@ -177,6 +192,12 @@ class TrainerWorker:
 
     def state_for_engine(self) -> dict:
         return self.trainer.state_dict_for_engine()
+
+    def state_buckets(self, bucket_bytes: int):
+        """Ray streaming generator: the weights as `rhymerl.weight_sync` buckets, one at a time."""
+        from rhymerl.weight_sync import bucketed
+
+        yield from bucketed(self.trainer.engine_tensors(), bucket_bytes)
 
     def policy_version(self) -> int:
         return self.trainer.policy_version

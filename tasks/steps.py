@@ -22,6 +22,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import advantages_for, check_groups, rollout_rows
 from rhymerl.trainer import TrainExample
+from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import Plan
 from tasks.resume import committed_step
@@ -124,19 +125,26 @@ def _on_each_worker(workers: list, call, guard) -> list:
 
 def sync_settings(cfg) -> dict:
     """`sync_task`'s checks for a run config: the engines' dtype and a probe that fits the engine."""
-    return {"engine_dtype": cfg.model.dtype, "probe_len": min(32, cfg.model.max_model_len - 1)}
+    return {"engine_dtype": cfg.model.dtype, "probe_len": min(32, cfg.model.max_model_len - 1),
+            "bucket_bytes": cfg.train.sync_bucket_mb * 2**20}
 
 
 @task(name="weight-sync", cache_policy=NO_CACHE)
-def sync_task(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32) -> dict:
+def sync_task(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32,
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
     """Send the trainer's new weights to every engine in place (no engine restart), then check
     every engine against the trainer: the parameter sums both store alike (`weights_fingerprint`)
     and the log-probs of a fixed probe sequence, which depend on every weight. A mismatch raises
     `WeightsMismatch` naming the worker. With `guard` (`tasks.recovery.WorkerGuard`), a worker that
     dies during the sync is restarted and resynced as in a rollout."""
     t0 = time.perf_counter()
-    state_ref = trainer.state_for_engine.remote()
-    prints = _on_each_worker(workers, lambda w: w.load_weights.remote(state_ref), guard)
+    # Buckets stream out of the trainer as it gathers them; each engine stages every bucket, then
+    # loads them all at once. No process holds the weights in one Python object on the way.
+    moved = 0
+    for bucket in trainer.state_buckets.remote(bucket_bytes):
+        moved += _on_each_worker(workers, lambda w: w.stage_weights.remote(bucket), guard)[0]
+    prints = _on_each_worker(workers, lambda w: w.commit_weights.remote(), guard)
+    moved_s = time.perf_counter() - t0
     trainer_print = ray.get(trainer.weights_fingerprint.remote())
     ids, trainer_probe = ray.get(trainer.probe.remote(probe_len))
     probes = _on_each_worker(workers, lambda w: w.probe.remote(ids), guard)
@@ -149,5 +157,6 @@ def sync_task(trainer, workers: list, guard=None, engine_dtype: str = "float32",
             raise WeightsMismatch(f"rollout worker {w} does not hold the trainer's weights after the sync "
                                   f"(fingerprint {fingerprint!r} vs {trainer_print!r}, probe log-prob difference "
                                   f"{diff:.3g}); refusing to sample off-policy")
-    return {"sync_s": time.perf_counter() - t0, "engine_fingerprint": float(prints[0]),
+    return {"sync_s": time.perf_counter() - t0, "sync_gb": moved / 1e9,
+            "sync_s_per_gb": moved_s / max(moved / 1e9, 1e-12), "engine_fingerprint": float(prints[0]),
             "trainer_fingerprint": trainer_print, "probe_max_diff": worst}

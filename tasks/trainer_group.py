@@ -52,6 +52,17 @@ class TrainerRank:
         state = self.trainer.state_dict_for_engine()
         return state if self.rank == 0 else None
 
+    def state_buckets(self, bucket_bytes: int):
+        """Ray streaming generator: rank 0 yields the weight buckets (`rhymerl.weight_sync`); every
+        rank takes part in gathering each tensor and yields nothing."""
+        from rhymerl.weight_sync import bucketed
+
+        if self.rank == 0:
+            yield from bucketed(self.trainer.engine_tensors(), bucket_bytes)
+        else:
+            for _ in self.trainer.engine_tensors():  # the same gathers, in the same order
+                pass
+
     def policy_version(self) -> int:
         return self.trainer.policy_version
 
@@ -117,7 +128,7 @@ class TrainerGroup:
     `save_checkpoint`/`load_checkpoint`/`warm_start_checkpoint` (sharded) in place of
     `export_state`/`import_state`/`warm_start` (bytes)."""
 
-    METHODS = ("train_step", "state_for_engine", "policy_version", "weights_fingerprint", "probe",
+    METHODS = ("train_step", "state_for_engine", "state_buckets", "policy_version", "weights_fingerprint", "probe",
                "save_checkpoint", "load_checkpoint", "warm_start_checkpoint", "save", "info")
 
     def __init__(self, ranks: list) -> None:

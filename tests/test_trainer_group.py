@@ -51,6 +51,12 @@ def test_group_answers_like_the_single_trainer(model_dir: str, group: TrainerGro
     for name, tensor in single.state_dict_for_engine().items():
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=1e-4)  # AdamW noise: test_sharded
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # tied stays tied
+    # the bucketed sync's stream: every tensor once, gathered from the ranks, in small buckets
+    streamed = [ray.get(ref) for ref in group.state_buckets.remote(4096)]
+    assert len(streamed) > 1 and {k: v for b in streamed for k, v in b.items()}.keys() == state.keys()
+    for bucket in streamed:
+        for name, tensor in bucket.items():
+            assert torch.equal(tensor, state[name]), name
     fingerprint = ray.get(group.weights_fingerprint.remote())
     assert math.isclose(fingerprint, weights_fingerprint(state.items()), rel_tol=1e-6)
     ids, probe = ray.get(group.probe.remote(8))
