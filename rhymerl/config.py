@@ -130,8 +130,8 @@ class TrainConfig:
                                             "(less memory, ~1/3 more compute)")
     sync_bucket_mb: int = option(256, "weight sync trainer -> engines: MiB of weights per bucket (each bucket "
                                  "travels on its own while the next is gathered)", ">= 1")
-    cpu_offload: bool = option(False, "sharded trainer: keep parameter shards, gradients and optimizer state in "
-                               "CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
+    cpu_offload: bool = option(False, "sharded trainer on GPUs: keep parameter shards, gradients and optimizer "
+                               "state in CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
 
     def __post_init__(self) -> None:
         _check(self.world_size >= 1, "train.world_size", "must be >= 1")

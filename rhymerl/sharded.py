@@ -86,12 +86,13 @@ def shard_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) 
 
     Gradients are summed over ranks (divide factor 1): the loss each rank computes is already its
     share of the whole batch's loss. On GPUs with `train.bf16_compute` the blocks compute in
-    bfloat16 and reduce gradients in float32; the stored weights keep their dtype."""
+    bfloat16 and reduce gradients in float32; the stored weights keep their dtype. With
+    `train.cpu_offload` (GPUs only) shards, gradients and the optimizer step live on the CPU."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs: dict = {"mesh": mesh}
     if device.type == "cuda" and cfg.bf16_compute:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if cfg.cpu_offload:
+    if device.type == "cuda" and cfg.cpu_offload:  # on CPU everything is in CPU memory already
         kwargs["offload_policy"] = CPUOffloadPolicy()
     for block in transformer_blocks(model):
         fully_shard(block, **kwargs)
