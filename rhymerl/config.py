@@ -284,9 +284,10 @@ class RunConfig:
                    "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
             _check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
                    "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
-        _check(self.train.world_size <= min(self.rollout.prompts_per_step, self.data.num_prompts), "train.world_size",
-               f"is {self.train.world_size} but a step trains on at most {min(self.rollout.prompts_per_step, self.data.num_prompts)} "
-               "prompt groups (rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
+        groups = min(self.rollout.prompts_per_step, self.data.num_prompts)
+        _check(self.train.world_size <= groups, "train.world_size",
+               f"is {self.train.world_size} but a step trains on at most {groups} prompt groups "
+               "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
         _check(self.train.world_size == 1 or not self.placement.share_gpu, "train.world_size",
                "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterable
@@ -185,10 +184,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-def host_address() -> str:
-    """This host's address as other nodes reach it (MASTER_ADDR if set)."""
-    import socket
-
-    return os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())

@@ -319,6 +319,13 @@ class Trainer:
                 shutil.copyfile(src, out / name)
         return out
 
+    def held_bytes(self) -> int:
+        """Bytes of policy parameters and optimizer state in this process (its shards when sharded)."""
+        tensors = list(self.model.parameters()) + [v for state in self.optimizer.state.values()
+                                                   for v in state.values() if torch.is_tensor(v)]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local)
+
     # ------------------------------------------------------------ checkpoint state
 
     def state(self) -> dict[str, Any]:

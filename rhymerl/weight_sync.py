@@ -15,7 +15,8 @@ from torch import Tensor
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
-def bucketed(named: Iterable[tuple[str, Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[dict[str, Tensor]]:
+def bucketed(named: Iterable[tuple[str, Tensor]],
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[dict[str, Tensor]]:
     """Consecutive (name, tensor) pairs as dicts of at most `bucket_bytes` each; a tensor larger
     than that is a bucket of its own. Names keep their order; every pair lands in one bucket."""
     if bucket_bytes < 1:

@@ -202,6 +202,10 @@ class TrainerWorker:
     def policy_version(self) -> int:
         return self.trainer.policy_version
 
+    def held_bytes(self) -> int:
+        """Parameters + optimizer state held by this actor (see `Trainer.held_bytes`)."""
+        return self.trainer.held_bytes()
+
     def weights_fingerprint(self) -> float:
         """Comparable with the engines' fingerprint (see rhymerl.vllm_ext.weights_fingerprint)."""
         from rhymerl.vllm_ext import weights_fingerprint

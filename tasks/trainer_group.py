@@ -66,6 +66,10 @@ class TrainerRank:
     def policy_version(self) -> int:
         return self.trainer.policy_version
 
+    def held_bytes(self) -> int:
+        """Parameters + optimizer state held by this actor (see `Trainer.held_bytes`)."""
+        return self.trainer.held_bytes()
+
     def weights_fingerprint(self) -> float:
         """As `TrainerWorker.weights_fingerprint`, over the whole (gathered) parameters."""
         from rhymerl.vllm_ext import weights_fingerprint
@@ -128,8 +132,9 @@ class TrainerGroup:
     `save_checkpoint`/`load_checkpoint`/`warm_start_checkpoint` (sharded) in place of
     `export_state`/`import_state`/`warm_start` (bytes)."""
 
-    METHODS = ("train_step", "state_for_engine", "state_buckets", "policy_version", "weights_fingerprint", "probe",
-               "save_checkpoint", "load_checkpoint", "warm_start_checkpoint", "save", "info")
+    METHODS = ("train_step", "state_for_engine", "state_buckets", "policy_version", "held_bytes",
+               "weights_fingerprint", "probe", "save_checkpoint", "load_checkpoint", "warm_start_checkpoint",
+               "save", "info")
 
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks
