@@ -102,7 +102,7 @@ def measure(model_dir: str, world: int, examples: list[TrainExample], bucket_mb:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--bucket-mb", type=int, default=64)
