@@ -100,7 +100,7 @@ def load_runs(spec: E2ESpec) -> list[dict]:
 
 def child_main(result: str, config: str, overrides: list[str], arm: str, seed: int, settings: str) -> int:
     """Run one training run in this process and write its records to `result` (atomically)."""
-    from flows.cli import _project_env
+    from cli.main import _project_env
 
     _project_env()
     from bench.e2e_report import git_commit

@@ -1,7 +1,7 @@
 """Sharded trainer on Ray: memory per rank, step time, weight sync s/GB, checkpoint write/read.
 
 A mid-size Qwen2 (random weights, built locally: no download) is trained for two steps by a
-trainer of world size 1, then 2 (gloo on CPU, `tasks.trainer_group`); each measures:
+trainer of world size 1, then 2 (gloo on CPU, `workers.trainer_group`); each measures:
 
 - state_mb_per_rank: parameters + AdamW state held by one rank (its shards), from the tensors;
 - rss_mb / peak_rss_mb per rank: resident memory after the steps, and its peak (the peak includes
@@ -11,7 +11,7 @@ trainer of world size 1, then 2 (gloo on CPU, `tasks.trainer_group`); each measu
   object store, seconds per GB of weights;
 - ckpt_write_s / ckpt_read_s: a sharded checkpoint (torch.distributed.checkpoint) to a local folder.
 
-    python -m bench.sharded_bench --json-out bench/out/sharded.json
+    rhymerl bench sharded --json-out bench/out/sharded.json     (or python -m bench.sharded_bench)
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import transformers
 
 from rhymerl.config import RunConfig, TrainConfig
 from rhymerl.trainer import TrainExample
-from tasks.actors import Placement
-from tasks.trainer_group import start_trainer, stop_trainer
+from workers.actors import Placement
+from workers.trainer_group import launch_trainer, stop_trainer
 
 ON_CPU = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
 
@@ -71,7 +71,7 @@ def _memory(pid: int) -> tuple[float, float]:
 def measure(model_dir: str, world: int, examples: list[TrainExample], bucket_mb: int) -> dict:
     cfg = RunConfig(train=TrainConfig(world_size=world, micro_batch_size=4, sync_bucket_mb=bucket_mb))
     t0 = time.perf_counter()
-    trainer = start_trainer(model_dir, cfg, ON_CPU, threads=2)
+    trainer = launch_trainer(model_dir, cfg, ON_CPU, threads=2)
     start_s = time.perf_counter() - t0
     ranks = getattr(trainer, "ranks", [trainer])
     ray.get(trainer.train_step.remote(examples))
@@ -99,7 +99,7 @@ def measure(model_dir: str, world: int, examples: list[TrainExample], bucket_mb:
             "ckpt_mb": ckpt_mb, "ckpt_write_s": write_s, "ckpt_read_s": read_s}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=12)
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--json-out", default="")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         params = build_model(Path(folder), args.hidden, args.layers, args.vocab)
         examples = batch(args.vocab, args.sequences, prompt=32, response=96)

@@ -40,13 +40,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rhymerl.config import DataConfig
-from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.history import bundle_for_epoch, counted_by_vllm, engine_speculation, uses_bundle
+from rhymerl.histospec.history import bundle_for_epoch, counted_by_vllm, uses_bundle
+from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.suffix import INSTALL_HINT, has_arctic_inference
-from rhymerl.histospec.vllm_drafter import INDEX_ENV
-from rhymerl.spec_guard import shutdown_llm
+from rhymerl.vllm.histospec_proposer import INDEX_ENV
+from rhymerl.vllm.spec_guard import shutdown_llm
 
 ARMS = {
     "plain": SpecConfig(enabled=False),
@@ -96,7 +97,7 @@ def run_arm(name: str, spec: SpecConfig, base: EngineSpec, prompts, sampling: Sa
         cached = 2 * len(prompts) * sampling.n
         speculation = replace(speculation, options=(("suffix_decoding_max_cached_requests", cached),))
     engine = keep_engine or VllmEngine(replace(base, speculation=speculation, log_stats=counted_by_vllm(spec)))
-    blob = bundle_for_epoch(prompts, history, spec)[0] if uses_bundle(spec) else b""
+    blob = bundle_for_epoch(prompts, history)[0] if uses_bundle(spec) else b""
     publish = lambda: bundle_path.write_bytes(blob) if blob else None  # noqa: E731
     publish()
     engine.generate(prompts[:4], replace(sampling, n=2))  # warm-up (not timed)

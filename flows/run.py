@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from rhymerl.config import RunConfig, config_from_dict
-from rhymerl.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSpec
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.timing import Stopwatch
 from rhymerl.report import epoch_summary, format_summary
@@ -23,11 +23,13 @@ from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_tas
 from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
-from tasks.recovery import WorkerGuard, recover_trainer, trainer_lost
+from tasks.recovery import recover_trainer, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task, warm_start_task
 from tasks.spec import history_task, spec_stats_task
-from tasks.steps import lake_write_task, reward_task, rollout_task, sync_settings, sync_task, train_task
+from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
+from workers.guard import WorkerGuard
+from workers.sync import sync_settings
 
 # Engine vs trainer mean |log-prob| difference above which a step warns. float32 CPU engines agree
 # to ~1e-6; bf16 GPU engines round to ~1e-2; a stale engine after a real update is off by more.
@@ -175,7 +177,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             start_tracking_task(rt)
         # Restarted rollout workers get the trainer's weights and the history before they sample.
         rt.guard = WorkerGuard.watch(rt.workers, rt.trainer, cfg.recovery.restart_timeout_s, run_id,
-                                     cfg.lake.url)
+                                     cfg.lake.url, log=log)
         link_runs_task(rt)  # Prefect flow run <-> MLflow run, both ways
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),

@@ -5,7 +5,7 @@ and this machine's own figures are read here: no network, no Prefect or Ray. The
 tracking probes that need the network are in `storage/probe.py`; `flows/preflight.py` runs both.
 
 Resources are checked for a local run only (no RAY_ADDRESS): a cluster's resources are known
-once Ray is joined, where `tasks.actors.missing_resources` checks them before any actor starts.
+once Ray is joined, where `workers.actors.missing_resources` checks them before any actor starts.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the data. vLLM's sampler divides the logits by the temperature and then applies 
 (top-p): sorted ascending, every token whose cumulative probability is at most 1 - top_p is
 dropped, the most likely token always stays (`vllm.v1.sample.ops.topk_topp_sampler`). This module
 is that rule once, for the trainer and for the tests that check the engines against it; the
-exact verifier's reference (`rhymerl.spec_verify.processed_probs`) calls it too.
+exact verifier's reference (`rhymerl.vllm.spec_verify.processed_probs`) calls it too.
 
 Shapes: logits (..., V); the result has the same shape.
 """

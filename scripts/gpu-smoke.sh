@@ -50,13 +50,13 @@ LAKE="${RHYMERL_LAKE:-$SMOKE_DIR/lake}"
 TRACKING="${MLFLOW_TRACKING_URI:-sqlite:///$SMOKE_DIR/mlflow.db}"
 echo "gpu-smoke: $GPUS GPU(s), $WORKERS engine(s); lake $LAKE; MLflow $TRACKING"
 
-"$PYTHON" -m flows.cli run "${CONFIG[@]}" --set epochs=1 "data.num_prompts=$PROMPTS" \
+"$PYTHON" -m cli.main run "${CONFIG[@]}" --set epochs=1 "data.num_prompts=$PROMPTS" \
   "rollout.num_workers=$WORKERS" "rollout.prompts_per_step=$(( PROMPTS / 2 ))" rollout.n=4 \
   "tracking.uri=\"$TRACKING\"" checkpoint.every_steps=0 "${PLACE[@]}" --lake "$LAKE" "$@"
 
 EXPECTED=$(( PROMPTS * 4 ))
-ROWS=$("$PYTHON" -m flows.cli lake sql "SELECT count(*) AS n FROM rollouts" --lake "$LAKE" --format csv | tail -1)
+ROWS=$("$PYTHON" -m cli.main lake sql "SELECT count(*) AS n FROM rollouts" --lake "$LAKE" --format csv | tail -1)
 echo "gpu-smoke: $ROWS rows in the lake (expected $EXPECTED)"
 [ "$ROWS" = "$EXPECTED" ] || die "the lake has $ROWS rows, expected $EXPECTED"
-"$PYTHON" -m flows.cli lake sql "SELECT step, reward_mean, tokens_per_s, rollout_s, train_s, sync_s FROM steps ORDER BY step" --lake "$LAKE"
+"$PYTHON" -m cli.main lake sql "SELECT step, reward_mean, tokens_per_s, rollout_s, train_s, sync_s FROM steps ORDER BY step" --lake "$LAKE"
 echo "gpu-smoke: ok"

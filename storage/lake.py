@@ -37,7 +37,7 @@ from storage.layout import VERIFY_HINT, StepManifest, load_manifests, load_quara
 from storage.schema import SCHEMAS, SchemaError, rows_to_table
 from storage.writer import RUN_STATUSES, LakeWriter
 
-__all__ = ["Lake", "LakeError", "LakeWarning", "LakeWriter", "RUN_STATUSES", "SchemaError",
+__all__ = ["Lake", "LakeError", "LakeWarning", "LakeWriter", "QueryError", "RUN_STATUSES", "SchemaError",
            "SkippedFile", "open_filesystem", "rows_to_table"]
 
 ON_DAMAGED = ("error", "skip")
@@ -54,6 +54,10 @@ _LAKE_FILES_SCHEMA = pa.schema([
     ("schema", pa.string()), ("committed_at", pa.float64()), ("state", pa.string()),
 ])
 
+
+class QueryError(ValueError):
+    """A query over the lake failed in DuckDB (syntax, unknown name, bad parameter); the message is
+    DuckDB's own."""
 
 class LakeWarning(UserWarning):
     """Committed data is being left out of the views; the message says which and how much."""
@@ -247,7 +251,8 @@ class Lake:
         """Run a query over the views and return the result as an Arrow table.
 
         A lake file DuckDB cannot read raises LakeError naming it and pointing at verify;
-        other DuckDB errors (e.g. SQL syntax) propagate as duckdb.Error.
+        any other DuckDB error (SQL syntax, an unknown column) raises QueryError with DuckDB's
+        message, so callers above storage/ need not know DuckDB.
         """
         try:
             relation = self.con.sql(query, params=params)
@@ -255,7 +260,7 @@ class Lake:
         except duckdb.Error as exc:
             key = _named_file(exc)
             if key is None:
-                raise
+                raise QueryError(str(exc)) from exc
             raise self._cannot_read(key, exc) from exc
 
     def summary(self) -> pa.Table:

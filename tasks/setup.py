@@ -18,15 +18,16 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
-from rhymerl.engine import EngineSpec
-from rhymerl.histospec.history import counted_by_vllm, engine_speculation
+from rhymerl.vllm.engine import EngineSpec
+from rhymerl.histospec.history import counted_by_vllm
+from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
-from tasks.actors import RolloutWorker, missing_resources, placement_for
-from tasks.trainer_group import start_trainer, stop_trainer
-from tasks.recovery import wait_alive
+from workers.actors import RolloutWorker, missing_resources, placement_for
+from workers.guard import wait_alive
+from workers.trainer_group import launch_trainer, stop_trainer
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Runtime:
     logged_steps: set[int] = field(default_factory=set)  # global steps MLflow has (a resumed run)
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
-    guard: object = None  # tasks.recovery.WorkerGuard once the actors are up (dead actors)
+    guard: object = None  # workers.guard.WorkerGuard once the actors are up (dead actors)
 
 
 @task(name="prepare-model", cache_policy=NO_CACHE)
@@ -91,7 +92,7 @@ def init_ray(num_workers: int) -> bool:
         ray.init(address=address, log_to_driver=True)
         return True
     # Logical CPUs: one per engine plus one for reward tasks; the trainer takes none
-    # (see tasks.actors.placement_for). Without the spare CPU reward tasks never schedule.
+    # (see workers.actors.placement_for). Without the spare CPU reward tasks never schedule.
     for _ in range(2):
         try:
             ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
@@ -114,7 +115,7 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
     if missing:
         raise ValueError("; ".join(missing))
     cores = os.cpu_count() or 1
-    trainer = start_trainer(model_dir, cfg, place, threads=cores)
+    trainer = launch_trainer(model_dir, cfg, place, threads=cores)
     workers = []
     for w in range(cfg.rollout.num_workers):
         spec = EngineSpec(

@@ -29,7 +29,7 @@ def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, promp
 
     Epoch 0 (or `history_epochs = 0`) gets a bundle of prompts without history: drafts then come
     from each group's siblings only. None when the run does not use HistoSpec. With a
-    `tasks.recovery.WorkerGuard`, a worker that is down (or restarts later) gets the bundle too.
+    `workers.guard.WorkerGuard`, a worker that is down (or restarts later) gets the bundle too.
     """
     if not uses_bundle(spec):
         return None
@@ -41,7 +41,7 @@ def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, promp
     if spec.warm_start_run and spec.history_epochs > 0:
         columns = _with_warm_start(columns, spec, lake_url)
     query_s = time.perf_counter() - t0
-    blob, info = bundle_for_epoch(prompts, columns, spec)
+    blob, info = bundle_for_epoch(prompts, columns)
     ref = ray.put(blob)
     if guard is not None:
         guard.share_history(ref)

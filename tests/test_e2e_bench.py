@@ -174,7 +174,7 @@ def test_bench_e2e_quick_smoke(tmp_path: Path, tiny_model: Path) -> None:
     accepting some drafts in the rhymerl arm; the acceptance the real model reaches is the
     benchmark's business (README, bench/results)."""
     out = tmp_path / "e2e"
-    cmd = [sys.executable, "-m", "flows.cli", "bench", "e2e", "--quick", "--epochs", "2", "--prompts", "8",
+    cmd = [sys.executable, "-m", "cli.main", "bench", "e2e", "--quick", "--epochs", "2", "--prompts", "8",
            "--out", str(out), "--json", "--scale-workers", "4",
            "--set", "rollout.n=4", "rollout.prompts_per_step=8", "rollout.max_tokens=64", "pipe.gantt=false",
            f'model.path="{tiny_model}"']

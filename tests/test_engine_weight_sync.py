@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
 from rhymerl.records import Prompt, prompt_id_of
-from rhymerl.spec_guard import shutdown_llm
+from rhymerl.vllm.spec_guard import shutdown_llm
 from rhymerl.weight_sync import bucketed
 
 pytestmark = pytest.mark.slow

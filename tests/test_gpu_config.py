@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rhymerl.config import load_config
-from tasks.actors import missing_resources, placement_for
+from workers.actors import missing_resources, placement_for
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIGS = sorted((ROOT / "configs").glob("gpu-*.toml"))

@@ -1,20 +1,15 @@
-"""Drafting from history: following continuations, branching rules, budgets, config, counters, and
-the vLLM adapter's batch logic on plain arrays (no engine)."""
+"""Drafting from history: following continuations, branching rules, budgets, config and counters
+(the vLLM adapter's batch logic: tests/test_histospec_proposer.py)."""
 
 import random
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from rhymerl.config import ConfigError
 from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget
 from rhymerl.histospec.drafter import HistoSpecDrafter, NgramDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.index import STRIDE, HistoryBundle, PromptHistory, SuffixIndex
-from rhymerl.histospec.vllm_drafter import (INDEX_ENV, BatchDrafter, HistoSpecProposer, PromptTable,
-                                            publish_bundle, speculative_config)
-from rhymerl.records import prompt_id_of
+from rhymerl.histospec.index import STRIDE, SuffixIndex
 
 
 def drafter(seqs, rewards=None, reward_weighted=False, lo=2, hi=3):
@@ -141,14 +136,6 @@ def test_default_budget_rule_is_doubling():
     assert isinstance(SpecConfig().budget(), DoublingBudget) and SpecConfig().max_budget == 16
 
 
-def test_disabled_spec_drafts_nothing():
-    prompt = (50, 51, 52)
-    bundle = HistoryBundle((PromptHistory(prompt, ((1, 2, 3, 4),), (0.0,)),))
-    bd = BatchDrafter(bundle, SpecConfig(enabled=False), k=8, max_model_len=64)
-    batch = FakeBatch([prompt + (1,)])
-    assert bd.propose([[1]], batch.num, batch.tokens) == [[]]
-
-
 def test_spec_config_budget_respects_max_budget():
     assert SpecConfig(budget_rule="additive", max_budget=8).budget().cap == 8
     assert SpecConfig(budget_rule="doubling", max_budget=32).budget().high == 16
@@ -193,92 +180,6 @@ def test_stats_merge_adds_counts():
 
 
 # ---------------------------------------------------------------- vLLM adapter batch logic
-
-
-def test_prompt_table_prefers_the_longest_known_prompt():
-    table = PromptTable([(5, 6), (5, 6, 7)])
-    assert table.lookup(np.array([5, 6, 7, 9, 0], dtype=np.int32), 4) == 1
-    assert table.lookup(np.array([5, 6, 8, 9], dtype=np.int32), 4) == 0
-    assert table.lookup(np.array([4, 6, 8], dtype=np.int32), 3) is None
-    # A row must hold at least one response token beyond the prompt.
-    assert table.lookup(np.array([5, 6, 7, 0], dtype=np.int32), 3) == 0
-
-
-class FakeBatch:
-    """Rows of prompt + response tokens as vLLM's input batch keeps them."""
-
-    def __init__(self, rows, width=64):
-        self.tokens = np.zeros((len(rows), width), dtype=np.int32)
-        self.num = np.zeros(len(rows), dtype=np.int32)
-        for i, r in enumerate(rows):
-            self.tokens[i, :len(r)] = r
-            self.num[i] = len(r)
-
-    def append(self, i, toks):
-        n = self.num[i]
-        self.tokens[i, n:n + len(toks)] = toks
-        self.num[i] += len(toks)
-
-
-def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
-    prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
-    bundle = HistoryBundle((PromptHistory(prompt, (hist,), (1.0,)),))
-    bd = BatchDrafter(bundle, SpecConfig(siblings=False, budget_rule="additive"), k=8, max_model_len=64)
-    batch = FakeBatch([prompt + (1,)])  # after prefill the row holds the prompt and one token
-    assert bd.propose([[1]], batch.num, batch.tokens) == [[2, 3]]  # additive rule starts at 2
-    batch.append(0, [2, 3, 4])  # both drafts accepted, plus the bonus token
-    assert bd.propose([[2, 3, 4]], batch.num, batch.tokens) == [[5, 6, 7, 8]]  # budget 2 -> 4
-    batch.append(0, [5, 77])  # one accepted, then the model disagreed
-    assert bd.propose([[5, 77]], batch.num, batch.tokens) == [[]]  # no match after 77
-    assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (2, 6, 3)
-
-
-def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
-    # Rows are identified by content, so a request moved to another row keeps its state; an
-    # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
-    prompt = (50, 51, 52)
-    bundle = HistoryBundle((PromptHistory(prompt),))
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8)
-    bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
-    batch = FakeBatch([prompt + (1, 2, 3, 4), prompt + (9,), (7, 7, 7, 7)])
-    out = bd.propose([[4], [9], [7]], batch.num, batch.tokens)
-    assert out == [[], [], []]  # siblings so far: 1 2 3 4 and 9, nothing repeats
-    batch2 = FakeBatch([prompt + (9, 1, 2), prompt + (1, 2, 3, 4, 5)])  # rows swapped, one gone
-    # Row 0 now holds the second request, two tokens longer; row 1 the first, one token longer.
-    out = bd.propose([[1, 2], [5]], batch2.num, batch2.tokens)
-    assert out[0] == [3, 4, 5]  # from the sibling 1 2 3 4 5
-    assert bd.stats.steps == 2  # both requests were recognised, not restarted
-    assert prompt_id_of(prompt) == prompt_id_of(list(batch2.tokens[0, :3]))
-
-
-def test_speculative_config_per_method():
-    assert speculative_config(SpecConfig(enabled=False)) is None
-    assert speculative_config(SpecConfig(max_budget=16)) == {  # the drafter's k
-        "method": "custom_class", "model": "rhymerl.histospec.vllm_drafter.HistoSpecProposer",
-        "num_speculative_tokens": 16}
-    assert speculative_config(SpecConfig(method="ngram", max_budget=4))["prompt_lookup_max"] == 7
-
-
-def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypatch):
-    # The worker finds the bundle through the environment and re-reads it once it is (re)written.
-    path = tmp_path / "histospec.npz"
-    monkeypatch.setenv(INDEX_ENV, str(path))
-    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                                  model_config=SimpleNamespace(max_model_len=64))
-    proposer = HistoSpecProposer(vllm_config)
-    proposer.load_model(object())
-    prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7)
-    batch = FakeBatch([prompt + (1,)])
-    assert proposer.propose([[1]], batch.num, batch.tokens) == [[]]  # nothing published yet
-    spec = SpecConfig(siblings=False, budget_rule="fixed", max_budget=8)
-    publish_bundle(path, HistoryBundle((PromptHistory(prompt, (hist,), (0.0,)),)), spec)
-    batch = FakeBatch([prompt + (1,)])  # a new request after the bundle appeared
-    assert proposer.propose([[1]], batch.num, batch.tokens) == [[2, 3, 4, 5]]  # k=4 caps budget 8
-    batch.append(0, [2, 3, 4, 5, 6])
-    proposer.propose([[2, 3, 4, 5, 6]], batch.num, batch.tokens)
-    stats = proposer.take_stats()
-    assert (stats.steps, stats.drafted, stats.accepted) == (1, 4, 4)
-    assert proposer.take_stats().steps == 0  # taking resets
 
 
 def test_min_token_prob_stops_before_an_unlikely_branch():

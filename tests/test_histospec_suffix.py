@@ -7,7 +7,8 @@ import pytest
 from rhymerl.config import ConfigError, load_config
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.history import counted_by_vllm, engine_speculation, uses_bundle
+from rhymerl.histospec.history import counted_by_vllm, uses_bundle
+from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
 from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
@@ -127,8 +128,8 @@ def test_engine_drafts_with_suffix_through_the_exact_verifier(tiny_model):
     # guard's self-check passes), its cache drafts a repeated greedy batch almost entirely, and greedy
     # outputs equal a plain engine's.
     from bench.spec_bench import load_prompts
-    from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
-    from rhymerl.spec_guard import shutdown_llm
+    from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
+    from rhymerl.vllm.spec_guard import shutdown_llm
 
     greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=48)
     prompts = load_prompts(str(tiny_model), 6, 200)

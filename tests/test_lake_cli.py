@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from flows.lake_cli import format_rows, main
+from cli.common import format_rows
+from cli.lake import main
 from storage.lake import LakeWriter, rows_to_table
 
 EPOCH_QUERY = "SELECT epoch, avg(reward) AS reward FROM rollouts GROUP BY epoch ORDER BY epoch"

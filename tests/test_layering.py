@@ -1,4 +1,5 @@
-"""Dependencies point one way: flows -> tasks -> rhymerl, storage; the core stays orchestration-free."""
+"""Dependencies point one way: cli -> flows -> tasks -> workers -> rhymerl, storage; the core stays
+orchestration-free; only rhymerl/vllm/ talks to vLLM; only command lines parse arguments."""
 
 import ast
 from pathlib import Path
@@ -8,9 +9,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # For each package, the top-level modules it must never import.
 FORBIDDEN = {
-    "rhymerl": {"prefect", "prefect_ray", "ray", "mlflow", "duckdb", "flows", "tasks", "storage", "s3fs"},
-    "storage": {"prefect", "prefect_ray", "ray", "flows", "tasks"},
-    "tasks": {"flows"},
+    "rhymerl": {"prefect", "prefect_ray", "ray", "mlflow", "duckdb", "flows", "tasks", "workers", "storage", "s3fs",
+                "cli"},
+    "storage": {"prefect", "prefect_ray", "ray", "flows", "tasks", "workers", "cli"},
+    "workers": {"prefect", "prefect_ray", "flows", "tasks", "cli"},
+    "tasks": {"flows", "cli"},
+    "flows": {"cli"},
 }
 
 
@@ -33,6 +37,31 @@ def test_package_imports_point_one_way(package):
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+ADAPTER = ROOT / "rhymerl" / "vllm"  # the one package that talks to vLLM
+
+
+def test_only_the_adapter_package_imports_vllm():
+    files = [f for pkg in PROJECT for f in (ROOT / pkg).rglob("*.py")]
+    outside = sorted(str(f.relative_to(ROOT)) for f in files
+                     if ADAPTER not in f.parents and "vllm" in imported_roots(f))
+    assert outside == []
+    assert any("vllm" in imported_roots(f) for f in ADAPTER.rglob("*.py"))  # the rule sees its imports
+
+
+# Command lines: cli/, plus each benchmark's entry module (`rhymerl bench NAME` hands it the rest of
+# the arguments) and the standalone local S3 server. Nothing else reads arguments.
+ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e_bench.py",
+               "bench/sharded_bench.py", "infra/local_s3.py"}
+
+
+def test_only_command_lines_parse_arguments():
+    files = [f for pkg in PROJECT for f in (ROOT / pkg).rglob("*.py")]
+    parsing = {str(f.relative_to(ROOT)) for f in files
+               if "argparse" in imported_roots(f) or "sys.argv" in f.read_text()}
+    assert {p for p in parsing if not p.startswith("cli/")} <= ARG_PARSERS
+    assert "cli/main.py" in parsing  # the rule sees the real command line
+
+
 def test_checker_sees_forbidden_import(tmp_path):
     # The rule has power: a module importing prefect is caught.
     f = tmp_path / "m.py"
@@ -40,7 +69,7 @@ def test_checker_sees_forbidden_import(tmp_path):
     assert imported_roots(f) & FORBIDDEN["rhymerl"] == {"prefect"}
 
 
-PROJECT = ("rhymerl", "storage", "tasks", "flows", "bench", "infra")
+PROJECT = ("rhymerl", "storage", "workers", "tasks", "flows", "cli", "bench", "infra")
 
 
 def module_graph() -> dict[str, set[str]]:

@@ -249,7 +249,7 @@ def test_ui_command_refuses_busy_port_with_a_clear_error(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "ui", "--prefect-port", str(port),
+        done = subprocess.run([sys.executable, "-m", "cli.main", "ui", "--prefect-port", str(port),
                                "--prefect-home", str(tmp_path / "ph")],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1

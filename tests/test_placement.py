@@ -3,7 +3,7 @@
 import pytest
 
 from rhymerl.config import ConfigError, load_config
-from tasks.actors import missing_resources, placement_for
+from workers.actors import missing_resources, placement_for
 
 
 def test_cpu_laptop_default_takes_no_gpus_and_no_custom_resources():

@@ -197,7 +197,7 @@ def test_missing_custom_resource_fails_fast(ray_cluster, tmp_path):
     code = textwrap.dedent("""
         import json, ray
         from rhymerl.config import load_config
-        from tasks.actors import missing_resources, placement_for
+        from workers.actors import missing_resources, placement_for
         ray.init(log_to_driver=False)
         cfg = load_config(None, ["rollout.num_workers=3", "placement.rollout_resource=rollout_node",
                                  "placement.trainer_resource=gpu_box"])

@@ -13,7 +13,8 @@ from proc_helpers import kill_and_wait
 from ray.exceptions import ActorDiedError
 
 from rhymerl.config import ConfigError, load_config
-from tasks.recovery import TrainerLost, WorkerGuard, recover_trainer, resume_command, trainer_lost
+from tasks.recovery import TrainerLost, recover_trainer, trainer_lost
+from workers.guard import WorkerGuard, resume_command
 
 
 class _Handle:  # what trainer_lost reads from a Ray actor handle
@@ -72,9 +73,9 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
     # would keep the short responses).
     import ray
 
-    from rhymerl.engine import SamplingSpec, StreamEvent
+    from rhymerl.vllm.engine import SamplingSpec, StreamEvent
     from rhymerl.records import Prompt, Request, Sample
-    from tasks.stream import stream_rollout
+    from workers.stream import stream_rollout
 
     flag = tmp_path / "die-once"
     flag.write_text("")
@@ -169,7 +170,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, tiny_model, t
     from mlflow.tracking import MlflowClient
 
     import flows.run
-    import tasks.stream
+    import workers.stream
     from rhymerl.config import config_to_dict
 
     import ray
@@ -179,7 +180,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, tiny_model, t
     cfg = _config(tiny_model, tmp_path, "data.num_prompts=16", f"rollout.prompts_per_step={per_step}",
                   f"rollout.n={n}", "rollout.num_workers=2", "rollout.max_tokens=128")
     real_rollout, real_history, real_take, seen = (flows.run.rollout_task, flows.run.history_task,
-                                                   tasks.stream._Driver.take, {"rollouts": 0})
+                                                   workers.stream._Driver.take, {"rollouts": 0})
 
     def rollout_arming_the_kill(workers, *args, **kwargs):
         seen["guard"] = kwargs["guard"]
@@ -202,7 +203,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, tiny_model, t
         return real_history(*args, **kwargs)
 
     monkeypatch.setattr(flows.run, "rollout_task", rollout_arming_the_kill)
-    monkeypatch.setattr(tasks.stream._Driver, "take", take_then_kill_worker_1)
+    monkeypatch.setattr(workers.stream._Driver, "take", take_then_kill_worker_1)
     monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
     result = flows.run.run_flow(config=config_to_dict(cfg))
 

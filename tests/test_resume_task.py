@@ -151,7 +151,7 @@ def test_cli_resume_takes_the_stored_config(tmp_path, monkeypatch, capsys):
     # one error line.
     import json
 
-    from flows.cli import main
+    from cli.main import main
 
     monkeypatch.chdir(tmp_path)  # no configs/default.toml here: its lake would be ./lake
     for name in ("PREFECT_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "RAY_AUTH_MODE",

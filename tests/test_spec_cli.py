@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 from rhymerl.config import ConfigError
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rhymerl.config import ConfigError, load_config
-from rhymerl.engine import stats_from_counters
+from rhymerl.vllm.engine import stats_from_counters
 from rhymerl.histospec.drafter import SpecConfig
-from rhymerl.histospec.history import bundle_for_epoch, engine_speculation, merge_history, uses_bundle
+from rhymerl.histospec.history import bundle_for_epoch, merge_history, uses_bundle
+from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.records import Prompt, prompt_id_of
 from storage.lake import Lake, LakeWriter, rows_to_table
@@ -51,20 +52,19 @@ def test_history_is_the_last_k_epochs_that_saw_each_prompt(lake):
 
 def test_bundle_holds_every_prompt_and_only_their_history():
     # Rule: every epoch prompt is in the bundle (siblings need it), history rows of other
-    # prompts and empty responses are dropped, NULL rewards count as 0, the spec rides in meta.
+    # prompts and empty responses are dropped, NULL rewards count as 0; no settings ride along.
     a, b = _prompt((10, 11)), _prompt((12,))
     hist = {"prompt_id": [a.prompt_id, a.prompt_id, "zzz", b.prompt_id],
             "response_token_ids": [[1, 2], [3], [4], []], "reward": [1.0, None, 1.0, 0.0]}
-    spec = SpecConfig(max_budget=8, siblings=False)
-    blob, info = bundle_for_epoch([a, b], hist, spec)
+    blob, info = bundle_for_epoch([a, b], hist)
     bundle = HistoryBundle.from_bytes(blob)
     assert [p.prompt_token_ids for p in bundle.prompts] == [(10, 11), (12,)]
     assert bundle.prompts[0].responses == ((1, 2), (3,)) and bundle.prompts[0].rewards == (1.0, 0.0)
     assert bundle.prompts[1].responses == ()
-    assert SpecConfig(**bundle.meta["spec"]) == spec
+    assert bundle.meta == {}
     assert (info.prompts, info.prompts_with_history, info.responses, info.tokens) == (2, 1, 2, 3)
     with pytest.raises(ValueError, match="differ in length"):
-        bundle_for_epoch([a], {"prompt_id": ["x"], "response_token_ids": [], "reward": []}, spec)
+        bundle_for_epoch([a], {"prompt_id": ["x"], "response_token_ids": [], "reward": []})
 
 
 def test_engine_settings_follow_the_spec_section():

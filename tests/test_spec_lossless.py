@@ -26,17 +26,17 @@ fastest path: these tests need token ids and log-probs only).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
 import torch
 from lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
-from rhymerl.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.records import Prompt, prompt_id_of
-from rhymerl.spec_guard import GuardReport, SpeculationSpec, SpeculationStatus, shutdown_llm, vllm_version
+from rhymerl.vllm.spec_guard import GuardReport, SpeculationSpec, SpeculationStatus, shutdown_llm, vllm_version
 
 K = 3  # draft tokens per step
 # HistoSpec with a fixed budget of K and no batch trimming: the longest drafts the history allows.
@@ -136,10 +136,10 @@ def _sample(engine: VllmEngine, prompts, per_prompt: int, setting: str) -> Arm:
 
 def _engine(tiny: Setup, verifier: str, self_check: bool) -> VllmEngine:
     """A HistoSpec engine reading the history bundle (its drafter runs in the engine's process)."""
-    from rhymerl.histospec.history import speculative_config
-    from rhymerl.histospec.vllm_drafter import INDEX_ENV
+    from rhymerl.vllm.histospec_proposer import INDEX_ENV
+    from rhymerl.vllm.speculation import engine_speculation
 
-    spec = SpeculationSpec.from_vllm_config(speculative_config(HISTOSPEC), verifier=verifier, self_check=self_check)
+    spec = engine_speculation(replace(HISTOSPEC, verifier=verifier), self_check=self_check)
     old = os.environ.get(INDEX_ENV)
     os.environ[INDEX_ENV] = tiny.bundle
     try:

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from rhymerl import spec_guard
-from rhymerl.fixed_drafter import fixed_draft_rows
-from rhymerl.spec_guard import (BATCHES, DEFAULT_ALPHA, DRAFTS, GuardReport, SpeculationSpec, assess,
+from rhymerl.vllm import spec_guard
+from rhymerl.vllm.fixed_drafter import fixed_draft_rows
+from rhymerl.vllm.spec_guard import (BATCHES, DEFAULT_ALPHA, DRAFTS, GuardReport, SpeculationSpec, assess,
                                 batch_settings, chi_square, start_guarded, synthetic_logits)
-from rhymerl.spec_verify import (PLACEHOLDER, expand_kernel, processed_probs, rejection_greedy_sample_kernel,
+from rhymerl.vllm.spec_verify import (PLACEHOLDER, expand_kernel, processed_probs, rejection_greedy_sample_kernel,
                                  rejection_random_sample_kernel, sample_recovered_tokens_kernel)
 
 CU = torch.tensor([2, 5, 6], dtype=torch.int32)  # 3 requests with 2, 3 and 1 drafts
@@ -203,7 +203,7 @@ def _start(spec: SpeculationSpec, check: GuardReport | None, install_error: str 
     return llm, status, built
 
 
-SPEC = SpeculationSpec("custom_class", 3, model="rhymerl.fixed_drafter.FixedDrafter",
+SPEC = SpeculationSpec("custom_class", 3, model="rhymerl.vllm.fixed_drafter.FixedDrafter",
                        additional_config=(("rhymerl_fixed_draft", (10, 20, 30)),))
 PASS = GuardReport(passed=True, vllm_version="9.9.9")
 FAIL = GuardReport(passed=False, vllm_version="9.9.9", error="boom")
@@ -246,8 +246,8 @@ def test_speculation_spec_validation_and_conversion():
         SpeculationSpec("ngram", 4, verifier="fast")
     with pytest.raises(ValueError, match="custom_class"):
         SpeculationSpec("custom_class", 4)
-    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
-    assert SpeculationSpec.from_vllm_config(config).speculative_config() == config
+    spec = SpeculationSpec("ngram", 4, options=(("prompt_lookup_max", 3),))
+    assert spec.speculative_config() == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
 
 def test_fixed_drafter_rows():

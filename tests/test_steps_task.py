@@ -144,7 +144,8 @@ def ray_fakes():
 def test_sync_checks_every_engine_by_probe(ray_fakes):
     # Rule: every engine is checked every step, by a probe that depends on all weights: worker 1
     # kept its old weights (equal parameter sums) and the sync refuses, naming it.
-    from tasks.steps import WeightsMismatch, sync_task
+    from tasks.steps import sync_task
+    from workers.sync import WeightsMismatch
 
     trainer = ray_fakes.remote(FakeTrainerActor).remote()
     good = [ray_fakes.remote(FakeEngine).remote() for _ in range(2)]

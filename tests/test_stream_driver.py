@@ -1,4 +1,4 @@
-"""The streamed rollout driver (`tasks/stream.py`) on Ray with small real fake workers: every
+"""The streamed rollout driver (`workers/stream.py`) on Ray with small real fake workers: every
 sample comes back once, scores line up, and forced migrations join prefix and continuation.
 
 A fake worker "generates" one token per request every tick; token i of every response is i and
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rhymerl.engine import SamplingSpec, StreamEvent
+from rhymerl.vllm.engine import SamplingSpec, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
 
@@ -102,7 +102,7 @@ def prompt(pid: str) -> Prompt:
 
 
 class RestartGuard:
-    """The part of `tasks.recovery.WorkerGuard` the driver calls: wait for Ray's restart."""
+    """The part of `workers.guard.WorkerGuard` the driver calls: wait for Ray's restart."""
 
     def __init__(self, workers) -> None:
         self.workers, self.pids = workers, [ray.get(w.info.remote())["pid"] for w in workers]
@@ -120,7 +120,7 @@ class RestartGuard:
 
 
 def run(requests, rule, workers=None, guard=None):
-    from tasks.stream import collect_scores, stream_rollout
+    from workers.stream import collect_scores, stream_rollout
 
     workers = workers or [FakeWorker.remote(w) for w in range(len(requests))]
     gold = {r.prompt.prompt_id: "7" for reqs in requests for r in reqs}

@@ -17,10 +17,10 @@ import transformers
 
 from rhymerl.config import RunConfig, TrainConfig
 from rhymerl.trainer import Trainer
-from rhymerl.vllm_ext import weights_fingerprint
+from rhymerl.vllm.worker_ext import weights_fingerprint
 from storage.checkpoints import CheckpointStore
-from tasks.actors import Placement
-from tasks.trainer_group import TrainerGroup, start_trainer, stop_trainer
+from workers.actors import Placement
+from workers.trainer_group import TrainerGroup, launch_trainer, stop_trainer
 from tests.test_sharded import BATCH, _tiny_qwen2
 
 CFG = RunConfig(train=TrainConfig(lr=1e-2, kl_coef=0.1, micro_batch_size=2, world_size=2))
@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def group(model_dir: str):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    group = start_trainer(model_dir, CFG, ON_CPU, threads=2)
+    group = launch_trainer(model_dir, CFG, ON_CPU, threads=2)
     yield group
     stop_trainer(group)
     ray.shutdown()

@@ -2,8 +2,8 @@
 
 Pure core (no engine imports): `index` (per-prompt n-gram occurrence index and the history bundle
 that carries it to rollout workers), `drafter` (drafting, `SpecConfig`), `budget` (budget rules),
-`stats` (`SpecStats`), `replay` (offline acceptance on recorded responses). `vllm_drafter` is the adapter that plugs the
-drafter into vLLM as a `custom_class` proposer; it imports vLLM only when vLLM builds it.
+`stats` (`SpecStats`), `replay` (offline acceptance on recorded responses). The vLLM adapter
+(`rhymerl.vllm.histospec_proposer`) plugs the drafter into vLLM as a `custom_class` proposer.
 """
 
 from rhymerl.histospec.budget import BUDGET_RULES

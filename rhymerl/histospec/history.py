@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
-from rhymerl.histospec.vllm_drafter import speculative_config
 from rhymerl.records import Prompt
 
 
@@ -34,13 +33,13 @@ class BundleInfo:
         return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
 
 
-def bundle_for_epoch(prompts: Sequence[Prompt], history: Mapping[str, Sequence[Any]],
-                     spec: SpecConfig) -> tuple[bytes, BundleInfo]:
+def bundle_for_epoch(prompts: Sequence[Prompt],
+                     history: Mapping[str, Sequence[Any]]) -> tuple[bytes, BundleInfo]:
     """Serialised bundle for `prompts` from history columns, and what it holds.
 
     `history` holds equal-length columns `prompt_id`, `response_token_ids` and `reward` (rows of
-    any prompt not in `prompts` are ignored; a NULL reward counts as 0). The bundle's meta carries
-    `spec`, which the engine-side drafter reads.
+    any prompt not in `prompts` are ignored; a NULL reward counts as 0). The drafter's settings
+    do not travel here: the engine gets them once (`rhymerl.vllm.speculation`).
     """
     t0 = time.perf_counter()
     ids, responses = history.get("prompt_id", ()), history.get("response_token_ids", ())
@@ -56,8 +55,7 @@ def bundle_for_epoch(prompts: Sequence[Prompt], history: Mapping[str, Sequence[A
             slot[1].append(float(reward or 0.0))
     entries = tuple(PromptHistory(tuple(p.token_ids), tuple(by_prompt[p.prompt_id][0]),
                                   tuple(by_prompt[p.prompt_id][1])) for p in prompts)
-    meta = {"spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__}}
-    blob = HistoryBundle(entries, meta).to_bytes()
+    blob = HistoryBundle(entries).to_bytes()
     info = BundleInfo(
         prompts=len(entries), prompts_with_history=sum(1 for e in entries if e.responses),
         responses=sum(len(e.responses) for e in entries),
@@ -88,15 +86,5 @@ def counted_by_vllm(spec: SpecConfig) -> bool:
     return spec.enabled and spec.method in ("ngram", "suffix")
 
 
-def engine_speculation(spec: SpecConfig):
-    """The engine's `SpeculationSpec` for `spec` (None: speculation off)."""
-    from rhymerl.spec_guard import SpeculationSpec
-
-    config = speculative_config(spec)
-    if config is None:
-        return None
-    return SpeculationSpec.from_vllm_config(config, verifier=spec.verifier)
-
-
-__all__ = ["BundleInfo", "bundle_for_epoch", "counted_by_vllm", "engine_speculation", "merge_history",
+__all__ = ["BundleInfo", "bundle_for_epoch", "counted_by_vllm", "merge_history",
            "uses_bundle"]

@@ -1,11 +1,11 @@
 """vLLM worker extension: methods RhymeRL calls inside the engine's worker process.
 
 vLLM mixes this class into its GPU/CPU worker when the engine is built with
-`worker_extension_cls="rhymerl.vllm_ext.WeightSyncExtension"`; the methods are invoked with
+`worker_extension_cls="rhymerl.vllm.worker_ext.WeightSyncExtension"`; the methods are invoked with
 `LLM.collective_rpc(name, args=...)`. Weight updates go through `model_runner.reload_weights`,
 which handles vLLM's packed/fused parameter layouts (a direct `model.load_weights` fails on CPU).
 With speculation on, `rhymerl_install_exact_verifier` swaps RhymeRL's exact rejection-sampler
-kernels in (why: `rhymerl.spec_verify`) and `rhymerl_spec_self_check` runs `rhymerl.spec_guard`.
+kernels in (why: `rhymerl.vllm.spec_verify`) and `rhymerl_spec_self_check` runs `rhymerl.vllm.spec_guard`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Iterable
 import torch
 from safetensors.torch import load as load_safetensors
 
-from rhymerl.spec_guard import GuardReport, self_check, vllm_version
-from rhymerl.spec_verify import KERNELS
+from rhymerl.vllm.spec_guard import GuardReport, self_check, vllm_version
+from rhymerl.vllm.spec_verify import KERNELS
 
 # Parameters that hold the same values in the engine as in the Hugging Face model. vLLM fuses
 # q/k/v and gate/up, and on CPU repacks every linear layer's weight into its own kernel layout
@@ -44,7 +44,7 @@ _NOT_SCANNED = ("llvmlite", "numba")
 
 
 def install_exact_verifier() -> None:
-    """Register `rhymerl.spec_verify.KERNELS` through vLLM's kernel-override registry (this process).
+    """Register `rhymerl.vllm.spec_verify.KERNELS` through vLLM's kernel-override registry (this process).
 
     The registry is the plug-in point vLLM's platforms use for these very kernels; registering
     again replaces the CPU platform's versions (vLLM logs "already registered. Overwriting.").
@@ -62,7 +62,7 @@ def install_exact_verifier() -> None:
         want = tuple(inspect.signature(impl).parameters)
         if tuple(have) != want:
             raise RuntimeError(f"vLLM {vllm_version()} changed {name}'s arguments to {tuple(have)}; "
-                               f"rhymerl.spec_verify implements {want}: update it before speculating")
+                               f"rhymerl.vllm.spec_verify implements {want}: update it before speculating")
     # vLLM 0.32's registration scans every loaded module and calls `vars(x).get` on attributes
     # that have a `__dict__`; llvmlite's ctypes wrappers (loaded by numba, which vLLM's n-gram
     # drafter uses) answer that with a non-dict and the scan raises. Neither package holds a

@@ -1,8 +1,8 @@
 """Guarded speculation: refuse speculative decoding unless the engine's verifier is lossless.
 
 `start_guarded` builds a vLLM engine with speculation on, installs the chosen verifier
-(RhymeRL's exact kernels from `rhymerl.spec_verify`, or vLLM's own), and runs `self_check` once
-inside the engine's worker (`rhymerl.vllm_ext.WeightSyncExtension.rhymerl_spec_self_check`). If
+(RhymeRL's exact kernels from `rhymerl.vllm.spec_verify`, or vLLM's own), and runs `self_check` once
+inside the engine's worker (`rhymerl.vllm.worker_ext.WeightSyncExtension.rhymerl_spec_self_check`). If
 the check fails, speculation is refused with a message naming the vLLM version, the engine is
 rebuilt without it and the run goes on. `SpeculationSpec.self_check=False` skips the check.
 
@@ -12,7 +12,7 @@ over a 12-token vocabulary. Rows at temperature 1, at temperature 0.7 with top-p
 rows share one batch (mixed per-request settings are what exposed vLLM's CPU fault); rows at
 temperature 1.3 with top-k 4 and temperature-1 rows share a second (so a fault only top-k
 triggers cannot hide the others). Each slot's token counts are compared with the exact
-processed distribution (`rhymerl.spec_verify.processed_probs`) by a chi-square test; greedy
+processed distribution (`rhymerl.vllm.spec_verify.processed_probs`) by a chi-square test; greedy
 rows must match exactly. The check is independent of the model and of the drafter (n-gram,
 plug-in or draft model) and takes 0.1-0.5 s in the worker. `DEFAULT_ALPHA` is tiny so a sound sampler is
 almost never refused, while the known CPU fault fails with p ~ 0. It is sized for gross faults
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from rhymerl.spec_verify import processed_probs
+from rhymerl.vllm.spec_verify import processed_probs
 
 log = logging.getLogger(__name__)
 
@@ -257,15 +257,6 @@ class SpeculationSpec:
         if self.check_rows < 100 or not 0 < self.check_alpha < 1:
             raise ValueError(f"SpeculationSpec: check_rows={self.check_rows} must be >= 100 and "
                              f"check_alpha={self.check_alpha} in (0, 1)")
-
-    @staticmethod
-    def from_vllm_config(config: dict, **kwargs: Any) -> "SpeculationSpec":
-        """From a vLLM `speculative_config` dict (e.g. HistoSpec's), plus any other field here."""
-        rest = {k: v for k, v in config.items() if k not in ("method", "num_speculative_tokens", "model")}
-        return SpeculationSpec(method=config["method"],
-                               num_speculative_tokens=int(config["num_speculative_tokens"]),
-                               model=str(config.get("model", "")), options=tuple(sorted(rest.items())),
-                               **kwargs)
 
     def speculative_config(self) -> dict:
         """The `speculative_config` dict for `vllm.LLM`."""

@@ -111,7 +111,7 @@ def rejection_greedy_sample_kernel(output_token_ids_ptr, cu_num_draft_tokens_ptr
                                    SYNTHETIC_MODE=False) -> None:
     """Greedy requests: a draft is accepted iff it equals the target argmax; fills their rows."""
     if SYNTHETIC_MODE:
-        raise NotImplementedError("rhymerl.spec_verify: synthetic acceptance rates are not supported; "
+        raise NotImplementedError("rhymerl.vllm.spec_verify: synthetic acceptance rates are not supported; "
                                   "drop rejection_sample_method='synthetic' from the speculative config")
     index, valid = _request_slots(cu_num_draft_tokens_ptr, max_spec_len)
     drafts = draft_token_ids_ptr.long()[index]
@@ -133,7 +133,7 @@ def rejection_random_sample_kernel(output_token_ids_ptr, cu_num_draft_tokens_ptr
     always rejected. Fills the rows of non-greedy requests only.
     """
     if SYNTHETIC_MODE:
-        raise NotImplementedError("rhymerl.spec_verify: synthetic acceptance rates are not supported; "
+        raise NotImplementedError("rhymerl.vllm.spec_verify: synthetic acceptance rates are not supported; "
                                   "drop rejection_sample_method='synthetic' from the speculative config")
     index, valid = _request_slots(cu_num_draft_tokens_ptr, max_spec_len)
     vocab = target_probs_ptr.shape[1]

@@ -4,7 +4,7 @@
 (`group.train_step.remote(batch)`, `ray.get(...)`) so tasks need not know which one they hold:
 each call goes to every rank in the same order (the ranks' collectives must line up) and the
 returned ObjectRef is rank 0's result. With `train.world_size = 1` the run keeps the single
-`TrainerWorker` (`start_trainer`), which behaves exactly as before.
+`TrainerWorker` (`launch_trainer`), which behaves exactly as before.
 
 Checkpoints of a group are sharded (`rhymerl.dist_checkpoint`): each rank writes its own files
 where `storage.checkpoints.CheckpointStore.sharded_url` says; the flow commits them.
@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from rhymerl.config import RunConfig
+from workers.actors import Placement, TrainerWorker, placement_for
 
 
 @ray.remote
@@ -72,7 +73,7 @@ class TrainerRank:
 
     def weights_fingerprint(self) -> float:
         """As `TrainerWorker.weights_fingerprint`, over the whole (gathered) parameters."""
-        from rhymerl.vllm_ext import weights_fingerprint
+        from rhymerl.vllm.worker_ext import weights_fingerprint
 
         model = self.trainer.model
         whole = ((name, p.full_tensor()) for name, p in model.named_parameters())
@@ -142,7 +143,7 @@ class TrainerGroup:
             setattr(self, name, _Collective(self, name))
 
     @property
-    def _actor_id(self):  # what tasks.recovery names the trainer by
+    def _actor_id(self):  # what tasks.recovery's trainer_lost names the trainer by
         return self.ranks[0]._actor_id
 
     def kill(self) -> None:
@@ -150,13 +151,11 @@ class TrainerGroup:
             ray.kill(rank)
 
 
-def start_trainer(model_dir: str, cfg: RunConfig, place: Any, threads: int) -> Any:
+def launch_trainer(model_dir: str, cfg: RunConfig, place: Placement, threads: int) -> Any:
     """The run's trainer: a `TrainerWorker` actor for world size 1, else a started `TrainerGroup`.
 
-    Each actor gets the placement's trainer CPUs, GPUs and custom resources (`tasks.actors.Placement`);
+    Each actor gets the placement's trainer CPUs, GPUs and custom resources;
     ranks sharing a host without GPUs divide its `threads`."""
-    from tasks.actors import TrainerWorker
-
     options = dict(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus, resources=place.trainer_resources)
     world = cfg.train.world_size
     if world == 1:
@@ -166,6 +165,12 @@ def start_trainer(model_dir: str, cfg: RunConfig, place: Any, threads: int) -> A
     per_rank = threads if place.trainer_gpus else max(1, threads // world)
     ray.get([r.setup.remote(model_dir, cfg, addr, port, per_rank) for r in ranks])
     return TrainerGroup(ranks)
+
+
+def start_trainer(cfg: RunConfig, model_dir: str) -> Any:
+    """A new trainer (initial weights), placed like the run's first one: in-run recovery's."""
+    place = placement_for(cfg, ray.cluster_resources().get("GPU", 0))
+    return launch_trainer(model_dir, cfg, place, threads=os.cpu_count() or 1)
 
 
 def stop_trainer(trainer: Any) -> None:

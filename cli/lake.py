@@ -4,7 +4,7 @@
     rhymerl lake summary --lake s3://bucket/prefix
     rhymerl lake verify --quarantine
 
-`flows/cli.py` calls `register(subparsers)`; each subcommand sets `func(args) -> exit code`.
+`cli/main.py` calls `register(subparsers)`; each subcommand sets `func(args) -> exit code`.
 The lake is `--lake URL`, else $RHYMERL_LAKE, else ./lake. Results go to stdout; warnings
 (committed rows left out) and errors go to stderr. Exit codes: 0 ok, 1 verify found problems
 it did not quarantine, 2 error (message says what to fix).
@@ -13,110 +13,17 @@ it did not quarantine, 2 error (message says what to fix).
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
-import decimal
-import io
 import json
-import math
-import os
 import sys
-import warnings
-from typing import Any, Callable
+from typing import Any
 
-FORMATS = ("table", "csv", "json")
-_CELL = 48  # widest cell the table format prints before eliding
-
-
-def _lake_url(args: argparse.Namespace) -> str:
-    url = args.lake or os.environ.get("RHYMERL_LAKE") or "lake"
-    if "://" not in url and not os.path.isdir(url):
-        raise ValueError(f"lake folder {url!r} does not exist; pass --lake PATH|s3://bucket/prefix "
-                         "or set RHYMERL_LAKE")
-    return url
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-ready version of one Arrow value."""
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _cell(value: Any, short: bool = True) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}" if short else repr(value)
-    if isinstance(value, (list, dict)):
-        return json.dumps(_plain(value))
-    return str(_plain(value))
-
-
-def format_rows(rows: list[dict[str, Any]], columns: list[str], fmt: str) -> str:
-    """Render rows as an aligned text table, CSV (header first) or a JSON array of objects."""
-    if fmt == "json":
-        return json.dumps([{c: _plain(r[c]) for c in columns} for r in rows])
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows([_cell(r[c], short=False) for c in columns] for r in rows)
-        return out.getvalue().rstrip("\n")
-    cells = [[_cell(r[c]) for c in columns] for r in rows]
-    cells = [[v if len(v) <= _CELL else v[:_CELL - 1] + "…" for v in line] for line in cells]
-    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
-    numeric = [all(isinstance(r[c], (int, float, decimal.Decimal)) or r[c] is None for r in rows)
-               for c in columns]
-
-    def line(values: list[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w)
-                         for v, w, num in zip(values, widths, numeric)).rstrip()
-
-    body = [line(columns), line(["-" * w for w in widths])] + [line(v) for v in cells]
-    return "\n".join(body + [f"({len(rows)} row{'s' if len(rows) != 1 else ''})"])
-
-
-def _print_table(table: Any, fmt: str) -> None:
-    print(format_rows(table.to_pylist(), table.column_names, fmt))
-
-
-def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Run a subcommand: lake warnings to stderr, known errors as one line and exit code 2."""
-
-    def run(args: argparse.Namespace) -> int:
-        import duckdb  # imported here so `rhymerl --help` answers at once
-
-        from storage.lake import LakeError, SchemaError
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                code = command(args)
-            except (LakeError, SchemaError, ValueError, duckdb.Error) as exc:
-                code = 2
-                print(f"error: {exc}", file=sys.stderr)
-        for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
-        return code
-
-    return run
+from cli.common import add_lake_options, guarded, lake_url, print_table
 
 
 def _open(args: argparse.Namespace) -> Any:
     from storage.lake import Lake
 
-    return Lake(_lake_url(args), on_damaged="skip" if getattr(args, "skip_damaged", False) else "error")
+    return Lake(lake_url(args), on_damaged="skip" if getattr(args, "skip_damaged", False) else "error")
 
 
 def _params(pairs: list[str] | None) -> dict[str, Any] | None:
@@ -136,14 +43,14 @@ def _params(pairs: list[str] | None) -> dict[str, Any] | None:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     with _open(args) as lake:
-        _print_table(lake.sql(args.query, _params(args.param)), args.format)
+        print_table(lake.sql(args.query, _params(args.param)), args.format)
     return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
     with _open(args) as lake:
         table = lake.summary()
-        _print_table(table, args.format)
+        print_table(table, args.format)
         if args.format == "table":
             rows = table.to_pylist()
             runs = len({r["run_id"] for r in rows})
@@ -158,14 +65,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from storage.verify import verify_lake
 
     grace = {} if args.grace is None else {"grace_s": args.grace}
-    report = verify_lake(_lake_url(args), quarantine=args.quarantine, deep=not args.quick, **grace)
+    report = verify_lake(lake_url(args), quarantine=args.quarantine, deep=not args.quick, **grace)
     if args.format == "json":
         print(json.dumps({"url": report.url, "manifests": report.manifests,
                           "files_checked": report.files_checked, "hashed": report.hashed,
                           "quarantined_before": report.quarantined_before, "clean": report.clean,
                           "findings": report.table().to_pylist()}))
     elif report.findings or args.format == "csv":
-        _print_table(report.table(), args.format)
+        print_table(report.table(), args.format)
     if args.format == "table":
         pending = len(report.findings) - len(report.problems)
         print(f"checked {report.manifests} manifest(s) and {report.files_checked} committed data "
@@ -174,14 +81,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if not report.clean:
             print("run again with --quarantine to move the problems aside under _quarantine/")
     return 0 if report.clean else 1
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lake", metavar="URL",
-                        help="lake folder or s3://bucket/prefix (default: $RHYMERL_LAKE, else ./lake); "
-                             "S3 uses the standard AWS env/config and AWS_ENDPOINT_URL")
-    parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="output: aligned table (default), csv with a header, or a JSON array")
 
 
 def register(subparsers: Any) -> None:
@@ -205,16 +104,16 @@ def register(subparsers: Any) -> None:
                      help="bind $NAME in the query (VALUE parsed as JSON, else a string); repeatable")
     sql.add_argument("--skip-damaged", action="store_true",
                      help="leave out missing or truncated committed files (with a warning) instead of failing")
-    _common(sql)
-    sql.set_defaults(func=_guarded(cmd_sql))
+    add_lake_options(sql)
+    sql.set_defaults(func=guarded(cmd_sql))
 
     summary = sub.add_parser(
         "summary", help="runs, epochs, committed steps, responses and bytes",
         description="One row per run and epoch, from the step manifests (reads no data file).")
     summary.add_argument("--skip-damaged", action="store_true",
                          help="leave out missing or truncated committed files instead of failing")
-    _common(summary)
-    summary.set_defaults(func=_guarded(cmd_summary))
+    add_lake_options(summary)
+    summary.set_defaults(func=guarded(cmd_summary))
 
     verify = sub.add_parser(
         "verify", help="find damaged files, broken manifests and leftovers; --quarantine moves them",
@@ -229,12 +128,12 @@ def register(subparsers: Any) -> None:
     verify.add_argument("--grace", type=float, metavar="SECONDS",
                         help="uncommitted files younger than this may belong to a running writer: "
                              "report them as pending and never move them (default: 3600)")
-    _common(verify)
-    verify.set_defaults(func=_guarded(cmd_verify))
+    add_lake_options(verify)
+    verify.set_defaults(func=guarded(cmd_verify))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m flows.lake_cli lake ...`: the same commands without the rest of `rhymerl`."""
+    """`python -m cli.lake lake ...`: the same commands without the rest of `rhymerl`."""
     parser = argparse.ArgumentParser(prog="rhymerl")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

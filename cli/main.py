@@ -15,9 +15,9 @@ import time
 import traceback
 from pathlib import Path
 
-from flows.lake_cli import register as register_lake
-from flows.spec_cli import register as register_spec
-from flows.ui_cli import register as register_ui
+from cli.lake import register as register_lake
+from cli.spec import register as register_spec
+from cli.ui import register as register_ui
 
 DEFAULT_CONFIG = "configs/default.toml"
 # Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error,
@@ -121,7 +121,8 @@ def _train(cfg, args: argparse.Namespace) -> int:
     from rhymerl.data import DatasetError
     from rhymerl.report import format_summary
     from storage.lake import LakeError
-    from tasks.recovery import TrainerLost, WorkerLost
+    from tasks.recovery import TrainerLost
+    from workers.guard import WorkerLost
 
     if not args.verbose:  # after Prefect's import: its logging setup replaces the root's handlers
         logging.getLogger().addHandler(RunConsole(out, cfg.epochs * cfg.steps_per_epoch, cfg.steps_per_epoch,
@@ -188,7 +189,7 @@ def cmd_model_build(args: argparse.Namespace) -> int:
 
 
 BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench",
-           "e2e": "bench.e2e_bench"}
+           "e2e": "bench.e2e_bench", "sharded": "bench.sharded_bench"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

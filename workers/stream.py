@@ -17,7 +17,7 @@ from typing import Sequence
 
 import ray
 
-from rhymerl.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSpec
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
 from rhymerl.records import Partial, Request, Sample
 from rhymerl.reward import RewardResult
@@ -70,7 +70,7 @@ class _Driver:
                  rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
                  guard=None) -> None:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
-        self.guard = guard  # tasks.recovery.WorkerGuard: brings a dead worker back (None: fail)
+        self.guard = guard  # workers.guard.WorkerGuard: brings a dead worker back (None: fail)
         self.forecast_peak, self.every_s = forecast_peak, every_s
         self.total = sum(len(r) for r in requests)
         self.out = StreamedRollout()
@@ -215,7 +215,7 @@ def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingS
     """Run `requests[w]` on `workers[w]`, scoring finished samples while the rest generate.
 
     `gold[prompt_id]` is the answer the reward checks. With `rule`, stragglers (judged against
-    `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`tasks.recovery.WorkerGuard`),
+    `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`workers.guard.WorkerGuard`),
     a worker that dies is restarted on the current weights and re-runs every request planned on
     it, discarding its earlier results (see `_Driver.lost`: keeping them would bias the step
     towards short responses).

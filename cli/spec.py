@@ -4,7 +4,7 @@
 
 One query reads the run's responses from the lake; each setting (`rhymerl.histospec.tuning.SETTINGS`,
 overrides on top) replays them through the drafter with the recorded next tokens as the model's
-choices (`rhymerl.histospec.replay`). No model runs. `flows/cli.py` calls `register(subparsers)`;
+choices (`rhymerl.histospec.replay`). No model runs. `cli/main.py` calls `register(subparsers)`;
 lake URL, formats, warnings and exit codes (2: error, message says what to fix) are those of
 `rhymerl lake`.
 """
@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from flows.lake_cli import _common, _guarded, _lake_url, format_rows
+from cli.common import add_lake_options, format_rows, guarded, lake_url
 
 RESPONSES_SQL = """
 SELECT prompt_id, epoch, step, sample_idx, response_token_ids, reward
@@ -81,7 +81,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     wanted = _epochs(args.epochs)
-    url = _lake_url(args)
+    url = lake_url(args)
     with Lake(url) as lake:
         table = lake.sql(RESPONSES_SQL, {"run": args.run, "last": max(wanted) if wanted else None})
         if table.num_rows == 0:
@@ -132,6 +132,6 @@ def register(subparsers: Any) -> None:
     rep.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                      help="override a SpecConfig field in every setting, e.g. --set max_budget=32 "
                           "min_match=2 (values parse as TOML)")
-    _common(rep)
-    rep.set_defaults(func=_guarded(cmd_replay))
+    add_lake_options(rep)
+    rep.set_defaults(func=guarded(cmd_replay))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import ray
 
 from rhymerl.config import RunConfig
-from rhymerl.engine import EngineSpec, SamplingSpec
+from rhymerl.vllm.engine import EngineSpec, SamplingSpec
 from rhymerl.records import Prompt, Request, Sample
 
 
@@ -83,8 +83,8 @@ class RolloutWorker:
     """
 
     def __init__(self, worker_id: int, spec: EngineSpec) -> None:
-        from rhymerl.engine import VllmEngine
-        from rhymerl.histospec.vllm_drafter import INDEX_ENV
+        from rhymerl.vllm.engine import VllmEngine
+        from rhymerl.vllm.histospec_proposer import INDEX_ENV
 
         self.worker_id = worker_id
         # HistoSpec's drafter runs in the engine's own process and reads its history from this
@@ -207,8 +207,8 @@ class TrainerWorker:
         return self.trainer.held_bytes()
 
     def weights_fingerprint(self) -> float:
-        """Comparable with the engines' fingerprint (see rhymerl.vllm_ext.weights_fingerprint)."""
-        from rhymerl.vllm_ext import weights_fingerprint
+        """Comparable with the engines' fingerprint (see rhymerl.vllm.worker_ext.weights_fingerprint)."""
+        from rhymerl.vllm.worker_ext import weights_fingerprint
 
         return weights_fingerprint(self.trainer.model.named_parameters())
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-FIXED_DRAFTER = "rhymerl.fixed_drafter.FixedDrafter"
+FIXED_DRAFTER = "rhymerl.vllm.fixed_drafter.FixedDrafter"
 FIXED_DRAFT_KEY = "rhymerl_fixed_draft"
 
 
