@@ -50,7 +50,7 @@ _PROGRESS = ("epoch ", "HistoSpec history", "Traceback", "Error", "error:")  # c
 
 
 @dataclass(frozen=True)
-class E2ESpec:
+class E2ESettings:
     """One benchmark invocation: what every run shares, and where results go."""
 
     config: str
@@ -73,7 +73,7 @@ def run_order(seeds: tuple[int, ...]) -> list[tuple[int, str]]:
     return [(s, a) for i, s in enumerate(seeds) for a in (arms if i % 2 == 0 else arms[::-1])]
 
 
-def run_overrides(spec: E2ESpec, arm: str, seed: int) -> list[str]:
+def run_overrides(spec: E2ESettings, arm: str, seed: int) -> list[str]:
     """The `--set` list of one run: shared sizes, this seed, the bench's own stores, the arm."""
     out = Path(spec.out).absolute()
     return [f"epochs={spec.epochs}", f"data.num_prompts={spec.prompts}",
@@ -82,11 +82,11 @@ def run_overrides(spec: E2ESpec, arm: str, seed: int) -> list[str]:
             *spec.overrides, *ARMS[arm]]
 
 
-def result_path(spec: E2ESpec, arm: str, seed: int) -> Path:
+def result_path(spec: E2ESettings, arm: str, seed: int) -> Path:
     return Path(spec.out) / "runs" / f"{arm}-s{seed}.json"
 
 
-def load_runs(spec: E2ESpec) -> list[dict]:
+def load_runs(spec: E2ESettings) -> list[dict]:
     """The finished runs of this spec found in OUT/runs (any seed of the spec, same settings)."""
     runs = []
     for seed, arm in run_order(spec.seeds):
@@ -138,7 +138,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     proc.wait()
 
 
-def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str], timeout_s: float) -> bool:
+def launch(spec: E2ESettings, arm: str, seed: int, env: dict[str, str], timeout_s: float) -> bool:
     """Run one (arm, seed) as a child process; stream its progress lines; True if it finished.
     A run still going after `timeout_s` is stopped and counts as failed (a hung engine must not
     hold the whole benchmark)."""
@@ -168,7 +168,7 @@ def launch(spec: E2ESpec, arm: str, seed: int, env: dict[str, str], timeout_s: f
     return True
 
 
-def child_env(spec: E2ESpec) -> dict[str, str]:
+def child_env(spec: E2ESettings) -> dict[str, str]:
     """The children's environment: the project's settings, the bench's own Prefect home."""
     env = dict(os.environ)
     if not env.get("PREFECT_API_URL"):  # the temporary local API keeps its database here
@@ -178,7 +178,7 @@ def child_env(spec: E2ESpec) -> dict[str, str]:
     return env
 
 
-def run_all(spec: E2ESpec, resume: bool, scale: dict, timeout_s: float) -> dict:
+def run_all(spec: E2ESettings, resume: bool, scale: dict, timeout_s: float) -> dict:
     """Every (seed, arm) run not already done; rebuilds the report after each. Returns the report."""
     from bench.e2e_report import write_report
 
@@ -230,10 +230,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def spec_from_args(args: argparse.Namespace) -> E2ESpec:
+def spec_from_args(args: argparse.Namespace) -> E2ESettings:
     sizes = QUICK if args.quick else FULL
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else sizes[name]  # noqa: E731
-    return E2ESpec(config=args.config, seeds=tuple(range(pick("seeds"))), epochs=pick("epochs"),
+    return E2ESettings(config=args.config, seeds=tuple(range(pick("seeds"))), epochs=pick("epochs"),
                    prompts=pick("prompts"), workers=args.workers, overrides=tuple(args.set), out=args.out)
 
 

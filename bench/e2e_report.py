@@ -18,7 +18,7 @@ from typing import Sequence
 from bench.e2e_analysis import compare, parity
 from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 from bench.e2e_markdown import markdown
-from bench.e2e_scale import ScaleSpec, estimate
+from bench.e2e_scale import ScaleSettings, estimate
 
 STEP_TARGET, OVERHEAD_TARGET = 2.6, 0.10
 
@@ -51,7 +51,7 @@ def git_commit() -> str:
 
 
 def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
-    """Everything the benchmark reports, JSON-able; `spec` is the bench's E2ESpec."""
+    """Everything the benchmark reports, JSON-able; `spec` is the bench's E2ESettings."""
     cmp = compare(runs) if runs else {"epochs": [], "overall": {}}
     overall = cmp["overall"]
     report: dict = {
@@ -96,7 +96,7 @@ def _scale(cmp: dict, scale: dict) -> dict | None:
     share = base["rollout_s"]["baseline"]["mean"] / base["wall_s"]["baseline"]["mean"]
     if accepted <= 1.0:
         return None
-    return estimate(ScaleSpec(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"]),
+    return estimate(ScaleSettings(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"]),
                     measured_rollout_share=round(share, 3))
 
 

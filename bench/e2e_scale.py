@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, replace
 
 from bench.pipe_bench import heavy_workload
 from rhymerl.histopipe.costmodel import CostModel
-from rhymerl.histopipe.forecast import ForecastSpec, build_history, forecast_lengths
+from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths
 from rhymerl.histopipe.schedule import ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import simulate
 
 
 @dataclass(frozen=True)
-class ScaleSpec:
+class ScaleSettings:
     """One cluster-scale point."""
 
     accepted_len: float  # tokens per verification step (measured)
@@ -55,7 +55,7 @@ def amdahl(rollout_speedup: float, rollout_share: float) -> float:
     return 1.0 / ((1.0 - rollout_share) + rollout_share / rollout_speedup)
 
 
-def simulate_arms(spec: ScaleSpec) -> dict[str, dict]:
+def simulate_arms(spec: ScaleSettings) -> dict[str, dict]:
     """Makespan and bubble ratio of the four arms (module docstring) at one point."""
     history_epochs = 2
     wl = heavy_workload(spec.prompts_per_worker * spec.workers, history_epochs + 1, spec.n, spec.seed)
@@ -63,7 +63,7 @@ def simulate_arms(spec: ScaleSpec) -> dict[str, dict]:
     records = [{"prompt_id": p, "epoch": e, "length": clip(x)}
                for e in range(history_epochs) for (p, _), x in wl.epochs[e].items()]
     forecasts = forecast_lengths(build_history(records), wl.prompt_ids,
-                                 ForecastSpec(max_length=float(spec.max_tokens)), wl.prompt_lengths,
+                                 ForecastSettings(max_length=float(spec.max_tokens)), wl.prompt_lengths,
                                  target_epoch=history_epochs)
     request = ScheduleRequest(tuple(forecasts[p].demand(spec.n) for p in wl.prompt_ids), spec.workers, spec.cost)
     truth = {k: clip(x) for k, x in wl.epochs[history_epochs].items()}
@@ -80,7 +80,7 @@ def simulate_arms(spec: ScaleSpec) -> dict[str, dict]:
     return out
 
 
-def estimate(spec: ScaleSpec, measured_rollout_share: float | None = None) -> dict:
+def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None) -> dict:
     """The point's rollout and step speed-ups per arm, with verify-overhead and share brackets."""
     arms = simulate_arms(spec)
     base = arms["baseline"]["makespan_s"]

@@ -62,11 +62,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from rhymerl.builtin_task import builtin_problems
+from rhymerl.builtin_problems import builtin_problems
 from rhymerl.histopipe.costmodel import CostModel, calibrate
-from rhymerl.histopipe.forecast import ForecastSpec, build_history, epoch_means, forecast_lengths, forecast_quality
+from rhymerl.histopipe.forecast import ForecastSettings, build_history, epoch_means, forecast_lengths, forecast_quality
 from rhymerl.histopipe.schedule import Demand, ScheduleRequest, schedule
-from rhymerl.histopipe.simulator import MigrationSpec, simulate
+from rhymerl.histopipe.simulator import MigrationSettings, simulate
 from rhymerl.histopipe.validate import FIT_SETS, RunCheck, check_rows, check_run, oracle_gap
 from storage.lake import Lake, LakeError
 
@@ -124,7 +124,7 @@ WORKLOADS: dict[str, Callable[[int, int, int, int], Workload]] = {
 
 
 @dataclass(frozen=True)
-class BenchSpec:
+class BenchSettings:
     """One benchmark sweep."""
 
     dists: tuple[str, ...] = ("builtin", "heavy")
@@ -136,19 +136,19 @@ class BenchSpec:
     seed: int = 0
     cost: CostModel = field(default_factory=lambda: CostModel(base_s=0.008, per_seq_s=1.5e-4))  # capacity swept
     # Re-prefilling a carried prefix: ~25 us per token (4k tokens in ~0.1 s on a GPU-class engine).
-    migration: MigrationSpec = field(default_factory=lambda: MigrationSpec(prefill_s_per_token=25e-6))
+    migration: MigrationSettings = field(default_factory=lambda: MigrationSettings(prefill_s_per_token=25e-6))
 
 
 def _records(lengths: SampleLengths, epoch: int) -> list[dict]:
     return [{"prompt_id": p, "epoch": epoch, "length": x} for (p, _), x in lengths.items()]
 
 
-def run_point(spec: BenchSpec, dist: str, workers: int, capacity: int) -> dict:
+def run_point(spec: BenchSettings, dist: str, workers: int, capacity: int) -> dict:
     """Simulate every policy on one (distribution, W, capacity) point; returns its numbers."""
     h, cost = spec.history_epochs, replace(spec.cost, capacity=capacity)
     wl = WORKLOADS[dist](spec.prompts_per_worker * workers, h + 1, spec.n, spec.seed + workers)
     history = build_history([r for e in range(h) for r in _records(wl.epochs[e], e)])
-    fspec = ForecastSpec(max_length=wl.max_tokens)
+    fspec = ForecastSettings(max_length=wl.max_tokens)
     forecasts = forecast_lengths(history, wl.prompt_ids, fspec, wl.prompt_lengths, target_epoch=h)
     truth = wl.epochs[h]
     quality = forecast_quality({p: f.mean for p, f in forecasts.items()}, epoch_means(_records(truth, h), h))
@@ -173,7 +173,7 @@ def run_point(spec: BenchSpec, dist: str, workers: int, capacity: int) -> dict:
     return out
 
 
-def run_bench(spec: BenchSpec) -> dict:
+def run_bench(spec: BenchSettings) -> dict:
     """Every (distribution, capacity, W) point, and per HistoPipe policy whether the issue's
     targets (bubble cut >= 50% vs naive, makespan within 10% of oracle) hold at every point."""
     points = [run_point(spec, d, w, c) for d in spec.dists for c in spec.capacities for w in spec.workers]
@@ -336,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pipe_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     ap.add_argument("--dist", default="builtin,heavy", help="length distributions: builtin, heavy")
-    ap.add_argument("--workers", type=_ints, default=BenchSpec.workers, help="comma-separated worker counts")
-    ap.add_argument("--prompts-per-worker", type=int, default=BenchSpec.prompts_per_worker)
-    ap.add_argument("--n", type=int, default=BenchSpec.n, help="samples per prompt")
-    ap.add_argument("--capacity", type=_ints, default=BenchSpec.capacities,
+    ap.add_argument("--workers", type=_ints, default=BenchSettings.workers, help="comma-separated worker counts")
+    ap.add_argument("--prompts-per-worker", type=int, default=BenchSettings.prompts_per_worker)
+    ap.add_argument("--n", type=int, default=BenchSettings.n, help="samples per prompt")
+    ap.add_argument("--capacity", type=_ints, default=BenchSettings.capacities,
                     help="comma-separated batch capacities (requests a worker runs at once)")
     ap.add_argument("--base-ms", type=float, default=8.0, help="ms per engine iteration")
     ap.add_argument("--per-seq-ms", type=float, default=0.15, help="extra ms per iteration per running request")
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.workers + args.capacity + (args.prompts_per_worker, args.n)
     if not args.workers or not args.capacity or min(sizes) < 1:
         ap.error("--workers, --capacity, --prompts-per-worker and --n need whole numbers >= 1")
-    spec = BenchSpec(dists=dists, workers=args.workers, capacities=args.capacity,
+    spec = BenchSettings(dists=dists, workers=args.workers, capacities=args.capacity,
                      prompts_per_worker=args.prompts_per_worker, n=args.n, seed=args.seed,
                      cost=CostModel(base_s=args.base_ms / 1e3, per_seq_s=args.per_seq_ms / 1e3))
     result = run_bench(spec)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rhymerl.config import DataConfig
-from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.history import bundle_for_epoch, counted_by_vllm, uses_bundle
@@ -89,7 +89,7 @@ def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int):
     return prompts
 
 
-def run_arm(name: str, spec: SpecConfig, base: EngineSpec, prompts, sampling: SamplingSpec,
+def run_arm(name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling: SamplingSettings,
             history: dict, repeats: int, bundle_path: Path, keep_engine=None):
     """Time `repeats` generations of every prompt under `spec`; returns (result, engine-or-None)."""
     speculation = engine_speculation(spec)
@@ -130,10 +130,10 @@ def run_bench(args: argparse.Namespace) -> dict:
     from rhymerl.model_build import ensure_builtin_model
 
     model_dir = str(ensure_builtin_model().absolute())
-    base = EngineSpec(model_dir=model_dir, max_model_len=512, seed=args.seed,
+    base = EngineSettings(model_dir=model_dir, max_model_len=512, seed=args.seed,
                       max_num_seqs=args.max_num_seqs or None)
     prompts = load_prompts(model_dir, args.prompts, 512 - args.max_tokens)
-    sampling = SamplingSpec(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
+    sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
     bundle_path = Path(tempfile.mkdtemp(prefix="rhymerl-bench-spec-")) / "bundle.npz"
     os.environ[INDEX_ENV] = str(bundle_path)  # the drafter in each engine process reads this file
     t0 = time.perf_counter()

@@ -9,21 +9,22 @@ values (the config as a nested dict) so the Prefect UI can show and edit them. A
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from rhymerl.config import RunConfig, config_from_dict
-from rhymerl.vllm.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.timing import Stopwatch
 from rhymerl.report import epoch_summary, format_summary
 from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_task
-from tasks.setup import (Runtime, finish_run_task, init_ray, new_run_id, prepare_model_task,
+from tasks.setup import (RunContext, Tracking, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.plan import measure_task, plan_task
-from tasks.recovery import recover_trainer, trainer_lost
+from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task, warm_start_task
 from tasks.spec import history_task, spec_stats_task
@@ -34,104 +35,129 @@ from workers.sync import sync_settings
 # Engine vs trainer mean |log-prob| difference above which a step warns. float32 CPU engines agree
 # to ~1e-6; bf16 GPU engines round to ~1e-2; a stale engine after a real update is off by more.
 LOGPROB_DIFF_WARN = 0.05
-_RUNTIMES: dict[str, Runtime] = {}  # run_id -> live state, for the epoch subflows
+
+
+@dataclass
+class RunState:
+    """Everything about a run that changes while it goes. Only this module assigns its fields, so
+    every change of run state shows here; tasks take plain values and return what they make."""
+
+    workers: list = field(default_factory=list)
+    trainer: object = None
+    guard: WorkerGuard | None = None  # once the actors are up: restarted workers resync first
+    tracking: Tracking | None = None  # the open MLflow run (and the lake's run record)
+    started_ray: bool = False
+    policy_version: int = 0  # optimizer steps applied to the weights the engines hold
+    history: list[dict] = field(default_factory=list)  # every step's record, in order
+    reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
+    spec_history: object = None  # the current epoch's HistoSpec BundleInfo, if any
+    initial_fingerprint: float = 0.0
+    warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
+
+
+# run_id -> the live run, for its epoch subflows: a subflow's parameters must stay plain values
+# (the Prefect UI shows and edits them), so actor handles cannot travel as parameters.
+_LIVE: dict[str, tuple[RunContext, RunState]] = {}
 
 
 @flow(name="rhymerl-epoch", flow_run_name="{run_id}-epoch-{epoch}")
 def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     """Every prompt once, in steps of `rollout.prompts_per_step` (from `start_step` when resuming
     mid-epoch: the order depends on seed and epoch only); returns each step's record."""
-    rt = _RUNTIMES[run_id]
-    cfg = rt.cfg
-    spec = SamplingSpec(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+    ctx, st = _LIVE[run_id]
+    cfg = ctx.cfg
+    sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                         top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
-    order = epoch_order(rt.prompts, epoch, cfg.seed)
-    rt.spec_history = history_task(cfg.spec, cfg.lake.url, rt.run_id, epoch, order, rt.workers, rt.guard)
+    order = epoch_order(list(ctx.prompts), epoch, cfg.seed)
+    st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, order, st.workers, st.guard)
     records = []
     for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
         if step >= start_step:
-            records.append(run_step(rt, epoch, step, batch, spec))
-    log_epoch_task(rt, epoch)
+            records.append(run_step(ctx, st, epoch, step, batch, sampling))
+    log_epoch_task(st.tracking, st.history, epoch)
     return records
 
 
-def run_step(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec) -> dict:
+def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings) -> dict:
     """One on-policy step: every sample comes from the weights after the previous step.
 
     A step the lake committed before a crash (after the last checkpoint) trains on its
     committed rows instead of sampling again, so it is neither lost nor duplicated.
     """
-    cfg, watch = rt.cfg, Stopwatch()
+    cfg, watch = ctx.cfg, Stopwatch()
     with watch("plan_s"):
-        plan = plan_task(cfg.pipe, cfg.lake.url, rt.run_id, epoch, step, batch, len(rt.workers), spec.n,
-                         spec.max_tokens)
-    samples, scores, speculation, migrations = _sample(rt, epoch, step, batch, spec, plan, watch)
+        plan = plan_task(cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step, batch, len(st.workers), sampling.n,
+                         sampling.max_tokens)
+    samples, scores, speculation, migrations = _sample(ctx, st, epoch, step, batch, sampling, plan, watch)
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
     with watch("lake_s"):
-        committed = lake_write_task(cfg.lake.url, rt.run_id, epoch, step, batch, quote(samples), quote(scores),
-                                    rt.policy_version, spec.n)
-    if not committed.rows_written and (epoch, step) not in rt.reuse:
+        committed = lake_write_task(cfg.lake.url, ctx.run_id, epoch, step, batch, quote(samples), quote(scores),
+                                    st.policy_version, sampling.n)
+    if not committed.rows_written and (epoch, step) not in st.reuse:
         get_run_logger().warning("step %d of epoch %d was committed to the lake before this rollout's rows; "
                                  "training on the committed rows", step, epoch)
     samples, scores = committed.samples, committed.scores
     with watch("train_s"):
-        train = train_task(rt.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
+        train = train_task(st.trainer, batch, quote(samples), quote(scores), cfg.train.scale_rewards,
                            cfg.train.adv_eps)
     _warn_logprob_diff(train, epoch, step)
-    sync = sync_task(rt.trainer, rt.workers, guard=rt.guard, **sync_settings(cfg))
-    rt.policy_version += 1
+    sync = sync_task(st.trainer, st.workers, guard=st.guard, **sync_settings(cfg))
+    st.policy_version += 1
     watch.seconds.update(sync_s=sync["sync_s"], step_s=watch.total())
     with watch("measure_s"):
-        pipe = measure_task(plan, quote(samples), len(rt.workers), rt.tracker, len(rt.history), cfg.pipe.gantt)
-    record = _record(rt, epoch, step, step_stats(samples, scores), dict(watch.seconds), pipe, sync, train)
+        pipe = measure_task(plan, quote(samples), len(st.workers), st.tracking.tracker, len(st.history),
+                            cfg.pipe.gantt)
+    record = _record(st, epoch, step, step_stats(samples, scores), dict(watch.seconds), pipe, sync, train)
     record["migrations"] = float(migrations)
     if speculation is not None:
         record.update(speculation.as_metrics("spec/"))
-    rt.history.append(record)
+    st.history.append(record)
     with watch("log_s"):
-        log_step_task(rt, record)
-        lake_step_task(cfg.lake.url, rt.run_id, record, cfg.spec.method if speculation is not None else None)
+        log_step_task(st.tracking, record)
+        lake_step_task(cfg.lake.url, ctx.run_id, record, cfg.spec.method if speculation is not None else None)
     with watch("checkpoint_s"):
-        checkpoint_task(rt, record)
+        checkpoint_task(ctx, st.trainer, st.history, st.policy_version, st.tracking.mlflow_run_id)
     # Known only once the step's record is logged: kept in the run's history (the returned
     # records; `rhymerl bench e2e` splits wall_s from them), not in MLflow or the lake.
     record.update(log_s=watch.seconds["log_s"], checkpoint_s=watch.seconds["checkpoint_s"], wall_s=watch.total())
     return record
 
 
-def _sample(rt: Runtime, epoch: int, step: int, batch, spec: SamplingSpec, plan, watch: Stopwatch):
+def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings, plan,
+            watch: Stopwatch):
     """The step's samples, scores, speculation counters and migrations: generated (scoring starts on
     finished responses while the rollout's tail still generates), or read back from the lake for a
     step committed before a crash (`rollout_s` is then the lake read)."""
-    cfg = rt.cfg
-    if (epoch, step) in rt.reuse:
+    cfg = ctx.cfg
+    if (epoch, step) in st.reuse:
         with watch("rollout_s"):
-            samples, scores = lake_rows_task(cfg.lake.url, rt.run_id, epoch, step, batch, spec.n, rt.policy_version)
+            samples, scores = lake_rows_task(cfg.lake.url, ctx.run_id, epoch, step, batch, sampling.n,
+                                             st.policy_version)
         watch.seconds.update(reward_s=0.0, reward_total_s=0.0)
         return samples, scores, None, 0  # the original rollout's counters died with it
     with watch("rollout_s"):
-        rollout = rollout_task(rt.workers, plan, spec, batch, cfg.pipe, guard=rt.guard)
-    speculation = spec_stats_task(rt.workers)
+        rollout = rollout_task(st.workers, plan, sampling, batch, cfg.pipe, guard=st.guard)
+    speculation = spec_stats_task(st.workers)
     with watch("reward_s"):  # what scoring still added after the rollout
         scores, watch.seconds["reward_total_s"] = reward_task(batch, quote(rollout))
     return rollout.samples, scores, speculation, rollout.migrations
 
 
-def _record(rt: Runtime, epoch: int, step: int, stats, timings: dict, pipe: dict, sync: dict, train: dict) -> dict:
+def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dict, sync: dict, train: dict) -> dict:
     """The step's record: what MLflow, the lake's steps table and the end-of-run table read."""
-    record = {"epoch": epoch, "step": step, "global_step": len(rt.history),
-              "policy_version": rt.policy_version, **stats.as_metrics(), **timings, **pipe,
+    record = {"epoch": epoch, "step": step, "global_step": len(st.history),
+              "policy_version": st.policy_version, **stats.as_metrics(), **timings, **pipe,
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
               "sync_probe_max_diff": sync["probe_max_diff"], "sync_s_per_gb": sync["sync_s_per_gb"],
               **{f"train_{k}": v for k, v in train.items()}}
-    record["worker_restarts"] = float(rt.guard.new_restarts()) if rt.guard is not None else 0.0
-    if (epoch, step) in rt.reuse:  # rollout_s is the lake read, not a rollout
+    record["worker_restarts"] = float(st.guard.new_restarts()) if st.guard is not None else 0.0
+    if (epoch, step) in st.reuse:  # rollout_s is the lake read, not a rollout
         record["reused_lake_rows"] = 1.0
-    if step == 0 and rt.spec_history is not None:  # the epoch's bundle, reported once
-        record.update(rt.spec_history.as_metrics("spec/history_"))
+    if step == 0 and st.spec_history is not None:  # the epoch's bundle, reported once
+        record.update(st.spec_history.as_metrics("spec/history_"))
     return record
 
 
@@ -156,56 +182,85 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     prompts, skipped = prepare_prompts_task(cfg, model_dir)
     if skipped:
         log.warning("skipped %d prompts longer than the engine allows", skipped)
-    rt = Runtime(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=prompts, skipped=skipped)
+    ctx = RunContext(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=tuple(prompts), skipped=skipped)
+    st = RunState()
     epoch_wall_s: dict[int, float] = {}
-    _RUNTIMES[run_id] = rt
+    _LIVE[run_id] = (ctx, st)
     status = "failed"
     try:
-        rt.started_ray = init_ray(cfg.rollout.num_workers)
-        rt.workers, rt.trainer, rt.initial_fingerprint = start_actors_task(cfg, model_dir)
-        start_epoch, start_step = 0, 0
-        if resume:
-            start = restore_task(rt)
-            # The engines take the restored weights; the run's "initial" weights are these now.
-            rt.initial_fingerprint = sync_task(rt.trainer, rt.workers, **sync_settings(cfg))["engine_fingerprint"]
-            resume_tracking_task(rt)
-            start_epoch, start_step = start.epoch, start.step
-        else:
-            if cfg.model.init_from_run:  # a new run on another run's weights (e.g. retrain, new data)
-                rt.warm_start = warm_start_task(rt)
-                rt.initial_fingerprint = sync_task(rt.trainer, rt.workers, **sync_settings(cfg))["engine_fingerprint"]
-            start_tracking_task(rt)
+        st.started_ray = init_ray(cfg.rollout.num_workers)
+        st.workers, st.trainer, st.initial_fingerprint = start_actors_task(cfg, model_dir)
+        start_epoch, start_step = _open_run(ctx, st, resume)
         # Restarted rollout workers get the trainer's weights and the history before they sample.
-        rt.guard = WorkerGuard.watch(rt.workers, rt.trainer, cfg.recovery.restart_timeout_s, run_id,
+        st.guard = WorkerGuard.watch(st.workers, st.trainer, cfg.recovery.restart_timeout_s, run_id,
                                      cfg.lake.url, log=log)
-        link_runs_task(rt)  # Prefect flow run <-> MLflow run, both ways
+        link_runs_task(cfg, run_id, st.tracking)  # Prefect flow run <-> MLflow run, both ways
+        steps_per_epoch = -(-len(prompts) // cfg.rollout.prompts_per_step)
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
-                 run_id, len(prompts), cfg.rollout.n, -(-len(prompts) // cfg.rollout.prompts_per_step),
-                 cfg.epochs, cfg.lake.url, extra={"rhymerl_start": {  # rhymerl.console's start lines
-                     "mlflow_run_id": rt.mlflow_run_id,
-                     "steps_per_epoch": -(-len(prompts) // cfg.rollout.prompts_per_step)}})
+                 run_id, len(prompts), cfg.rollout.n, steps_per_epoch, cfg.epochs, cfg.lake.url,
+                 extra={"rhymerl_start": {  # rhymerl.console's start lines
+                     "mlflow_run_id": st.tracking.mlflow_run_id, "steps_per_epoch": steps_per_epoch}})
         epoch = start_epoch
         while epoch < cfg.epochs:
             t = time.perf_counter()
             try:
                 epoch_flow(run_id, epoch, start_step)
             except Exception as exc:  # a dead trainer comes back from the last checkpoint
-                if not trainer_lost(rt.trainer, exc):
+                if not trainer_lost(st.trainer, exc):
                     raise
-                plan = recover_trainer(rt, rt.guard, exc)  # or TrainerLost with the resume command
-                epoch, start_step = plan.epoch, plan.step
+                epoch, start_step = _recover_trainer(ctx, st, exc)  # or TrainerLost with the resume command
                 continue
             epoch_wall_s[epoch] = time.perf_counter() - t  # steps + history + the subflow's own cost
             epoch, start_step = epoch + 1, 0
-        plot_task(rt)
+        plot_task(st.tracking, st.history)
         status = "finished"
     finally:
-        finish_run_task(rt, status)
-        _RUNTIMES.pop(run_id, None)
-    summary = epoch_summary(rt.history)
-    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri,
-                                      rt.mlflow_run_id, skipped))
-    return {"run_id": run_id, "mlflow_run_id": rt.mlflow_run_id, "lake": cfg.lake.url,
-            "skipped_prompts": skipped, "initial_engine_fingerprint": rt.initial_fingerprint,
-            "warm_start": rt.warm_start,
-            "epochs": summary, "history": rt.history, "epoch_wall_s": epoch_wall_s}
+        finish_run_task(ctx, st.tracking, st.workers + ([st.trainer] if st.trainer is not None else []),
+                        st.started_ray, status)
+        _LIVE.pop(run_id, None)
+    summary = epoch_summary(st.history)
+    mlflow_run_id = st.tracking.mlflow_run_id if st.tracking is not None else ""
+    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri, mlflow_run_id, skipped))
+    return {"run_id": run_id, "mlflow_run_id": mlflow_run_id, "lake": cfg.lake.url,
+            "skipped_prompts": skipped, "initial_engine_fingerprint": st.initial_fingerprint,
+            "warm_start": st.warm_start,
+            "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s}
+
+
+def _open_run(ctx: RunContext, st: RunState, resume: str | None) -> tuple[int, int]:
+    """A new run opens tracking (after a warm start, if asked); a resumed one restores its last
+    checkpoint first. Returns the (epoch, step) to start from."""
+    cfg = ctx.cfg
+    if resume:
+        restored = restore_task(ctx, st.trainer)
+        st.policy_version, st.history, st.reuse = restored.policy_version, restored.history, restored.plan.reuse
+        # The engines take the restored weights; the run's "initial" weights are these now.
+        st.initial_fingerprint = sync_task(st.trainer, st.workers, **sync_settings(cfg))["engine_fingerprint"]
+        st.tracking = resume_tracking_task(ctx, restored.mlflow_run_id)
+        return restored.plan.epoch, restored.plan.step
+    if cfg.model.init_from_run:  # a new run on another run's weights (e.g. retrain, new data)
+        st.warm_start = warm_start_task(ctx, st.trainer)
+        st.initial_fingerprint = sync_task(st.trainer, st.workers, **sync_settings(cfg))["engine_fingerprint"]
+    st.tracking = start_tracking_task(ctx, st.workers, st.trainer)
+    return 0, 0
+
+
+def _recover_trainer(ctx: RunContext, st: RunState, exc: BaseException) -> tuple[int, int]:
+    """Replace the dead trainer with one loaded from the last checkpoint (`tasks.recovery`); returns
+    the (epoch, step) to continue from. `TrainerLost` (with the resume command) when it cannot."""
+    cfg, guard = ctx.cfg, st.guard
+    check_recoverable(ctx, guard.trainer_restarts, exc)
+    st.trainer = guard.trainer = replace_trainer(ctx, st.trainer, exc)
+    logged = st.tracking.logged_steps | {int(h["global_step"]) for h in st.history}
+    restored = restore_lost(ctx, st.trainer, exc)
+    st.policy_version, st.history, st.reuse = restored.policy_version, restored.history, restored.plan.reuse
+    st.tracking = replace(st.tracking, logged_steps=frozenset(logged))  # a retrained step is not logged twice
+    sync_restored(ctx, st.trainer, st.workers, guard, exc)
+    guard.trainer_restarts += 1
+    plan = restored.plan
+    st.tracking.tracker.log_metrics({"trainer_restarts": float(guard.trainer_restarts)}, step=plan.global_step)
+    get_run_logger().warning(
+        "run %s: trainer restored from the checkpoint at global step %d (restart %d of %d); continuing with "
+        "epoch %d step %d", ctx.run_id, plan.global_step - 1, guard.trainer_restarts, cfg.recovery.trainer_restarts,
+        plan.epoch, plan.step)
+    return plan.epoch, plan.step

@@ -243,7 +243,7 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class RecoveryConfig:
     """Surviving dead actors: rollout workers restart in place, the trainer comes back from its
-    last checkpoint (see tasks/recovery.py)."""
+    last checkpoint (see workers/guard.py and tasks/recovery.py)."""
 
     worker_restarts: int = option(3, "Ray restarts per rollout worker over the run; 0 = a dead worker fails "
                                   "the run", ">= 0")

@@ -41,11 +41,11 @@ class DatasetError(ValueError):
 def load_problems(cfg: DataConfig) -> list[Problem]:
     """The first `cfg.num_prompts` problems after a `random.Random(cfg.seed)` shuffle of the rows.
 
-    `cfg.dataset == "builtin"` delegates to `rhymerl.builtin_task.builtin_problems`; otherwise it
+    `cfg.dataset == "builtin"` delegates to `rhymerl.builtin_problems.builtin_problems`; otherwise it
     is a path to a `.jsonl` or `.parquet` file (see the module docstring for the format).
     """
     if cfg.dataset == "builtin":
-        from rhymerl.builtin_task import builtin_problems  # lazy: optional sibling module
+        from rhymerl.builtin_problems import builtin_problems  # lazy: optional sibling module
 
         return builtin_problems(num=cfg.num_prompts, seed=cfg.seed)
     path = Path(cfg.dataset)

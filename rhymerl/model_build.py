@@ -2,11 +2,11 @@
 
 No weights can be downloaded, so RhymeRL makes its own starting policy: a byte-level tokenizer
 (one token per ASCII character, loaded alike by `transformers.AutoTokenizer` and vLLM), a tiny
-Qwen2 model, and a short supervised run on worked solutions of `rhymerl.builtin_task`. Training stops early on
+Qwen2 model, and a short supervised run on worked solutions of `rhymerl.builtin_problems`. Training stops early on
 purpose: the model nearly always answers in the right format but slips on the arithmetic, more
 often the more lines it writes, which leaves RL room to improve it.
 
-Measured with the default `BuildSpec` (2 CPU threads, torch 2.13, idle 2-core machine, 2026-12-02):
+Measured with the default `BuildSettings` (2 CPU threads, torch 2.13, idle 2-core machine, 2026-12-02):
     `rhymerl model build` 2 min 53 s wall (SFT stopped at step 467 of 1000, 158 s; evaluation 3 s);
     sampled accuracy at temperature 1.0 on 200 fresh problems 0.26 (format 0.995): 0.78 on 2-3
     terms falling to 0.03 on 9 terms; mean response 62 characters (the worked solutions run from 20 characters for 2 terms to 110 for 9).
@@ -36,7 +36,7 @@ from typing import Iterator
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from rhymerl.builtin_task import (ANSWER_MARKER, TaskSpec, builtin_problems, make_problem,
+from rhymerl.builtin_problems import (ANSWER_MARKER, ProblemSettings, builtin_problems, make_problem,
                                   parse_terms)
 from rhymerl.model_check import model_folder_errors
 from rhymerl.records import Problem
@@ -90,7 +90,7 @@ def build_tokenizer():
 
 
 @dataclass(frozen=True)
-class BuildSpec:
+class BuildSettings:
     """Everything that decides the built model; its fingerprint names the cache folder."""
 
     # model (Qwen2)
@@ -121,14 +121,14 @@ class BuildSpec:
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(f"BuildSpec: hidden_size={self.hidden_size} must divide by num_heads="
+            raise ValueError(f"BuildSettings: hidden_size={self.hidden_size} must divide by num_heads="
                              f"{self.num_heads}, which must divide by num_kv_heads={self.num_kv_heads}")
         if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(f"BuildSpec: steps={self.steps} and batch_size={self.batch_size} must be >= 1")
+            raise ValueError(f"BuildSettings: steps={self.steps} and batch_size={self.batch_size} must be >= 1")
 
     @property
-    def task(self) -> TaskSpec:
-        return TaskSpec(self.min_terms, self.max_terms, self.max_operand)
+    def problems(self) -> ProblemSettings:
+        return ProblemSettings(self.min_terms, self.max_terms, self.max_operand)
 
     def fingerprint(self) -> str:
         """Stable sha256 hex of the recipe (same on every process and machine)."""
@@ -136,7 +136,7 @@ class BuildSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _model_config(spec: BuildSpec, tokenizer):
+def _model_config(spec: BuildSettings, tokenizer):
     from transformers import Qwen2Config
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -169,7 +169,7 @@ def sft_batch(problems, tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return ids[:, :-1], ids[:, 1:], mask
 
 
-def _lr_at(step: int, spec: BuildSpec) -> float:
+def _lr_at(step: int, spec: BuildSettings) -> float:
     """Linear warmup, then cosine decay to 10% of the peak."""
     if step < spec.warmup_steps:
         return spec.lr * (step + 1) / spec.warmup_steps
@@ -177,7 +177,7 @@ def _lr_at(step: int, spec: BuildSpec) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def sft_problems(spec: BuildSpec) -> Iterator[list[Problem]]:
+def sft_problems(spec: BuildSettings) -> Iterator[list[Problem]]:
     """Endless SFT batches of fresh problems, term counts mixed within each batch.
 
     Batches of one term count each (a third less padding) learned about 1.5x slower per step, so
@@ -190,7 +190,7 @@ def sft_problems(spec: BuildSpec) -> Iterator[list[Problem]]:
                for i in range(spec.batch_size)]
 
 
-def train_sft(model, tokenizer, spec: BuildSpec, progress: bool = True) -> list[float]:
+def train_sft(model, tokenizer, spec: BuildSettings, progress: bool = True) -> list[float]:
     """Supervised warm start on fresh built-in problems each step; returns the loss per step.
 
     Stops before `spec.steps` once the smoothed loss falls to `spec.stop_loss`. The step at which
@@ -256,9 +256,9 @@ def final_answer(text: str) -> str | None:
     return text.rsplit(ANSWER_MARKER, 1)[1].strip()
 
 
-def evaluate(model, tokenizer, spec: BuildSpec, temperature: float = 1.0, seed: int = 7) -> dict:
+def evaluate(model, tokenizer, spec: BuildSettings, temperature: float = 1.0, seed: int = 7) -> dict:
     """Accuracy, format rate and mean response length (chars) on fresh problems, by term count."""
-    problems = builtin_problems(spec.eval_problems, seed=spec.seed + 1_000_003, spec=spec.task)
+    problems = builtin_problems(spec.eval_problems, seed=spec.seed + 1_000_003, spec=spec.problems)
     texts = sample_responses(model, tokenizer, [p.question for p in problems],
                              spec.eval_max_tokens, temperature, seed)
     correct = [final_answer(t) == p.answer for p, t in zip(problems, texts)]
@@ -278,7 +278,7 @@ def evaluate(model, tokenizer, spec: BuildSpec, temperature: float = 1.0, seed: 
 # ---------------------------------------------------------------- build, cache, validate
 
 
-def _train_and_evaluate(spec: BuildSpec, progress: bool):
+def _train_and_evaluate(spec: BuildSettings, progress: bool):
     """Initialise, train and evaluate the model; returns (model, tokenizer, build-info dict).
 
     Runs with `spec.threads` torch threads and a forked RNG, so the caller's thread count and
@@ -312,7 +312,7 @@ def _train_and_evaluate(spec: BuildSpec, progress: bool):
     return model, tokenizer, info
 
 
-def build_model(out_dir: Path, spec: BuildSpec = BuildSpec(), progress: bool = True) -> Path:
+def build_model(out_dir: Path, spec: BuildSettings = BuildSettings(), progress: bool = True) -> Path:
     """Train the built-in model and write it to `out_dir` in Hugging Face format; returns out_dir.
 
     Writes into a temporary sibling folder and renames it into place at the end, so `out_dir`
@@ -347,7 +347,7 @@ def build_model(out_dir: Path, spec: BuildSpec = BuildSpec(), progress: bool = T
     return out_dir
 
 
-def ensure_builtin_model(cache_dir: Path = Path(".cache/rhymerl"), spec: BuildSpec = BuildSpec(),
+def ensure_builtin_model(cache_dir: Path = Path(".cache/rhymerl"), spec: BuildSettings = BuildSettings(),
                          progress: bool = True) -> Path:
     """Path of the built-in model for `spec`, building it first if the cache lacks it.
 

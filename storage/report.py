@@ -11,17 +11,14 @@ it. Nothing here imports Prefect: the `lake-report` deployment wraps it in a tas
 from __future__ import annotations
 
 import base64
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from storage.fs import LakeError
 from storage.lake import Lake
+from storage.plots import plot_epochs
 
 # One row per epoch of the chosen run; every analysis view joins on (run_id, epoch).
 EPOCHS_SQL = """
@@ -103,44 +100,6 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
              "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_fmt(r.get(k), f) for k, _, f in columns) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return buf.getvalue()
-
-
-def _series(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
-    return [math.nan if r.get(key) is None else float(r[key]) for r in rows]
-
-
-def plot_epochs(rows: Sequence[dict[str, Any]], run_id: str) -> bytes:
-    """Four panels over epochs: reward and accuracy, length percentiles, rhyme, rank stability."""
-    fig = Figure(figsize=(9, 6), tight_layout=True)
-    FigureCanvasAgg(fig)
-    (a, b), (c, d) = fig.subplots(2, 2, sharex=True)
-    x = [int(r["epoch"]) for r in rows]
-    a.plot(x, _series(rows, "reward_mean"), marker="o", label="reward")
-    a.plot(x, _series(rows, "accuracy"), marker="o", label="accuracy")
-    a.set_title("reward and accuracy")
-    a.legend(loc="best")
-    for key, label in (("length_p10", "p10"), ("length_p50", "p50"), ("length_p90", "p90")):
-        b.plot(x, _series(rows, key), marker=".", label=label)
-    b.set_title("response length (tokens)")
-    b.legend(loc="best")
-    c.plot(x, _series(rows, "rhyme"), marker="o", color="tab:purple")
-    c.set_title("rhyme with the previous epoch")
-    c.set_ylim(0, 1.05)
-    d.plot(x, _series(rows, "length_spearman"), marker="o", color="tab:green", label="Spearman")
-    d.plot(x, _series(rows, "moved_frac"), marker="o", color="tab:red", label="moved > 25 pct")
-    d.set_title("length-rank stability")
-    d.set_ylim(-0.05, 1.05)
-    d.legend(loc="best")
-    for ax in (c, d):
-        ax.set_xlabel("epoch")
-    fig.suptitle(run_id, fontsize=9)
-    return _png(fig)
 
 
 def _latest_run(lake: Lake) -> str:

@@ -1,4 +1,4 @@
-"""MLflow sink: one tracker object per run, plus the reward-curve plot logged as an artifact.
+"""MLflow sink: one tracker object per run (the reward curve it logs is drawn in `storage.plots`).
 
 The tracker talks to MLflow through an explicit `MlflowClient(tracking_uri=...)`, never through
 the global `mlflow.set_tracking_uri` state, so several trackers (and tests) can coexist in one
@@ -9,14 +9,11 @@ redacted when their key looks like a credential, so a config can be logged whole
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -184,49 +181,3 @@ class MlflowTracker:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if self.run_id is not None:
             self.finish("failed" if exc_type is not None else "finished")
-
-
-# ---------------------------------------------------------------- plots
-
-
-def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[float]:
-    return [math.nan if row.get(key) is None else float(row[key]) for row in history]
-
-
-def plot_reward_curve(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Plot reward mean ± std and accuracy per step, with epoch boundaries marked; save a PNG.
-
-    Each history row is one step in training order with `reward_mean`, and optionally
-    `reward_std`, `accuracy` and `epoch`. Returns the written path.
-    """
-    if not history:
-        raise ValueError("plot_reward_curve needs at least one step in history")
-    for i, row in enumerate(history):
-        if row.get("reward_mean") is None:
-            raise ValueError(f"history row {i} has no 'reward_mean'; give every step its mean reward")
-    x = list(range(len(history)))
-    mean, std, acc = (_series(history, k) for k in ("reward_mean", "reward_std", "accuracy"))
-    fig = Figure(figsize=(8, 5.5), tight_layout=True)
-    FigureCanvasAgg(fig)
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(x, mean, marker=".", label="reward mean")
-    if any(not math.isnan(s) for s in std):
-        top.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                         alpha=0.25, label="± std")
-    top.set_ylabel("reward")
-    top.legend(loc="best")
-    bottom.plot(x, acc, marker=".", color="tab:green")
-    bottom.set_ylabel("accuracy")
-    bottom.set_xlabel("step")
-    epochs = [row.get("epoch") for row in history]
-    for i in range(len(history)):
-        if i == 0 or epochs[i] != epochs[i - 1]:
-            for ax in (top, bottom):
-                ax.axvline(i - 0.5, color="grey", linestyle="--", linewidth=0.8)
-            if epochs[i] is not None:
-                top.annotate(f"epoch {epochs[i]}", (i - 0.5, 1), xycoords=("data", "axes fraction"),
-                             xytext=(3, -12), textcoords="offset points", fontsize=8, color="grey")
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlsplit
 
 from prefect import get_run_logger, task
@@ -20,12 +20,15 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from rhymerl.config import (ConfigError, apply_overrides, config_from_dict, config_to_dict, flatten, load_config,
-                            resolve_config)
+from rhymerl.config import (ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, flatten,
+                            load_config, resolve_config)
 from rhymerl.resume import prompts_digest, same_prompts
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError
 from storage.report import lake_report
+
+if TYPE_CHECKING:  # tasks.setup starts Ray's import: ops' checks must answer before it
+    from tasks.setup import Tracking
 
 RUNS_SQL = """SELECT run_id, name, status, started_at, config_json FROM runs
               ORDER BY started_at DESC NULLS LAST, run_id DESC"""
@@ -167,27 +170,27 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | 
 
 
 @task(name="link-runs", cache_policy=NO_CACHE)
-def link_runs_task(rt) -> None:
+def link_runs_task(cfg: RunConfig, run_id: str, tracking: Tracking | None) -> None:
     """Cross-link the Prefect flow run and the MLflow run: MLflow tags with the flow run's id and
     URL; a `mlflow-run` artifact on the flow run with the MLflow run's link (or id)."""
-    if rt.tracker is None or not rt.mlflow_run_id:
+    if tracking is None:
         return
     try:
-        _link(rt)
+        _link(cfg, run_id, tracking)
     except Exception as exc:  # links are a convenience: never fail a training run over them
         get_run_logger().warning("could not cross-link the Prefect and MLflow runs: %s", exc)
 
 
-def _link(rt) -> None:
+def _link(cfg: RunConfig, run_id: str, tracking: Tracking) -> None:
     # url_for gives the UI's page of the run (runtime's flow_run.ui_url names an API-style path).
     ui = url_for("flow-run", obj_id=flow_run.id) if flow_run.id else None
-    rt.tracker.set_tags({"prefect.flow_run_id": flow_run.id or "", "prefect.flow_run_name": flow_run.name or "",
+    tracking.tracker.set_tags({"prefect.flow_run_id": flow_run.id or "", "prefect.flow_run_name": flow_run.name or "",
                          "prefect.flow_run_url": ui or "", "prefect.root_flow_run_id": flow_run.root_flow_run_id or ""})
-    url = mlflow_run_url(rt.cfg.tracking.uri, rt.tracker.experiment_id, rt.mlflow_run_id)
-    text = f"MLflow run {rt.mlflow_run_id} (run {rt.run_id})"
+    url = mlflow_run_url(cfg.tracking.uri, tracking.tracker.experiment_id, tracking.mlflow_run_id)
+    text = f"MLflow run {tracking.mlflow_run_id} (run {run_id})"
     if url:
         create_link_artifact(link=url, link_text=text, key="mlflow-run",
-                             description=f"MLflow run of {rt.run_id}")
+                             description=f"MLflow run of {run_id}")
     else:
-        create_markdown_artifact(markdown=f"{text} in `{rt.cfg.tracking.uri}`; browse it with `rhymerl ui`",
-                                 key="mlflow-run", description=f"MLflow run of {rt.run_id}")
+        create_markdown_artifact(markdown=f"{text} in `{cfg.tracking.uri}`; browse it with `rhymerl ui`",
+                                 key="mlflow-run", description=f"MLflow run of {run_id}")

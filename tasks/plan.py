@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import PipeConfig
-from rhymerl.histopipe.forecast import ForecastSpec, build_history, forecast_lengths, forecast_quality
+from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths, forecast_quality
 from rhymerl.histopipe.gantt import gantt_png
 from rhymerl.histopipe.schedule import Assignment, ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import measure
@@ -65,7 +65,7 @@ def plan_task(cfg: PipeConfig, lake_url: str, run_id: str, epoch: int, step: int
     if epoch > 0:
         with Lake(lake_url) as lake:
             history = build_history(lake.sql(HISTORY_SQL, [run_id, epoch]))
-    spec = ForecastSpec(trend_weight=cfg.trend_weight, max_length=float(max_tokens))
+    spec = ForecastSettings(trend_weight=cfg.trend_weight, max_length=float(max_tokens))
     by_id = {p.prompt_id: p for p in prompts}
     forecasts = forecast_lengths(history, list(by_id), spec,
                                  prompt_lengths={p.prompt_id: len(p.token_ids) for p in prompts},

@@ -3,10 +3,10 @@ restart in place: `workers.guard`).
 
 The trainer has no Ray restarts: a trainer restarted behind the flow's back would train from the
 initial weights. A dead trainer is replaced by a new actor loaded from the run's last checkpoint
-(`recover_trainer`, the same restore as `rhymerl run --resume`, with the same guarantees: steps
-committed to the lake after the checkpoint train on their committed rows, no step trained
-twice). When that is not possible the run fails with `TrainerLost`, whose message gives the
-exact resume command.
+(the same restore as `rhymerl run --resume`, with the same guarantees: steps committed to the lake
+after the checkpoint train on their committed rows, no step trained twice). `flows.run` composes
+the steps below and assigns what they return. When that is not possible the run fails with
+`TrainerLost`, whose message gives the exact resume command.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 from ray.exceptions import RayActorError
 
-from rhymerl.resume import ResumePlan
+from tasks.resume import Restored, restore_task
+from tasks.setup import RunContext
 from tasks.steps import sync_task
 from workers.guard import WorkerGuard, resume_command
 from workers.sync import WeightsMismatch, sync_settings
@@ -57,42 +58,39 @@ def lost_message(run_id: str, lake_url: str, why: str) -> str:
             f"checkpoint with:\n    {resume_command(run_id, lake_url)}")
 
 
-def recover_trainer(rt, guard: WorkerGuard, exc: BaseException) -> ResumePlan:
-    """Replace the dead trainer with one loaded from the last checkpoint; returns where to continue.
-
-    Runs in the run flow (its tasks show in Prefect). Raises `TrainerLost` (from `exc`) when
-    checkpoints are off, none is committed yet, or `recovery.trainer_restarts` are used up.
-    """
-    from tasks.resume import restore_task
-
-    cfg = rt.cfg
+def check_recoverable(ctx: RunContext, restarts: int, exc: BaseException) -> None:
+    """Raise `TrainerLost` (from `exc`, naming the fix) when a dead trainer cannot come back in the
+    run: checkpoints are off, or `restarts` in-run restarts already used up `recovery.trainer_restarts`."""
+    cfg = ctx.cfg
     if cfg.checkpoint.every_steps == 0:
-        raise TrainerLost(f"run {rt.run_id}: the trainer actor died and checkpoints are off "
+        raise TrainerLost(f"run {ctx.run_id}: the trainer actor died and checkpoints are off "
                           "(checkpoint.every_steps = 0), so the run cannot continue; start it again "
                           "with checkpoint.every_steps >= 1") from exc
-    if guard.trainer_restarts >= cfg.recovery.trainer_restarts:
+    if restarts >= cfg.recovery.trainer_restarts:
         why = f"the run's in-run trainer restarts are used up (recovery.trainer_restarts = {cfg.recovery.trainer_restarts})"
-        raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, why)) from exc
-    log = _log()
-    log.warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
-                rt.run_id, str(exc).splitlines()[0])
-    stop_trainer(rt.trainer)  # already dead: frees its handle's resources, no effect otherwise
-    rt.trainer = guard.trainer = start_trainer(cfg, rt.model_dir)
-    logged = set(rt.logged_steps) | {int(h["global_step"]) for h in rt.history}
+        raise TrainerLost(lost_message(ctx.run_id, cfg.lake.url, why)) from exc
+
+
+def replace_trainer(ctx: RunContext, dead, exc: BaseException):
+    """A new trainer (actor or group of ranks, initial weights) in place of the `dead` one."""
+    _log().warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
+                   ctx.run_id, str(exc).splitlines()[0])
+    stop_trainer(dead)  # already dead: frees its handles' resources, no effect otherwise
+    return start_trainer(ctx.cfg, ctx.model_dir)
+
+
+def restore_lost(ctx: RunContext, trainer, exc: BaseException) -> Restored:
+    """`restore_task` into the new `trainer`; `TrainerLost` when no checkpoint is committed yet."""
     try:
-        plan = restore_task(rt)
+        return restore_task(ctx, trainer)
     except ValueError as err:  # no committed checkpoint yet (the trainer died in the first step)
-        raise TrainerLost(f"run {rt.run_id}: the trainer actor died and {err}; start the run again") from exc
-    rt.logged_steps = logged  # MLflow already has these steps: a retrained step is not logged twice
+        raise TrainerLost(f"run {ctx.run_id}: the trainer actor died and {err}; start the run again") from exc
+
+
+def sync_restored(ctx: RunContext, trainer, workers: list, guard: WorkerGuard, exc: BaseException) -> dict:
+    """The restored weights into every engine (checked); `TrainerLost` when an engine does not take them."""
     try:
-        sync_task(rt.trainer, rt.workers, guard=guard, **sync_settings(cfg))
+        return sync_task(trainer, workers, guard=guard, **sync_settings(ctx.cfg))
     except WeightsMismatch as err:
-        raise TrainerLost(lost_message(rt.run_id, cfg.lake.url, f"the engines did not take the restored "
+        raise TrainerLost(lost_message(ctx.run_id, ctx.cfg.lake.url, f"the engines did not take the restored "
                                        f"weights ({err})")) from exc
-    guard.trainer_restarts += 1
-    if rt.tracker is not None:
-        rt.tracker.log_metrics({"trainer_restarts": float(guard.trainer_restarts)}, step=plan.global_step)
-    log.warning("run %s: trainer restored from the checkpoint at global step %d (restart %d of %d); "
-                "continuing with epoch %d step %d", rt.run_id, plan.global_step - 1, guard.trainer_restarts,
-                cfg.recovery.trainer_restarts, plan.epoch, plan.step)
-    return plan

@@ -10,40 +10,41 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.report import epoch_summary, step_line
 from storage.lake import LakeWriter
-from storage.tracking import plot_reward_curve
+from storage.plots import plot_reward_curve
+from tasks.setup import Tracking
 
 _NON_METRICS = {"epoch", "step", "global_step"}
 
 
 @task(name="log-step", cache_policy=NO_CACHE)
-def log_step_task(rt, record: dict) -> None:
+def log_step_task(tracking: Tracking, record: dict) -> None:
     """Print the step's line and log its numbers to MLflow at the global step (once per step)."""
     get_run_logger().info(step_line(record), extra={"rhymerl_step": record})  # rhymerl.console's progress line
-    if int(record["global_step"]) in rt.logged_steps:  # logged before a crash; a resumed run
+    if int(record["global_step"]) in tracking.logged_steps:  # logged before a crash; a resumed run
         return
     metrics = {k: float(v) for k, v in record.items() if k not in _NON_METRICS}
     metrics["epoch"] = float(record["epoch"])
-    rt.tracker.log_metrics(metrics, step=int(record["global_step"]))
+    tracking.tracker.log_metrics(metrics, step=int(record["global_step"]))
 
 
 @task(name="log-epoch", cache_policy=NO_CACHE)
-def log_epoch_task(rt, epoch: int) -> dict:
+def log_epoch_task(tracking: Tracking | None, history: list[dict], epoch: int) -> dict:
     """The epoch's row of the end-of-run table as MLflow metrics `epoch/<name>` at step = epoch
     (reward, accuracy, HistoSpec's accepted tokens per verification, ... one point per epoch)."""
-    rows = [r for r in epoch_summary([h for h in rt.history if h["epoch"] == epoch])]
-    if not rows or rt.tracker is None:
+    rows = [r for r in epoch_summary([h for h in history if h["epoch"] == epoch])]
+    if not rows or tracking is None:
         return {}
     metrics = {f"epoch/{k}": float(v) for k, v in rows[0].items() if k not in ("epoch", "steps")}
-    rt.tracker.log_metrics(metrics, step=epoch)
+    tracking.tracker.log_metrics(metrics, step=epoch)
     return metrics
 
 
 @task(name="plot", cache_policy=NO_CACHE)
-def plot_task(rt) -> None:
+def plot_task(tracking: Tracking, history: list[dict]) -> None:
     """Attach the reward/accuracy curve to the MLflow run."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = plot_reward_curve(rt.history, Path(tmp) / "reward_curve.png")
-        rt.tracker.log_artifact(str(path))
+        path = plot_reward_curve(history, Path(tmp) / "reward_curve.png")
+        tracking.tracker.log_artifact(str(path))
 
 
 _STEP_COLUMNS = {"rollout_s": "rollout_s", "reward_s": "reward_s", "train_s": "train_s", "sync_s": "sync_s",

@@ -1,8 +1,8 @@
 """Prefect tasks that start and stop a run: model, prompts, Ray actors, lake and MLflow.
 
-`Runtime` is what a run holds while it lives in the flow process: the config, the tokenized
-prompts and the actor handles. It stays in the flow process (flows look it up by run id) so that
-Prefect parameters shown in the UI remain plain values.
+`RunContext` is what a run is, fixed for its life (config, run id, model, prompts); `Tracking` is an
+open MLflow run. Tasks take these as plain arguments and return what they create; the run flow
+(`flows/run.py`) holds everything that changes and is the only place that assigns it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
-from rhymerl.vllm.engine import EngineSpec
+from rhymerl.vllm.engine import EngineSettings
 from rhymerl.histospec.history import counted_by_vllm
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
@@ -27,33 +27,28 @@ from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from workers.actors import RolloutWorker, missing_resources, placement_for
 from workers.guard import wait_alive
-from workers.trainer_group import launch_trainer, stop_trainer
+from workers.trainer_group import TrainerGroup, launch_trainer, stop_trainer
 
 
-@dataclass
-class Runtime:
-    """Live state of one run in the flow process."""
+@dataclass(frozen=True)
+class RunContext:
+    """What a run is, fixed for its life: the flow builds it once, before any actor starts."""
 
     cfg: RunConfig
     run_id: str
     model_dir: str
-    prompts: list[Prompt]
-    skipped: int
-    workers: list = field(default_factory=list)
-    trainer: object = None
-    tracker: MlflowTracker | None = None
-    mlflow_run_id: str = ""
-    history: list[dict] = field(default_factory=list)
-    started_ray: bool = False
-    lake_run_written: bool = False
-    policy_version: int = 0
-    initial_fingerprint: float = 0.0
-    spec_history: object = None  # the current epoch's HistoSpec BundleInfo, if any
+    prompts: tuple[Prompt, ...]
+    skipped: int  # prompts left out as too long for the engine
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """An open MLflow run, and the run's record in the lake opened with it."""
+
+    tracker: MlflowTracker
+    mlflow_run_id: str
+    logged_steps: frozenset[int] = frozenset()  # global steps MLflow already has (a resumed run)
     speculation: dict = field(default_factory=dict)  # what the engines run (verifier, message)
-    logged_steps: set[int] = field(default_factory=set)  # global steps MLflow has (a resumed run)
-    reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
-    warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
-    guard: object = None  # workers.guard.WorkerGuard once the actors are up (dead actors)
 
 
 @task(name="prepare-model", cache_policy=NO_CACHE)
@@ -118,7 +113,7 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
     trainer = launch_trainer(model_dir, cfg, place, threads=cores)
     workers = []
     for w in range(cfg.rollout.num_workers):
-        spec = EngineSpec(
+        spec = EngineSettings(
             model_dir=model_dir, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
             seed=cfg.seed + w, enforce_eager=cfg.rollout.enforce_eager,
             kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
@@ -144,39 +139,45 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
 
 
 @task(name="start-tracking", cache_policy=NO_CACHE)
-def start_tracking_task(rt: Runtime) -> str:
+def start_tracking_task(ctx: RunContext, workers: list, trainer) -> Tracking:
     """Open the MLflow run (whole config as params) and record the run in the lake."""
-    cfg = rt.cfg
-    rt.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)
+    cfg = ctx.cfg
     params = flatten(config_to_dict(cfg))
-    if rt.workers:  # what the engines really run: the guard may have refused speculation
-        rt.speculation = ray.get(rt.workers[0].speculation.remote())
-        if cfg.spec.enabled and not rt.speculation["active"]:
-            get_run_logger().warning("speculation is off: %s", rt.speculation["message"])
-    if rt.workers:  # where the actors run (on a cluster: which nodes took the engines)
-        params["ray.rollout_nodes"] = ",".join(i["node_id"] for i in ray.get([w.info.remote() for w in rt.workers]))
-        params["ray.trainer_node"] = ray.get(rt.trainer.info.remote())["node_id"]
-    params.update({"run_id": rt.run_id, "model_dir": rt.model_dir, "prompts": len(rt.prompts),
-                   "prompts_skipped": rt.skipped,
-                   **{f"speculation.{k}": v for k, v in rt.speculation.items() if k != "message"}})
-    rt.mlflow_run_id = rt.tracker.start(rt.run_id, params, tags={"rhymerl.run_id": rt.run_id,
-                                                                  "rhymerl.lake": cfg.lake.url})
-    rt.tracker.log_dict(config_to_dict(cfg), "config.json")
-    LakeWriter(cfg.lake.url).write_run(rt.run_id, cfg.name, json.dumps(config_to_dict(cfg)))
-    rt.lake_run_written = True
-    return rt.mlflow_run_id
+    speculation: dict = {}
+    if workers:  # what the engines really run: the guard may have refused speculation
+        speculation = ray.get(workers[0].speculation.remote())
+        if cfg.spec.enabled and not speculation["active"]:
+            get_run_logger().warning("speculation is off: %s", speculation["message"])
+        # where the actors run (on a cluster: which nodes took the engines)
+        params["ray.rollout_nodes"] = ",".join(i["node_id"] for i in ray.get([w.info.remote() for w in workers]))
+        params["ray.trainer_node"] = ray.get(trainer.info.remote())["node_id"]
+    params.update({"run_id": ctx.run_id, "model_dir": ctx.model_dir, "prompts": len(ctx.prompts),
+                   "prompts_skipped": ctx.skipped,
+                   **{f"speculation.{k}": v for k, v in speculation.items() if k != "message"}})
+    tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)
+    mlflow_run_id = tracker.start(ctx.run_id, params, tags={"rhymerl.run_id": ctx.run_id,
+                                                            "rhymerl.lake": cfg.lake.url})
+    try:
+        tracker.log_dict(config_to_dict(cfg), "config.json")
+        LakeWriter(cfg.lake.url).write_run(ctx.run_id, cfg.name, json.dumps(config_to_dict(cfg)))
+    except BaseException:
+        tracker.finish("failed")  # the flow gets no Tracking to close
+        raise
+    return Tracking(tracker, mlflow_run_id, speculation=speculation)
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
-def finish_run_task(rt: Runtime, status: str) -> None:
-    """Close the MLflow run and the lake's run record (those that were opened); stop the actors."""
-    if rt.tracker is not None and rt.mlflow_run_id:
-        rt.tracker.finish(status)
-    if rt.lake_run_written:
-        LakeWriter(rt.cfg.lake.url).finish_run(rt.run_id, status)
-    for actor in rt.workers:
-        ray.kill(actor)
-    if rt.trainer is not None:
-        stop_trainer(rt.trainer)
-    if rt.started_ray:
+def finish_run_task(ctx: RunContext, tracking: Tracking | None, actors: list, started_ray: bool,
+                    status: str) -> None:
+    """Close the MLflow run and the lake's run record (if opened); stop the actors (and Ray, if the
+    run started it)."""
+    if tracking is not None:
+        tracking.tracker.finish(status)
+        LakeWriter(ctx.cfg.lake.url).finish_run(ctx.run_id, status)
+    for actor in actors:
+        if isinstance(actor, TrainerGroup):  # several actors behind one handle
+            stop_trainer(actor)
+        else:
+            ray.kill(actor)
+    if started_ray:
         ray.shutdown()

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from rhymerl.config import PipeConfig
-from rhymerl.vllm.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import advantages_for, check_groups, rollout_rows
@@ -31,7 +31,7 @@ from workers.sync import sync_weights
 
 
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def rollout_task(workers: list, plan: Plan, spec: SamplingSpec, prompts: list[Prompt], pipe: PipeConfig,
+def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: list[Prompt], pipe: PipeConfig,
                  guard=None) -> StreamedRollout:
     """Generate the plan's requests (per worker, in admission order), scoring finished responses
     while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly

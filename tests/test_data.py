@@ -107,7 +107,7 @@ def test_fewer_rows_than_requested_is_an_error(tmp_path):
 
 
 def test_builtin_dataset_delegates_to_builtin_task():
-    pytest.importorskip("rhymerl.builtin_task")
+    pytest.importorskip("rhymerl.builtin_problems")
     problems = load_problems(DataConfig(dataset="builtin", num_prompts=5, seed=0))
     # the built-in task gives the requested count with normalised gold answers, and its worked
     # solutions follow the reward's '#### <number>' format

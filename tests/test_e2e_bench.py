@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.e2e_analysis import compare, epoch_rows, parity, permutation_pvalue, step_split
-from bench.e2e_bench import ARMS, E2ESpec, _stop, load_runs, run_order, run_overrides
+from bench.e2e_bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
 from bench.e2e_report import build_report, format_text, write_report
-from bench.e2e_scale import ScaleSpec, amdahl, simulate_arms
+from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,14 +101,14 @@ def test_parity_within_and_outside_seed_noise() -> None:
 def test_scale_estimate_rules() -> None:
     assert amdahl(2.0, 0.5) == pytest.approx(1 / 0.75)
     # no accepted drafts and free verification: speculation changes nothing
-    arms = simulate_arms(ScaleSpec(accepted_len=1.0, workers=4, prompts_per_worker=4, verify_overhead=0.0))
+    arms = simulate_arms(ScaleSettings(accepted_len=1.0, workers=4, prompts_per_worker=4, verify_overhead=0.0))
     assert arms["histospec"]["makespan_s"] == pytest.approx(arms["baseline"]["makespan_s"])
-    faster = simulate_arms(ScaleSpec(accepted_len=3.0, workers=4, prompts_per_worker=4))
+    faster = simulate_arms(ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4))
     assert faster["rhymerl"]["makespan_s"] < faster["histopipe"]["makespan_s"] < faster["baseline"]["makespan_s"]
 
 
-def spec_for(out: Path, seeds: int = 3) -> E2ESpec:
-    return E2ESpec(config="configs/default.toml", seeds=tuple(range(seeds)), epochs=3, prompts=8, workers=2,
+def spec_for(out: Path, seeds: int = 3) -> E2ESettings:
+    return E2ESettings(config="configs/default.toml", seeds=tuple(range(seeds)), epochs=3, prompts=8, workers=2,
                    overrides=("rollout.n=4",), out=str(out))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.records import Prompt, prompt_id_of
 from rhymerl.vllm.spec_guard import shutdown_llm
 from rhymerl.weight_sync import bucketed
@@ -47,8 +47,8 @@ def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
     model = _tiny_model(tmp_path)
     ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
     prompt = Prompt(prompt_id_of(ids), 0, "", ids, "")
-    greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=4)
-    engine = VllmEngine(EngineSpec(str(tmp_path), max_model_len=512))
+    greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
+    engine = VllmEngine(EngineSettings(str(tmp_path), max_model_len=512))
     try:
         before = engine.generate([prompt], greedy)[0].token_ids  # fills the prefix cache
         assert before == _hf_greedy(model, ids, 4)

@@ -7,7 +7,7 @@ import math
 import pyarrow as pa
 import pytest
 
-from rhymerl.histopipe.forecast import (ForecastSpec, average_ranks, build_history, epoch_means, forecast_lengths,
+from rhymerl.histopipe.forecast import (ForecastSettings, average_ranks, build_history, epoch_means, forecast_lengths,
                                         forecast_quality, history_from_summary, resample)
 
 
@@ -27,7 +27,7 @@ def test_history_groups_by_prompt_and_epoch_longest_first() -> None:
 
 
 def test_forecast_carries_a_damped_trend() -> None:
-    f = forecast_lengths(build_history(LAKE), ["p1", "p2"], ForecastSpec(trend_weight=0.5))
+    f = forecast_lengths(build_history(LAKE), ["p1", "p2"], ForecastSettings(trend_weight=0.5))
     # p1: mean 10 -> 12, trend 2/epoch; next epoch 12 + 0.5 * 2 = 13; spread scaled by 13/12
     assert f["p1"].trend == 2.0 and f["p1"].mean == pytest.approx(13.0)
     assert f["p1"].lengths == pytest.approx((14 * 13 / 12, 10 * 13 / 12))
@@ -41,13 +41,13 @@ def test_forecast_extrapolates_to_a_later_target_and_clips() -> None:
     # three epochs ahead: 12 + 0.5 * 2 * 3 = 15
     assert forecast_lengths(h, ["p1"], target_epoch=4)["p1"].mean == pytest.approx(15.0)
     # max_tokens caps every sample: 14 * 13/12 -> 14, 10 * 13/12 stays
-    clipped = forecast_lengths(h, ["p1"], ForecastSpec(max_length=14))["p1"]
+    clipped = forecast_lengths(h, ["p1"], ForecastSettings(max_length=14))["p1"]
     assert clipped.lengths == pytest.approx((14.0, 10 * 13 / 12))
 
 
 def test_prior_for_unseen_prompts_from_dataset_mean() -> None:
     h = build_history(rows("a", 0, 12, 8) + rows("b", 0, 30, 10))
-    f = forecast_lengths(h, ["c"], ForecastSpec(prior="dataset"))["c"]
+    f = forecast_lengths(h, ["c"], ForecastSettings(prior="dataset"))["c"]
     # means 10 and 20 -> 15; typical shape: mean of [1.2, 0.8] and [1.5, 0.5] = [1.35, 0.65]
     assert f.source == "prior" and f.last_epoch is None
     assert f.lengths == pytest.approx((15 * 1.35, 15 * 0.65))
@@ -63,7 +63,7 @@ def test_prior_from_prompt_length_fits_a_line() -> None:
 
 
 def test_cold_start_without_any_history() -> None:
-    f = forecast_lengths({}, ["x"], ForecastSpec(cold_start=64.0))["x"]
+    f = forecast_lengths({}, ["x"], ForecastSettings(cold_start=64.0))["x"]
     assert f.lengths == (64.0,) and f.source == "prior"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.gantt import gantt_png, lanes
 from rhymerl.histopipe.schedule import Assignment, Unit
-from rhymerl.histopipe.simulator import MigrationSpec, RequestSpan, simulate
+from rhymerl.histopipe.simulator import MigrationSettings, RequestSpan, simulate
 
 
 def test_gantt_lanes_and_png(tmp_path: Path) -> None:
@@ -20,7 +20,7 @@ def test_gantt_lanes_and_png(tmp_path: Path) -> None:
     units = ((Unit("x", (0,), 2.0, 2.0),), (Unit("y", (0,), 2.0, 2.0), Unit("z", (0,), 2.0, 2.0)))
     r = simulate(Assignment("handmade", units), {("x", 0): 2, ("y", 0): 8, ("z", 0): 8},
                  CostModel(base_s=1.0, per_seq_s=1.0, capacity=4),
-                 MigrationSpec(tail_fraction=1.0, threshold=1.0), {"x": 2, "y": 2, "z": 100})
+                 MigrationSettings(tail_fraction=1.0, threshold=1.0), {"x": 2, "y": 2, "z": 100})
     assert r.migrations == 1
     out = gantt_png(r, tmp_path / "charts" / "step0.png", title="step 0")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 2000

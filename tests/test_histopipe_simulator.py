@@ -8,7 +8,7 @@ import pytest
 
 from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.schedule import Assignment, Unit
-from rhymerl.histopipe.simulator import MigrationSpec, RequestSpan, busy_intervals, measure, simulate
+from rhymerl.histopipe.simulator import MigrationSettings, RequestSpan, busy_intervals, measure, simulate
 
 
 def placed(*workers: list[str]) -> Assignment:
@@ -69,7 +69,7 @@ def test_without_migration_the_loaded_worker_sets_the_pace() -> None:
 
 
 def test_straggler_moves_to_the_idle_worker_with_its_prefix() -> None:
-    spec = MigrationSpec(tail_fraction=1.0, threshold=1.0)
+    spec = MigrationSettings(tail_fraction=1.0, threshold=1.0)
     r = simulate(placed(["x"], ["y", "z"]), MIG_LENGTHS, MIG_COST, spec, {"x": 2, "y": 2, "z": 100})
     # w0 idles from 4; y reaches its forecast (2 tokens) at 6 and moves; y's last 6 tokens run alone
     # at 2 s (ends 18) while z, now alone on w1, does its last 6 at 2 s too (ends 18)
@@ -82,10 +82,10 @@ def test_straggler_moves_to_the_idle_worker_with_its_prefix() -> None:
 
 
 def test_migration_pays_the_prefix_reprefill_and_respects_the_tail() -> None:
-    paid = MigrationSpec(tail_fraction=1.0, threshold=1.0, prefill_s_per_token=0.5)
+    paid = MigrationSettings(tail_fraction=1.0, threshold=1.0, prefill_s_per_token=0.5)
     assert simulate(placed(["x"], ["y", "z"]), MIG_LENGTHS, MIG_COST, paid, {"x": 2, "y": 2, "z": 100}).makespan == 19.0
     # with a 10% tail nothing moves: x finishing is only 1 of 3 requests done
-    early = MigrationSpec(tail_fraction=0.1, threshold=1.0)
+    early = MigrationSettings(tail_fraction=0.1, threshold=1.0)
     assert simulate(placed(["x"], ["y", "z"]), MIG_LENGTHS, MIG_COST, early, {"x": 2, "y": 2, "z": 2}).migrations == 0
 
 
@@ -93,7 +93,7 @@ def test_simulate_names_missing_inputs() -> None:
     with pytest.raises(ValueError, match=r"no recorded length for \[\('b', 0\)\]"):
         simulate(placed(["a", "b"]), {("a", 0): 1}, MIG_COST)
     with pytest.raises(ValueError, match="migration needs forecasts"):
-        simulate(placed(["a"]), {("a", 0): 1}, MIG_COST, MigrationSpec())
+        simulate(placed(["a"]), {("a", 0): 1}, MIG_COST, MigrationSettings())
 
 
 def test_measured_step_metrics_from_lake_rows() -> None:

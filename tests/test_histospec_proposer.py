@@ -77,7 +77,7 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
 
 
 def test_histospec_settings_reach_the_proposer_through_additional_config():
-    # One typed value: SpecConfig -> SpeculationSpec -> (vLLM) -> the same SpecConfig in the proposer.
+    # One typed value: SpecConfig -> EngineSpeculation -> (vLLM) -> the same SpecConfig in the proposer.
     spec = SpecConfig(max_budget=16, min_match=2, siblings=False)
     engine = engine_speculation(spec)
     assert engine.speculative_config() == {"method": "custom_class", "num_speculative_tokens": 16,

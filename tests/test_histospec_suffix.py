@@ -128,18 +128,18 @@ def test_engine_drafts_with_suffix_through_the_exact_verifier(tiny_model):
     # guard's self-check passes), its cache drafts a repeated greedy batch almost entirely, and greedy
     # outputs equal a plain engine's.
     from bench.spec_bench import load_prompts
-    from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
+    from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
     from rhymerl.vllm.spec_guard import shutdown_llm
 
-    greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=48)
+    greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=48)
     prompts = load_prompts(str(tiny_model), 6, 200)
-    base = EngineSpec(str(tiny_model), max_model_len=256)
+    base = EngineSettings(str(tiny_model), max_model_len=256)
     plain = VllmEngine(base)
     try:
         expected = [s.token_ids for s in plain.generate(prompts, greedy)]
     finally:
         shutdown_llm(plain.llm)
-    engine = VllmEngine(EngineSpec(str(tiny_model), max_model_len=256, log_stats=True,
+    engine = VllmEngine(EngineSettings(str(tiny_model), max_model_len=256, log_stats=True,
                                    speculation=engine_speculation(SUFFIX)))
     try:
         assert engine.speculation.active and engine.speculation.verifier == "rhymerl-exact"
@@ -147,7 +147,7 @@ def test_engine_drafts_with_suffix_through_the_exact_verifier(tiny_model):
         engine.spec_stats()
         second = [s.token_ids for s in engine.generate(prompts, greedy)]
         stats = engine.spec_stats()
-        sampled = engine.generate(prompts, SamplingSpec(n=4, temperature=1.0, max_tokens=48))
+        sampled = engine.generate(prompts, SamplingSettings(n=4, temperature=1.0, max_tokens=48))
     finally:
         shutdown_llm(engine.llm)
     assert first == expected and second == expected

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from rhymerl import model_build
-from rhymerl.builtin_task import make_problem, parse_terms
-from rhymerl.model_build import (BUILD_INFO, BuildSpec, build_model, build_tokenizer,
+from rhymerl.builtin_problems import make_problem, parse_terms
+from rhymerl.model_build import (BUILD_INFO, BuildSettings, build_model, build_tokenizer,
                                  ensure_builtin_model, final_answer, sft_batch, sft_problems,
                                  validate_model_dir)
 
 # A few seconds on 2 CPU cores: a one-layer model, a handful of steps, a tiny evaluation.
-TINY = BuildSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+TINY = BuildSettings(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                  steps=3, batch_size=4, warmup_steps=1, eval_problems=4, eval_max_tokens=8)
 
 
@@ -74,7 +74,7 @@ def test_sft_mask_covers_solution_and_eos_only(tok):
 
 def test_sft_batches_mix_term_counts_and_repeat_per_seed():
     # Rule: each batch mixes term counts over the task's range; the stream is fixed by the seed.
-    spec = replace(BuildSpec(), batch_size=64)
+    spec = replace(BuildSettings(), batch_size=64)
     batches = [b for _, b in zip(range(3), sft_problems(spec))]
     counts = {len(parse_terms(p.question)) for p in batches[0]}
     assert len(batches[0]) == 64 and counts == set(range(spec.min_terms, spec.max_terms + 1))
@@ -91,16 +91,16 @@ def test_final_answer_reads_the_last_marker():
 
 def test_fingerprint_is_stable_and_follows_the_recipe():
     # Rule: same recipe, same hash; any change to the recipe, a different hash.
-    assert BuildSpec().fingerprint() == BuildSpec().fingerprint()
-    assert len(BuildSpec().fingerprint()) == 64
-    assert replace(BuildSpec(), steps=451).fingerprint() != BuildSpec().fingerprint()
-    assert replace(BuildSpec(), max_operand=8).fingerprint() != BuildSpec().fingerprint()
+    assert BuildSettings().fingerprint() == BuildSettings().fingerprint()
+    assert len(BuildSettings().fingerprint()) == 64
+    assert replace(BuildSettings(), steps=451).fingerprint() != BuildSettings().fingerprint()
+    assert replace(BuildSettings(), max_operand=8).fingerprint() != BuildSettings().fingerprint()
 
 
 def test_bad_shapes_are_rejected():
     # Rule: head counts must divide the hidden size; the error names the fields.
     with pytest.raises(ValueError, match="num_heads"):
-        BuildSpec(hidden_size=30, num_heads=4)
+        BuildSettings(hidden_size=30, num_heads=4)
 
 
 def test_tiny_build_loads_with_transformers(built, tok):

@@ -50,11 +50,11 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSpec, build_model
+    from rhymerl.model_build import BuildSettings, build_model
 
     # What it learns does not matter here: a few steps of a 2-layer model (one thread: the cores
     # are shared) keep the build short.
-    spec = BuildSpec(num_layers=2, steps=5, stop_loss=0.0, warmup_steps=1, threads=1, eval_problems=0)
+    spec = BuildSettings(num_layers=2, steps=5, stop_loss=0.0, warmup_steps=1, threads=1, eval_problems=0)
     return build_model(tmp_path_factory.mktemp("model") / "tiny", spec, progress=False)
 
 

@@ -13,7 +13,8 @@ from proc_helpers import kill_and_wait
 from ray.exceptions import ActorDiedError
 
 from rhymerl.config import ConfigError, load_config
-from tasks.recovery import TrainerLost, recover_trainer, trainer_lost
+from tasks.recovery import TrainerLost, check_recoverable, trainer_lost
+from tasks.setup import RunContext
 from workers.guard import WorkerGuard, resume_command
 
 
@@ -43,19 +44,20 @@ def test_trainer_lost_only_for_the_trainers_own_death():
     assert not trainer_lost(trainer, RuntimeError("t1"))
 
 
-def _rt(**sets):
+def _ctx(**sets):
     cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])
-    return SimpleNamespace(cfg=cfg, run_id="rhymerl-x-1", trainer=_Handle("t1"))
+    return RunContext(cfg=cfg, run_id="rhymerl-x-1", model_dir="m", prompts=(), skipped=0)
 
 
 def test_a_trainer_that_cannot_come_back_names_the_resume_command():
-    guard = WorkerGuard(workers=[], trainer=None)
     with pytest.raises(TrainerLost) as err:
-        recover_trainer(_rt(**{"recovery.trainer_restarts": 0, "lake.url": '"s3://b/lake"'}), guard, _died("t1"))
+        check_recoverable(_ctx(**{"recovery.trainer_restarts": 1, "lake.url": '"s3://b/lake"'}), 1, _died("t1"))
     assert "rhymerl run --resume rhymerl-x-1 --lake s3://b/lake" in str(err.value)
+    assert isinstance(err.value.__cause__, ActorDiedError)
     assert resume_command("r", "lake") == "rhymerl run --resume r --lake lake"
     with pytest.raises(TrainerLost, match="checkpoints are off"):
-        recover_trainer(_rt(**{"checkpoint.every_steps": 0}), guard, _died("t1"))
+        check_recoverable(_ctx(**{"checkpoint.every_steps": 0}), 0, _died("t1"))
+    check_recoverable(_ctx(**{"recovery.trainer_restarts": 2}), 1, _died("t1"))  # one left: no error
 
 
 def test_recovery_config_is_checked():
@@ -73,7 +75,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
     # would keep the short responses).
     import ray
 
-    from rhymerl.vllm.engine import SamplingSpec, StreamEvent
+    from rhymerl.vllm.engine import SamplingSettings, StreamEvent
     from rhymerl.records import Prompt, Request, Sample
     from workers.stream import stream_rollout
 
@@ -120,7 +122,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
         ray.get([w.load_weights.remote({"w": 7.0}) for w in workers])  # the run's synced state
         guard = WorkerGuard.watch(workers, ray.remote(FakeTrainer).remote(), timeout_s=120)
         guard.share_history(ray.put(b"H"))
-        out = stream_rollout(workers, requests, SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
+        out = stream_rollout(workers, requests, SamplingSettings(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
                              {p.prompt_id: p.answer for p in prompts}, guard=guard)
     finally:
         ray.shutdown()
@@ -197,8 +199,8 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, tiny_model, t
 
     def history_killing_the_trainer(*args, **kwargs):
         if args[3] == 1 and "trainer_pid" not in seen:  # epoch 1, first time
-            rt = flows.run._RUNTIMES[args[2]]
-            seen["trainer_pid"] = ray.get(rt.trainer.info.remote())["pid"]
+            _, st = flows.run._LIVE[args[2]]
+            seen["trainer_pid"] = ray.get(st.trainer.info.remote())["pid"]
             kill_and_wait(seen["trainer_pid"])
         return real_history(*args, **kwargs)
 

@@ -108,7 +108,7 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, tiny_model, tmp_pa
 
     def history_killing_the_trainer(*args, **kwargs):
         if args[3] == 1 and not killed:  # epoch 1 of the interrupted run
-            killed.append(ray.get(flows.run._RUNTIMES[args[2]].trainer.info.remote())["pid"])
+            killed.append(ray.get(flows.run._LIVE[args[2]][1].trainer.info.remote())["pid"])
             kill_and_wait(killed[0])
         return real_history(*args, **kwargs)
 

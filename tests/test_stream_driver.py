@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rhymerl.vllm.engine import SamplingSpec, StreamEvent
+from rhymerl.vllm.engine import SamplingSettings, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
 
@@ -124,7 +124,7 @@ def run(requests, rule, workers=None, guard=None):
 
     workers = workers or [FakeWorker.remote(w) for w in range(len(requests))]
     gold = {r.prompt.prompt_id: "7" for reqs in requests for r in reqs}
-    out = stream_rollout(workers, requests, SamplingSpec(n=4, max_tokens=100), gold, rule,
+    out = stream_rollout(workers, requests, SamplingSettings(n=4, max_tokens=100), gold, rule,
                          {pid: 1.0 for pid in gold}, every_s=0.02, guard=guard)
     scores, total_s = collect_scores(out, gold)
     return out, scores, total_s

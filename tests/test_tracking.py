@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from storage.tracking import (
-    MAX_PARAM_VALUE, REDACTED, MlflowTracker, flatten_params, is_secret_key, plot_reward_curve,
-)
+from storage.plots import plot_reward_curve
+from storage.tracking import MAX_PARAM_VALUE, REDACTED, MlflowTracker, flatten_params, is_secret_key
 
 HISTORY = [
     {"epoch": 0, "step": 0, "reward_mean": 0.25, "reward_std": 0.1, "accuracy": 0.2},

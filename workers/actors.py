@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import ray
 
 from rhymerl.config import RunConfig
-from rhymerl.vllm.engine import EngineSpec, SamplingSpec
+from rhymerl.vllm.engine import EngineSettings, SamplingSettings
 from rhymerl.records import Prompt, Request, Sample
 
 
@@ -82,7 +82,7 @@ class RolloutWorker:
     never a weight update under running requests.
     """
 
-    def __init__(self, worker_id: int, spec: EngineSpec) -> None:
+    def __init__(self, worker_id: int, spec: EngineSettings) -> None:
         from rhymerl.vllm.engine import VllmEngine
         from rhymerl.vllm.histospec_proposer import INDEX_ENV
 
@@ -118,13 +118,13 @@ class RolloutWorker:
         s = self.engine.speculation
         return {"active": s.active, "verifier": s.verifier, "message": s.message}
 
-    def generate(self, prompts: list[Prompt], spec: SamplingSpec) -> list[Sample]:
+    def generate(self, prompts: list[Prompt], spec: SamplingSettings) -> list[Sample]:
         if not prompts:
             return []
         with self._engine_lock:
             return self.engine.generate(prompts, spec, worker_id=self.worker_id)
 
-    def stream(self, requests: list[Request], spec: SamplingSpec, every_s: float, track: bool):
+    def stream(self, requests: list[Request], spec: SamplingSettings, every_s: float, track: bool):
         """Ray streaming generator: `StreamEvent`s of these requests as they finish (see
         `VllmEngine.stream`); with `track`, running token counts too, and `stop` takes effect."""
         with self._engine_lock:

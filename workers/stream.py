@@ -17,7 +17,7 @@ from typing import Sequence
 
 import ray
 
-from rhymerl.vllm.engine import SamplingSpec
+from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
 from rhymerl.records import Partial, Request, Sample
 from rhymerl.reward import RewardResult
@@ -66,7 +66,7 @@ class _Driver:
     without their earlier results (see `lost`).
     """
 
-    def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSpec, gold: dict[str, str],
+    def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
                  rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
                  guard=None) -> None:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
@@ -209,7 +209,7 @@ class _Driver:
             self.workers[move.src].stop.remote([move.key])
 
 
-def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSpec, gold: dict[str, str],
+def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
                    rule: MigrationRule | None = None, forecast_peak: dict[str, float] | None = None,
                    every_s: float = 0.25, guard=None) -> StreamedRollout:
     """Run `requests[w]` on `workers[w]`, scoring finished samples while the rest generate.

@@ -12,16 +12,16 @@ Everything here is pure (plain records in, dataclasses out); the lake query live
 """
 
 from rhymerl.histopipe.costmodel import Calibration, CostModel, calibrate
-from rhymerl.histopipe.forecast import (Forecast, ForecastQuality, ForecastSpec, build_history, epoch_means,
+from rhymerl.histopipe.forecast import (Forecast, ForecastQuality, ForecastSettings, build_history, epoch_means,
                                         forecast_lengths, forecast_quality, history_from_summary)
 from rhymerl.histopipe.migration import MigrationRule, Move, WorkerView, join_prefix, select_migrations
 from rhymerl.histopipe.schedule import POLICIES, Assignment, Demand, ScheduleRequest, Unit, schedule
-from rhymerl.histopipe.simulator import MigrationSpec, RequestSpan, SimResult, measure, simulate
+from rhymerl.histopipe.simulator import MigrationSettings, RequestSpan, SimResult, measure, simulate
 from rhymerl.histopipe.validate import RunCheck, StepCheck, check_run
 
 __all__ = [
-    "Assignment", "Calibration", "CostModel", "Demand", "Forecast", "ForecastQuality", "ForecastSpec",
-    "MigrationRule", "MigrationSpec", "Move", "POLICIES", "RequestSpan", "RunCheck", "ScheduleRequest",
+    "Assignment", "Calibration", "CostModel", "Demand", "Forecast", "ForecastQuality", "ForecastSettings",
+    "MigrationRule", "MigrationSettings", "Move", "POLICIES", "RequestSpan", "RunCheck", "ScheduleRequest",
     "SimResult", "StepCheck", "Unit", "WorkerView",
     "build_history", "calibrate", "check_run", "epoch_means", "forecast_lengths", "forecast_quality",
     "history_from_summary", "join_prefix", "measure", "schedule", "select_migrations", "simulate",

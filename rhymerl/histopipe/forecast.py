@@ -25,7 +25,7 @@ _HISTORY_KEYS = ("prompt_id", "epoch", "length")
 
 
 @dataclass(frozen=True)
-class ForecastSpec:
+class ForecastSettings:
     """How forecasts are made."""
 
     trend_weight: float = 0.5  # fraction of the last epoch-to-epoch change of the mean carried forward
@@ -36,9 +36,9 @@ class ForecastSpec:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.trend_weight <= 1.0:
-            raise ValueError(f"ForecastSpec.trend_weight={self.trend_weight}: must be in [0, 1]")
+            raise ValueError(f"ForecastSettings.trend_weight={self.trend_weight}: must be in [0, 1]")
         if not 0 < self.min_length <= self.max_length:
-            raise ValueError(f"ForecastSpec: need 0 < min_length <= max_length, got "
+            raise ValueError(f"ForecastSettings: need 0 < min_length <= max_length, got "
                              f"{self.min_length}, {self.max_length} (set max_length to rollout.max_tokens)")
 
 
@@ -138,7 +138,7 @@ class Prior:
         return self.intercept + self.slope * prompt_length
 
 
-def fit_prior(history: Mapping[str, PromptHistory], spec: ForecastSpec,
+def fit_prior(history: Mapping[str, PromptHistory], spec: ForecastSettings,
               prompt_lengths: Mapping[str, int] | None = None) -> Prior:
     """The prior from seen prompts' last-epoch means (a line in prompt length when it is known
     for at least two seen prompts of different lengths, else the plain mean)."""
@@ -158,11 +158,11 @@ def fit_prior(history: Mapping[str, PromptHistory], spec: ForecastSpec,
     return Prior(dataset_mean, 0.0, dataset_mean, shape)
 
 
-def _clip(x: float, spec: ForecastSpec) -> float:
+def _clip(x: float, spec: ForecastSettings) -> float:
     return float(min(spec.max_length, max(spec.min_length, x)))
 
 
-def forecast_prompt(h: PromptHistory, spec: ForecastSpec, target_epoch: int | None = None) -> Forecast:
+def forecast_prompt(h: PromptHistory, spec: ForecastSettings, target_epoch: int | None = None) -> Forecast:
     """A seen prompt's forecast for `target_epoch` (default: the epoch after its last one)."""
     last = h.epochs[-1]
     target = last + 1 if target_epoch is None else target_epoch
@@ -177,7 +177,7 @@ def forecast_prompt(h: PromptHistory, spec: ForecastSpec, target_epoch: int | No
 
 
 def forecast_lengths(history: Mapping[str, PromptHistory], prompt_ids: Iterable[str],
-                     spec: ForecastSpec = ForecastSpec(), prompt_lengths: Mapping[str, int] | None = None,
+                     spec: ForecastSettings = ForecastSettings(), prompt_lengths: Mapping[str, int] | None = None,
                      target_epoch: int | None = None) -> dict[str, Forecast]:
     """Forecast of every prompt in `prompt_ids`: from its history if seen, else from the prior.
 

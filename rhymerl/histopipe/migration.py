@@ -9,7 +9,7 @@ sampled from the policy's conditional given that prefix, exactly as if it had ne
 decision to move depends only on tokens already generated). Tokens the first worker may have
 computed after the last one it reported are discarded, never used.
 
-`select_migrations` is the rule (pure, mirrors `simulator.MigrationSpec`): only once at most
+`select_migrations` is the rule (pure, mirrors `simulator.MigrationSettings`): only once at most
 `tail_fraction` of the step's requests are unfinished; a request qualifies when its generated
 tokens reached `threshold` x its prompt's forecast peak and it still has tokens to go; a source
 worker must keep other work (moving its lone request gains nothing); a request moves at most

@@ -17,7 +17,7 @@ Policies (`POLICIES`, pick with `schedule(name, request)`):
   odd steps, so no worker always takes the heaviest load (on identical workers, strictly
   on-policy, this only permutes workers; it matters once workers differ or under opt-in
   staleness). Straggler migration, the other half of tier 2, happens while the step runs
-  (see `simulator.MigrationSpec`).
+  (see `simulator.MigrationSettings`).
 - ``oracle``: ``lpt`` over single samples; meant for demands with `exact` true lengths.
 """
 

@@ -5,11 +5,11 @@ gives every running request one token and takes ``base_s + per_seq_s * running``
 queued requests are admitted in the assignment's order as slots free. Time jumps from one request
 completion to the next (no per-token loop), so a step of 65k requests replays in a few seconds.
 
-Straggler migration (optional, `MigrationSpec`): once the step is in its tail (at most
+Straggler migration (optional, `MigrationSettings`): once the step is in its tail (at most
 `tail_fraction` of its requests unfinished), whenever a worker is idle it takes the most overdue
 running request of another worker: one whose generated tokens reached `threshold` x its prompt's
 forecast peak (checked at every completion and at every such threshold crossing). The request
-carries its prefix and decodes again after `MigrationSpec.delay` (the re-prefill). The same
+carries its prefix and decodes again after `MigrationSettings.delay` (the re-prefill). The same
 weights generate both parts, so the sample stays on-policy. A request migrates at most once, and
 only off a worker that keeps other work (moving a lone request gains nothing).
 
@@ -33,7 +33,7 @@ _EPS = 1e-9  # tokens: float slack when comparing virtual token clocks
 
 
 @dataclass(frozen=True)
-class MigrationSpec:
+class MigrationSettings:
     """When running stragglers move to idle workers."""
 
     tail_fraction: float = 0.10  # migrate only once at most this fraction of requests is unfinished
@@ -43,9 +43,9 @@ class MigrationSpec:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.tail_fraction <= 1.0:
-            raise ValueError(f"MigrationSpec.tail_fraction={self.tail_fraction}: must be in (0, 1]")
+            raise ValueError(f"MigrationSettings.tail_fraction={self.tail_fraction}: must be in (0, 1]")
         if min(self.threshold, self.resume_s, self.prefill_s_per_token) < 0:
-            raise ValueError(f"MigrationSpec: threshold={self.threshold}, resume_s={self.resume_s} and "
+            raise ValueError(f"MigrationSettings: threshold={self.threshold}, resume_s={self.resume_s} and "
                              f"prefill_s_per_token={self.prefill_s_per_token} must be >= 0")
 
     def delay(self, prefix_tokens: int) -> float:
@@ -176,7 +176,7 @@ class _Step:
     is a migration check at a straggler's threshold crossing."""
 
     def __init__(self, assignment: Assignment, lengths: Mapping[tuple[str, int], int], cost: CostModel,
-                 migration: MigrationSpec | None, forecasts: Mapping[str, float] | None) -> None:
+                 migration: MigrationSettings | None, forecasts: Mapping[str, float] | None) -> None:
         self.cost, self.migration = cost, migration
         self.keys = [r for w in range(len(assignment.workers)) for r in assignment.requests(w)]
         missing = [k for k in self.keys if k not in lengths]
@@ -307,7 +307,7 @@ class _Step:
 
 
 def simulate(assignment: Assignment, lengths: Mapping[tuple[str, int], int], cost: CostModel,
-             migration: MigrationSpec | None = None, forecasts: Mapping[str, float] | None = None) -> SimResult:
+             migration: MigrationSettings | None = None, forecasts: Mapping[str, float] | None = None) -> SimResult:
     """Replay one step: `assignment` places requests, `lengths[(prompt_id, sample_idx)]` are their
     true lengths. With `migration`, `forecasts[prompt_id]` (the forecast peak length) decides who
     is a straggler. Deterministic: ties go to the lower worker index."""

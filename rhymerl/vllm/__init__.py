@@ -1,7 +1,7 @@
 """The vLLM adapter: the only package that imports vLLM (tests/test_layering.py enforces it).
 
 `engine` (`VllmEngine`: generate, stream, load weights), `speculation` (the run's `SpecConfig` as the
-engine's `SpeculationSpec`), `histospec_proposer` (HistoSpec as vLLM's `custom_class` drafter),
+engine's `EngineSpeculation`), `histospec_proposer` (HistoSpec as vLLM's `custom_class` drafter),
 `worker_ext` (the worker extension: weights in place, verifier install, self-check), `spec_verify`
 (RhymeRL's exact rejection-sampling kernels), `spec_guard` (start an engine only with a lossless
 verifier), `fixed_drafter` (fixed drafts, for the losslessness test). vLLM itself is imported lazily,

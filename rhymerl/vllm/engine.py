@@ -22,13 +22,13 @@ import torch
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histopipe.migration import join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
-from rhymerl.vllm.spec_guard import SpeculationSpec, SpeculationStatus, start_guarded
+from rhymerl.vllm.spec_guard import EngineSpeculation, SpeculationStatus, start_guarded
 
 WEIGHT_SYNC_EXTENSION = "rhymerl.vllm.worker_ext.WeightSyncExtension"
 
 
 @dataclass(frozen=True)
-class SamplingSpec:
+class SamplingSettings:
     """How to sample a group of responses per prompt."""
 
     n: int
@@ -38,7 +38,7 @@ class SamplingSpec:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineSettings:
     """What an engine loads and how (resource settings; the same fields work on CPU and GPU)."""
 
     model_dir: str
@@ -51,7 +51,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1  # GPU only: GPUs the engine shards the model over
     cpu_core: int | None = None  # CPU only: pin the engine's threads to this core
     cache_dir: str = ".cache"
-    speculation: SpeculationSpec | None = None  # None: no speculative decoding (see rhymerl.vllm.spec_guard)
+    speculation: EngineSpeculation | None = None  # None: no speculative decoding (see rhymerl.vllm.spec_guard)
     max_num_seqs: int | None = None  # requests per engine step (None: vLLM's default)
     log_stats: bool = False  # vLLM's own metrics (its spec-decode counters feed `spec_stats` for n-gram)
 
@@ -59,7 +59,7 @@ class EngineSpec:
 class Engine(Protocol):
     """A text-generation engine holding one copy of the policy."""
 
-    def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
+    def generate(self, prompts: Sequence[Prompt], spec: SamplingSettings, worker_id: int = 0) -> list[Sample]:
         """Sample `spec.n` responses per prompt; returns len(prompts) * n samples, grouped by prompt."""
         ...
 
@@ -73,7 +73,7 @@ class Engine(Protocol):
         ...
 
 
-def configure_cpu_env(spec: EngineSpec) -> None:
+def configure_cpu_env(spec: EngineSettings) -> None:
     """Set vLLM's CPU environment before the engine starts (it reads these at start-up).
 
     Caches go inside the project, not $HOME; the KV cache is sized explicitly because vLLM's
@@ -90,7 +90,7 @@ def configure_cpu_env(spec: EngineSpec) -> None:
 class VllmEngine:
     """`Engine` backed by `vllm.LLM`; one instance per rollout worker process."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSettings) -> None:
         if not torch.cuda.is_available():
             configure_cpu_env(spec)
         from vllm import LLM  # lazy: heavy import, and absent in pure-core test environments
@@ -126,14 +126,14 @@ class VllmEngine:
         self._next_id = 0
         self._counters: dict = {}
 
-    def generate(self, prompts: Sequence[Prompt], spec: SamplingSpec, worker_id: int = 0) -> list[Sample]:
+    def generate(self, prompts: Sequence[Prompt], spec: SamplingSettings, worker_id: int = 0) -> list[Sample]:
         """All n samples of every prompt, grouped by prompt in the given order (see `stream`)."""
         requests = [Request(p, k) for p in prompts for k in range(spec.n)]
         done = {(s.prompt_id, s.sample_idx): s for event in self.stream(requests, spec, worker_id)
                 for s in event.finished}
         return [done[r.key] for r in requests]
 
-    def stream(self, requests: Sequence[Request], spec: SamplingSpec, worker_id: int = 0,
+    def stream(self, requests: Sequence[Request], spec: SamplingSettings, worker_id: int = 0,
                every_s: float = 0.25, take_stops: Callable[[], set[tuple[str, int]]] | None = None
                ) -> Iterator[StreamEvent]:
         """Run the requests through vLLM's engine loop, yielding finished samples as they come.
@@ -231,7 +231,7 @@ class VllmEngine:
 
         HistoSpec counts for itself in the engine worker (exact per-position histograms). Other
         drafters (vLLM's n-gram) are read from vLLM's spec-decode counters, which needs
-        `EngineSpec.log_stats`; their per-position figures assume full-length drafts.
+        `EngineSettings.log_stats`; their per-position figures assume full-length drafts.
         """
         if not self.speculation.active:
             return None

@@ -4,7 +4,7 @@
 (RhymeRL's exact kernels from `rhymerl.vllm.spec_verify`, or vLLM's own), and runs `self_check` once
 inside the engine's worker (`rhymerl.vllm.worker_ext.WeightSyncExtension.rhymerl_spec_self_check`). If
 the check fails, speculation is refused with a message naming the vLLM version, the engine is
-rebuilt without it and the run goes on. `SpeculationSpec.self_check=False` skips the check.
+rebuilt without it and the run goes on. `EngineSpeculation.self_check=False` skips the check.
 
 The self-check drives the worker's own `RejectionSampler` instance, whatever kernels are
 installed in it, on synthetic batches with fixed drafts: two drafted slots plus the bonus slot
@@ -233,8 +233,8 @@ def _sample_batch(rejection_sampler, settings, rows: int, device: torch.device) 
 
 
 @dataclass(frozen=True)
-class SpeculationSpec:
-    """Speculative decoding for an engine; `EngineSpec.speculation=None` means off."""
+class EngineSpeculation:
+    """Speculative decoding for an engine; `EngineSettings.speculation=None` means off."""
 
     method: str  # vLLM's speculative method: "ngram", "custom_class", ...
     num_speculative_tokens: int
@@ -248,14 +248,14 @@ class SpeculationSpec:
 
     def __post_init__(self) -> None:
         if self.verifier not in VERIFIERS:
-            raise ValueError(f"SpeculationSpec.verifier={self.verifier!r}: use one of {VERIFIERS}")
+            raise ValueError(f"EngineSpeculation.verifier={self.verifier!r}: use one of {VERIFIERS}")
         if self.num_speculative_tokens < 1:
-            raise ValueError(f"SpeculationSpec.num_speculative_tokens={self.num_speculative_tokens}: "
+            raise ValueError(f"EngineSpeculation.num_speculative_tokens={self.num_speculative_tokens}: "
                              "must be >= 1")
         if self.method == "custom_class" and "." not in self.model:
-            raise ValueError("SpeculationSpec: method 'custom_class' needs model='pkg.module.Class'")
+            raise ValueError("EngineSpeculation: method 'custom_class' needs model='pkg.module.Class'")
         if self.check_rows < 100 or not 0 < self.check_alpha < 1:
-            raise ValueError(f"SpeculationSpec: check_rows={self.check_rows} must be >= 100 and "
+            raise ValueError(f"EngineSpeculation: check_rows={self.check_rows} must be >= 100 and "
                              f"check_alpha={self.check_alpha} in (0, 1)")
 
     def speculative_config(self) -> dict:
@@ -278,7 +278,7 @@ class SpeculationStatus:
     report: GuardReport | None = None
 
 
-def start_guarded(build: Callable[..., Any], spec: SpeculationSpec) -> tuple[Any, SpeculationStatus]:
+def start_guarded(build: Callable[..., Any], spec: EngineSpeculation) -> tuple[Any, SpeculationStatus]:
     """Start an engine with speculation if its verifier is lossless, else without it.
 
     `build(**extra)` returns a new `vllm.LLM` (built with RhymeRL's worker extension) given extra

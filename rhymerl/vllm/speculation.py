@@ -1,7 +1,7 @@
 """The one road from the run's `SpecConfig` to an engine's speculative decoding.
 
 `engine_speculation(spec)` turns the user's typed settings into the engine's typed
-`SpeculationSpec`; only `SpeculationSpec.speculative_config()` / `.additional_config` become the
+`EngineSpeculation`; only `EngineSpeculation.speculative_config()` / `.additional_config` become the
 dicts vLLM takes, at the moment the engine is built. HistoSpec's own settings ride along in
 `additional_config[HISTOSPEC_KEY]` (vLLM builds the proposer inside its worker process from its
 `VllmConfig`, so no constructor argument can reach it) and the proposer rebuilds the same
@@ -16,27 +16,27 @@ from typing import Any
 
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.suffix import require_arctic_inference
-from rhymerl.vllm.spec_guard import SpeculationSpec
+from rhymerl.vllm.spec_guard import EngineSpeculation
 
 PROPOSER_CLASS = "rhymerl.vllm.histospec_proposer.HistoSpecProposer"
 HISTOSPEC_KEY = "rhymerl_histospec"  # additional_config key holding the drafter's SpecConfig fields
 
 
-def engine_speculation(spec: SpecConfig, **guard: Any) -> SpeculationSpec | None:
-    """The engine's `SpeculationSpec` for `spec` (None: speculation off).
+def engine_speculation(spec: SpecConfig, **guard: Any) -> EngineSpeculation | None:
+    """The engine's `EngineSpeculation` for `spec` (None: speculation off).
 
-    `guard` passes `SpeculationSpec`'s start-up check fields (`self_check`, `check_rows`, ...).
+    `guard` passes `EngineSpeculation`'s start-up check fields (`self_check`, `check_rows`, ...).
     """
     if not spec.enabled:
         return None
     common = dict(num_speculative_tokens=spec.max_budget, verifier=spec.verifier, **guard)
     if spec.method == "ngram":
-        return SpeculationSpec("ngram", options=(("prompt_lookup_max", spec.max_match),
+        return EngineSpeculation("ngram", options=(("prompt_lookup_max", spec.max_match),
                                                  ("prompt_lookup_min", spec.min_match)), **common)
     if spec.method == "suffix":  # vLLM's stock suffix decoding; drafts of up to max_budget tokens
         require_arctic_inference()  # fail here, naming the fix, not inside the engine's worker
-        return SpeculationSpec("suffix", **common)
-    return SpeculationSpec("custom_class", model=PROPOSER_CLASS,
+        return EngineSpeculation("suffix", **common)
+    return EngineSpeculation("custom_class", model=PROPOSER_CLASS,
                            additional_config=((HISTOSPEC_KEY, dataclasses.asdict(spec)),), **common)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rhymerl.builtin_task import (ANSWER_MARKER, TASK_ALPHABET, TaskSpec, builtin_problems,
+from rhymerl.builtin_problems import (ANSWER_MARKER, PROBLEM_ALPHABET, ProblemSettings, builtin_problems,
                                   make_problem, parse_terms, question_of, solution_of)
 
 
@@ -24,7 +24,7 @@ def test_same_seed_same_problems_and_prefix_stable():
 
 def test_answers_and_every_line_recompute():
     # Rule: the answer is the sum of the question's numbers and every worked line is true.
-    spec = TaskSpec()
+    spec = ProblemSettings()
     for p in builtin_problems(300, seed=11):
         terms = [int(part.split("=")[1]) for part in p.question.split(" ")]
         assert spec.min_terms <= len(terms) <= spec.max_terms
@@ -37,7 +37,7 @@ def test_answers_and_every_line_recompute():
         for name, line, t in zip("bcdefghi", work, terms[1:]):
             assert line == f"{name}={t} {total}+{t}={total + t}"
             total += t
-        assert set(p.question + p.solution) <= set(TASK_ALPHABET)
+        assert set(p.question + p.solution) <= set(PROBLEM_ALPHABET)
 
 
 def test_response_lengths_spread_at_least_4x():
@@ -59,19 +59,19 @@ def test_parse_terms_round_trip_and_rejects_other_text():
 def test_bad_specs_and_counts_are_rejected():
     # Rule: impossible task settings fail at construction with the field named.
     with pytest.raises(ValueError, match="min_terms"):
-        TaskSpec(min_terms=1)
+        ProblemSettings(min_terms=1)
     with pytest.raises(ValueError, match="max_terms"):
-        TaskSpec(min_terms=5, max_terms=4)
+        ProblemSettings(min_terms=5, max_terms=4)
     with pytest.raises(ValueError, match="max_terms"):
-        TaskSpec(max_terms=27)  # one letter per term
+        ProblemSettings(max_terms=27)  # one letter per term
     with pytest.raises(ValueError, match="max_operand"):
-        TaskSpec(max_operand=0)
+        ProblemSettings(max_operand=0)
     with pytest.raises(ValueError, match="num=-1"):
         builtin_problems(-1, seed=0)
 
 
 def test_harder_spec_changes_the_draw():
     # Rule: the spec is part of the recipe: bigger operands give different, still correct problems.
-    hard = builtin_problems(50, seed=0, spec=TaskSpec(max_operand=99))
+    hard = builtin_problems(50, seed=0, spec=ProblemSettings(max_operand=99))
     assert any(t > 9 for p in hard for t in parse_terms(p.question))
     assert all(p.answer == str(sum(parse_terms(p.question))) for p in hard)

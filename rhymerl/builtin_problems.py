@@ -1,4 +1,4 @@
-"""The built-in verifiable task: add a list of named small numbers, worked one addition per line.
+"""The built-in verifiable problems: add a list of named small numbers, worked one addition per line.
 
 A question names each number with a letter, ``"a=8 b=7 c=3 d=5"``; its worked solution starts the
 running total at `a`, adds one named number per line and ends with the checkable final line::
@@ -9,7 +9,7 @@ running total at `a`, adds one named number per line and ends with the checkable
     d=5 18+5=23
     #### 23
 
-Why this task: every answer is an exact integer (a string compare verifies it), the number of
+Why these problems: every answer is an exact integer (a string compare verifies it), the number of
 terms (2..max_terms) makes response length vary about 5x across prompts (~20 to ~110 characters,
 one token each), and each extra line is one more chance for a slip, so a small model's accuracy
 falls with length and RL has room to improve it. Each line looks its number up by name
@@ -35,14 +35,14 @@ from rhymerl.records import Problem
 # The marker before the final answer (GSM8K convention, shared with the reward code).
 ANSWER_MARKER = "#### "
 NAMES = string.ascii_lowercase  # the i-th number of a question is called NAMES[i]
-# Every character a question or solution of this task can contain.
-TASK_ALPHABET = "0123456789+=\n# " + NAMES
+# Every character a question or solution of these problems can contain.
+PROBLEM_ALPHABET = "0123456789+=\n# " + NAMES
 _DEFINITION = re.compile(r"([a-z])=(\d+)")
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    """Difficulty knobs of the built-in task."""
+class ProblemSettings:
+    """Difficulty knobs of the built-in problems."""
 
     min_terms: int = 2  # numbers added in the shortest problem (>= 2: at least one line of work)
     max_terms: int = 9  # numbers added in the longest problem (at most 26, one per letter)
@@ -52,12 +52,12 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if self.min_terms < 2:
-            raise ValueError(f"TaskSpec.min_terms={self.min_terms}: must be >= 2 (one addition at least)")
+            raise ValueError(f"ProblemSettings.min_terms={self.min_terms}: must be >= 2 (one addition at least)")
         if not self.min_terms <= self.max_terms <= len(NAMES):
-            raise ValueError(f"TaskSpec.max_terms={self.max_terms}: must be in "
+            raise ValueError(f"ProblemSettings.max_terms={self.max_terms}: must be in "
                              f"min_terms..{len(NAMES)} (min_terms={self.min_terms})")
         if self.max_operand < 1:
-            raise ValueError(f"TaskSpec.max_operand={self.max_operand}: must be >= 1")
+            raise ValueError(f"ProblemSettings.max_operand={self.max_operand}: must be >= 1")
 
 
 def _check_terms(terms: list[int]) -> None:
@@ -98,7 +98,7 @@ def make_problem(index: int, terms: list[int]) -> Problem:
                    solution=solution_of(terms))
 
 
-def builtin_problems(num: int, seed: int, spec: TaskSpec = TaskSpec()) -> list[Problem]:
+def builtin_problems(num: int, seed: int, spec: ProblemSettings = ProblemSettings()) -> list[Problem]:
     """`num` problems drawn with `seed`; the number of terms is uniform over min..max_terms.
 
     Deterministic: the same (num, seed, spec) always gives the same list, and a longer list
