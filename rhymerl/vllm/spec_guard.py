@@ -16,7 +16,7 @@ processed distribution (`rhymerl.vllm.spec_verify.processed_probs`) by a chi-squ
 rows must match exactly. The check is independent of the model and of the drafter (n-gram,
 plug-in or draft model) and takes 0.1-0.5 s in the worker. `DEFAULT_ALPHA` is tiny so a sound sampler is
 almost never refused, while the known CPU fault fails with p ~ 0. It is sized for gross faults
-(a shift of ~5 points in a token's probability); `tests/test_spec_lossless.py` is the fine test.
+(a shift of ~5 points in a token's probability); `tests/rhymerl/vllm/test_spec_lossless.py` is the fine test.
 """
 
 from __future__ import annotations

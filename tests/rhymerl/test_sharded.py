@@ -8,29 +8,17 @@ Resharding: a checkpoint written by 2 ranks resumes on 1, and one written by 1 r
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-import transformers
 
 from rhymerl.config import TrainConfig
 from rhymerl.dist_checkpoint import load_trainer, save_trainer
 from rhymerl.sharded import DistSpec, ShardedTrainer, free_port, split_by_tokens
-from rhymerl.trainer import Trainer, TrainExample
+from rhymerl.trainer import Trainer
+from sharded_helpers import BATCH, tiny_qwen2
 
-# Uneven lengths: a 2-rank split gives one rank more micro-batches (padding passes on the other);
-# one example has no response tokens (it still counts as a sequence in "sequence" aggregation).
-BATCH = [
-    TrainExample((1, 2, 3), (4, 5), 1.0),
-    TrainExample((7,), (8, 9, 10, 11, 12, 13, 14, 15, 16), -0.5),
-    TrainExample((3, 4, 5, 6), (), 0.0),
-    TrainExample((13, 14), (15, 16, 17), 0.7),
-    TrainExample((2,), (3, 4, 5, 6, 7), -1.2),
-    TrainExample((9, 10, 11), (12,), 0.3),
-    TrainExample((20, 21), (22, 23, 24, 25), 0.9),
-]
 CASES = [(agg, kl) for agg in ("token", "sequence") for kl in (0.0, 0.1)]
 
 
@@ -38,15 +26,6 @@ def _cfg(agg: str, kl: float, world_size: int) -> TrainConfig:
     # two updates: the second sees ratio != 1, so the sharded old log-probs matter
     return TrainConfig(lr=1e-2, loss_agg=agg, kl_coef=kl, micro_batch_size=2, updates_per_step=2,
                        world_size=world_size)
-
-
-def _tiny_qwen2(path: Path) -> str:
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=True)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
-    return str(path)
 
 
 def _perturb(trainer: Trainer) -> None:
@@ -89,7 +68,7 @@ def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
+    return tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
 
 
 @pytest.fixture(scope="module")

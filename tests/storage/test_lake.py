@@ -235,7 +235,7 @@ def test_every_column_is_documented() -> None:
 
 def test_storage_readme_documents_every_column() -> None:
     # Rule: each table's column list in storage/README.md matches its schema exactly, in order.
-    text = (Path(__file__).resolve().parents[1] / "storage" / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "storage" / "README.md").read_text()
     for name, schema in (("rollouts", ROLLOUTS_SCHEMA), ("steps", STEPS_SCHEMA), ("runs", RUNS_SCHEMA)):
         section = text.split(f"\n### {name}\n", 1)[1].split("\n#", 1)[0]
         documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)

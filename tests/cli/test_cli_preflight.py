@@ -28,7 +28,7 @@ from rhymerl.config import load_config
 from rhymerl.preflight import local_machine
 from storage.probe import PROBE_TIMEOUT_S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RHYMERL = ROOT / ".venv" / "bin" / "rhymerl"
 BUDGET_S = 5.0
 # On a 1-GPU machine the good inputs' engine and trainer must share the GPU to pass the resources

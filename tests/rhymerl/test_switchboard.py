@@ -10,7 +10,7 @@ from infra_helpers import settings_table
 from rhymerl.config import ConfigError, load_config, resolve_config
 from rhymerl.switchboard import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"RHYMERL_LAKE": "s3://bucket/lake", "RHYMERL_MODEL": "/models/qwen",
        "RHYMERL_DATASET": "/data/gsm8k.jsonl", "MLFLOW_TRACKING_URI": "http://mlflow:5000",
        "MLFLOW_EXPERIMENT_NAME": "cluster"}

@@ -21,7 +21,7 @@ from rhymerl.vllm.worker_ext import weights_fingerprint
 from storage.checkpoints import CheckpointStore
 from workers.actors import Placement
 from workers.trainer_group import TrainerGroup, launch_trainer, stop_trainer
-from tests.test_sharded import BATCH, _tiny_qwen2
+from sharded_helpers import BATCH, tiny_qwen2
 
 CFG = RunConfig(train=TrainConfig(lr=1e-2, kl_coef=0.1, micro_batch_size=2, world_size=2))
 ON_CPU = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
@@ -29,7 +29,7 @@ ON_CPU = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
+    return tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from test_ops import files_containing
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "tests" / "output"  # screenshots (git-ignored)
 FAKE_KEY_ID = "AKIAFAKEOPSTEST12345"
 FAKE_SECRET = "fake/OpsTest+secret-9f8e7d6c5b4a3210"

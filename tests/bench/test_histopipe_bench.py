@@ -13,7 +13,7 @@ from bench.pipe_bench import main
 from rhymerl.histopipe.costmodel import CostModel
 from storage.lake import LakeWriter, rows_to_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pipe_bench_json_smoke() -> None:
@@ -115,7 +115,7 @@ def test_real_runs_summarise_the_steps_table_from_an_epoch(tmp_path, capsys) -> 
 
 def test_real_runs_put_a_replayable_run_next_to_the_oracle(tmp_path, capsys) -> None:
     # r1 follows one cost model; its placement and the oracle's are replayed with the fitted model
-    # (the arithmetic is tests/test_histopipe_validate.py's); speculation or migration: no replay.
+    # (the arithmetic is tests/rhymerl/histopipe/test_histopipe_validate.py's); speculation or migration: no replay.
     url = str(tmp_path / "lake")
     _write_run(url, "r1")
     _write_run(url, "spec", spec_enabled=True)

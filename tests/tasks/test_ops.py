@@ -20,7 +20,7 @@ from rhymerl.config import ConfigError
 from storage.lake import LakeError, LakeWriter, rows_to_table
 from storage.report import lake_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _deployments() -> dict[str, dict]:

@@ -1,5 +1,5 @@
 """Drafting from history: following continuations, branching rules, budgets, config and counters
-(the vLLM adapter's batch logic: tests/test_histospec_proposer.py)."""
+(the vLLM adapter's batch logic: tests/rhymerl/vllm/test_histospec_proposer.py)."""
 
 import random
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from storage.lake import Lake
 from storage.verify import verify_lake
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS_PER_WORKER = 3
 
 # A writer process: for each step not yet committed, two workers write their files, then the

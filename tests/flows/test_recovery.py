@@ -1,6 +1,6 @@
 """Dead actors mid-run: a killed rollout worker restarts on the current policy, a killed trainer
 comes back from its checkpoint in-run, no row lost or doubled (a dead trainer with restarts off,
-then `rhymerl run --resume`, is tests/test_resume.py's end-to-end test)."""
+then `rhymerl run --resume`, is tests/flows/test_resume.py's end-to-end test)."""
 
 from __future__ import annotations
 

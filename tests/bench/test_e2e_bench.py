@@ -15,7 +15,7 @@ from bench.e2e_bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_
 from bench.e2e_report import build_report, format_text, write_report
 from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def record(epoch: int, step: int, gstep: int, rollout: float, acc: float = 0.5, spec: bool = False) -> dict:

@@ -16,14 +16,14 @@ from rhymerl.dist_checkpoint import load_trainer, save_trainer
 from rhymerl.trainer import Trainer
 from storage.checkpoints import CheckpointStore
 from storage.fs import LakeError
-from tests.test_sharded import BATCH, _tiny_qwen2
+from sharded_helpers import BATCH, tiny_qwen2
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
+    return tiny_qwen2(tmp_path_factory.mktemp("qwen2_tied"))
 
 
 def _trainer(model_dir: str) -> Trainer:
