@@ -111,6 +111,7 @@ bench: $(STAMP) $(ARCTIC_STAMP)
 	mkdir -p $(BENCH_OUT)
 	$(BIN)/python -m bench.pipe_bench --json-out $(BENCH_OUT)/pipe.json
 	$(BIN)/python -m bench.lake_bench --json-out $(BENCH_OUT)/lake.json
+	$(BIN)/python -m bench.sharded_bench --json-out $(BENCH_OUT)/sharded.json
 	$(BIN)/rhymerl model build
 	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
 	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json

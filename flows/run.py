@@ -151,7 +151,7 @@ def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dic
               "rollout_tokens_per_s": stats.tokens / max(timings["rollout_s"], 1e-9),
               "engine_fingerprint": sync["engine_fingerprint"],
               "trainer_fingerprint": sync["trainer_fingerprint"],
-              "sync_probe_max_diff": sync["probe_max_diff"],
+              "sync_probe_max_diff": sync["probe_max_diff"], "sync_s_per_gb": sync["sync_s_per_gb"],
               **{f"train_{k}": v for k, v in train.items()}}
     record["worker_restarts"] = float(st.guard.new_restarts()) if st.guard is not None else 0.0
     if (epoch, step) in st.reuse:  # rollout_s is the lake read, not a rollout

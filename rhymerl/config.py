@@ -122,8 +122,20 @@ class TrainConfig:
     # weights cast to model.dtype.
     dtype: Literal["", "float32", "bfloat16", "float16"] = option(
         "", 'the trainer\'s weights and optimizer state; "" = model.dtype')
+    world_size: int = option(1, "trainer ranks (Ray actors, one process group); > 1 shards the policy, its "
+                             "optimizer state and each step's batch over them with FSDP2", ">= 1")
+    bf16_compute: bool = option(True, "sharded trainer on GPUs: forward/backward in bfloat16, gradients reduced "
+                                "and weights kept in train.dtype (FSDP2 mixed precision); no effect on CPU")
+    activation_checkpointing: bool = option(False, "recompute each transformer block's activations in backward "
+                                            "(less memory, ~1/3 more compute)")
+    sync_bucket_mb: int = option(256, "weight sync trainer -> engines: MiB of weights per bucket (each bucket "
+                                 "travels on its own while the next is gathered)", ">= 1")
+    cpu_offload: bool = option(False, "sharded trainer on GPUs: keep parameter shards, gradients and optimizer "
+                               "state in CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
 
     def __post_init__(self) -> None:
+        _check(self.world_size >= 1, "train.world_size", "must be >= 1")
+        _check(self.sync_bucket_mb >= 1, "train.sync_bucket_mb", "must be >= 1")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _check(self.updates_per_step >= 1, "train.updates_per_step", "must be >= 1")
@@ -272,6 +284,12 @@ class RunConfig:
                    "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
             _check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
                    "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
+        groups = min(self.rollout.prompts_per_step, self.data.num_prompts)
+        _check(self.train.world_size <= groups, "train.world_size",
+               f"is {self.train.world_size} but a step trains on at most {groups} prompt groups "
+               "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
+        _check(self.train.world_size == 1 or not self.placement.share_gpu, "train.world_size",
+               "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
 
     @property
     def steps_per_epoch(self) -> int:

@@ -28,6 +28,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from rhymerl import grpo
+from rhymerl.blocks import checkpoint_activations
 from rhymerl.config import TrainConfig
 from rhymerl.sampling import token_logprobs
 
@@ -117,7 +118,8 @@ def _response_logprobs(model: torch.nn.Module, padded: _Padded, temperature: flo
                        top_p: float = 1.0) -> Tensor:
     """Log-prob (float32) of each response token under the model's sampling distribution at
     (`temperature`, `top_p`), (B, T); 0 on padding."""
-    logits = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits
+    # no KV cache: nothing is decoded, and a cache would grow again when checkpointing recomputes
+    logits = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False).logits
     # Only the response positions: the nucleus sorts the vocabulary, so skip the prompt's rows.
     index = padded.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
     logits = logits.gather(1, index)  # (B, T, V): row t predicts response token t
@@ -159,6 +161,8 @@ class Trainer:
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+        if cfg.activation_checkpointing:  # after the copy: the reference never runs backward
+            checkpoint_activations(self.model)
         self.aggregation = grpo.get_aggregation(cfg.loss_agg)
         self.policy_version = 0
 
@@ -207,13 +211,19 @@ class Trainer:
         """
         if not batch:
             raise ValueError("train_step got an empty batch; pass at least one TrainExample")
+        return self._step(batch)
+
+    def _step(self, batch: list[TrainExample]) -> dict[str, float]:
+        """`train_step` on this process's part of the batch (all of it here; a share of it in
+        `rhymerl.sharded`, where `_all_sum` and `_padding` make the step the whole batch's)."""
         start = time.perf_counter()
         micro = list(self._micro_batches(batch))
+        (denominator,) = self._all_sum([sum(self.aggregation.count(mb.mask) for mb in micro)])
+        micro += self._padding(len(micro))
         with torch.no_grad():
             old = [self._logprobs(self.model, mb) for mb in micro]
             ref = ([self._logprobs(self.ref_model, mb) for mb in micro]
                    if self.ref_model is not None else None)
-        denominator = sum(self.aggregation.count(mb.mask) for mb in micro)
         totals: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
                                     "ratio_mean": 0.0, "kl": 0.0}
         for _ in range(self.cfg.updates_per_step):
@@ -222,12 +232,28 @@ class Trainer:
                 totals[key] += update[key] / self.cfg.updates_per_step
         self.policy_version += 1
         seconds = time.perf_counter() - start
-        tokens = float(sum(len(ex.response_ids) for ex in batch))
+        missing = float(sum(mb.sampler is None for mb in micro))
+        diff = sum(float(((o - mb.sampler).abs() * mb.mask).sum()) for o, mb in zip(old, micro)
+                   if mb.sampler is not None)
+        tokens, missing, diff = self._all_sum([float(sum(len(ex.response_ids) for ex in batch)), missing, diff])
         out = {**totals, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
-        if all(mb.sampler is not None for mb in micro):
-            diff = sum(float(((o - mb.sampler).abs() * mb.mask).sum()) for o, mb in zip(old, micro))
+        if missing == 0:
             out["logprob_abs_diff"] = diff / max(tokens, 1.0)
         return out
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        """Sums over every process that holds a part of the batch: one process here."""
+        return values
+
+    def _padding(self, n_micro: int) -> list[_Padded]:
+        """Micro-batches that add nothing, run so every process makes as many passes: none here."""
+        return []
+
+    def _clip_and_step(self) -> float:
+        """Clip the gradients to `max_grad_norm`, step the optimizer; the norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return float(grad_norm)
 
     def _update(self, micro: list[_Padded], old: list[Tensor], ref: list[Tensor] | None,
                 denominator: float) -> dict[str, float]:
@@ -248,10 +274,11 @@ class Trainer:
             clip_sum += stats["clip_frac"] * stats["tokens"]
             ratio_sum += stats["ratio_mean"] * stats["tokens"]
             token_sum += stats["tokens"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = self._clip_and_step()
+        loss_sum, kl_sum, clip_sum, ratio_sum, token_sum = self._all_sum(
+            [loss_sum, kl_sum, clip_sum, ratio_sum, token_sum])
         n = max(token_sum, 1.0)
-        return {"loss": loss_sum, "grad_norm": float(grad_norm), "clip_frac": clip_sum / n,
+        return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clip_sum / n,
                 "ratio_mean": ratio_sum / n, "kl": kl_sum}
 
     # ------------------------------------------------------------ weights out
@@ -272,17 +299,32 @@ class Trainer:
             out[name] = copies[key]
         return out
 
-    def save(self, out_dir: str | Path) -> Path:
+    @torch.no_grad()
+    def engine_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, detached contiguous CPU copy) one at a time: what a bucketed weight sync
+        sends (`rhymerl.weight_sync`), without a whole-model copy alive at once."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().to("cpu", copy=True).contiguous()
+
+    def save(self, out_dir: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
         """Write a loadable HF directory: safetensors weights, config, and the source tokenizer
-        files that exist (none is fine: a model dir without a tokenizer is saved as such)."""
+        files that exist (none is fine: a model dir without a tokenizer is saved as such).
+        `state_dict` (whole tensors) replaces the model's own: a sharded trainer gathers it."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
+        self.model.save_pretrained(out, state_dict=state_dict)
         for name in TOKENIZER_FILES:
             src = Path(self.model_dir) / name
             if src.is_file():
                 shutil.copyfile(src, out / name)
         return out
+
+    def held_bytes(self) -> int:
+        """Bytes of policy parameters and optimizer state in this process (its shards when sharded)."""
+        tensors = list(self.model.parameters()) + [v for state in self.optimizer.state.values()
+                                                   for v in state.values() if torch.is_tensor(v)]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local)
 
     # ------------------------------------------------------------ checkpoint state
 

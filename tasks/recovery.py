@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 
-import ray
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 from ray.exceptions import RayActorError
@@ -21,9 +20,9 @@ from ray.exceptions import RayActorError
 from tasks.resume import Restored, restore_task
 from tasks.setup import RunContext
 from tasks.steps import sync_task
-from workers.actors import start_trainer
 from workers.guard import WorkerGuard, resume_command
 from workers.sync import WeightsMismatch, sync_settings
+from workers.trainer_group import start_trainer, stop_trainer
 
 
 def _log() -> logging.Logger:
@@ -73,10 +72,10 @@ def check_recoverable(ctx: RunContext, restarts: int, exc: BaseException) -> Non
 
 
 def replace_trainer(ctx: RunContext, dead, exc: BaseException):
-    """A new trainer actor (initial weights) in place of the `dead` one."""
+    """A new trainer (actor or group of ranks, initial weights) in place of the `dead` one."""
     _log().warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
                    ctx.run_id, str(exc).splitlines()[0])
-    ray.kill(dead)  # already dead: frees its handle's resources, no effect otherwise
+    stop_trainer(dead)  # already dead: frees its handles' resources, no effect otherwise
     return start_trainer(ctx.cfg, ctx.model_dir)
 
 

@@ -24,7 +24,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.resume import ResumePlan, plan_resume, prompts_digest, same_prompts, samples_from_rows
 from rhymerl.rollout import step_batches
-from storage.checkpoints import CheckpointStore, checkpoint_url
+from storage.checkpoints import Checkpoint, CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError, LakeWriter
 from storage.tracking import MlflowTracker
 from tasks.setup import RunContext, Tracking
@@ -74,14 +74,34 @@ def checkpoint_task(ctx: RunContext, trainer, history: list[dict], policy_versio
     global_step = int(record["global_step"])
     if every == 0 or (global_step + 1) % every:
         return False
-    blob = ray.get(trainer.export_state.remote())
     meta = {"run_id": ctx.run_id, "epoch": int(record["epoch"]), "step": int(record["step"]),
             "global_step": global_step, "policy_version": policy_version,
             "mlflow_run_id": mlflow_run_id, "prompts_digest": prompts_digest(ctx.prompts),
             "prompts_per_step": cfg.rollout.prompts_per_step, "written_at": time.time(),
             # numpy scalars and the like become plain floats; the end summary reads these records
             "history": json.loads(json.dumps(history, default=float))}
-    return _store(cfg).save(ctx.run_id, global_step, blob, meta, keep=cfg.checkpoint.keep)
+    store = _store(cfg)
+    if cfg.train.world_size == 1:
+        blob = ray.get(trainer.export_state.remote())
+        return store.save(ctx.run_id, global_step, blob, meta, keep=cfg.checkpoint.keep)
+    if global_step in store.steps(ctx.run_id):  # never write shards into a committed checkpoint
+        return False
+    ray.get(trainer.save_checkpoint.remote(store.sharded_url(ctx.run_id, global_step), store.storage_options()))
+    return store.commit_sharded(ctx.run_id, global_step, meta, keep=cfg.checkpoint.keep)
+
+
+def _load_checkpoint(cfg: RunConfig, trainer, store: CheckpointStore, ckpt: Checkpoint,
+                     warm: bool) -> ray.ObjectRef:
+    """Start loading `ckpt` into `trainer` (`warm`: as a warm start); sharded checkpoints load
+    onto any train.world_size, a single trainer's bytes only onto world size 1."""
+    if ckpt.sharded:
+        method = trainer.warm_start_checkpoint if warm else trainer.load_checkpoint
+        return method.remote(ckpt.trainer_url, store.storage_options())
+    if cfg.train.world_size > 1:
+        raise ValueError(f"checkpoint {ckpt.run_id} step {ckpt.global_step} was written by a single trainer "
+                         "(trainer.pt); load it with train.world_size=1 (its next checkpoint is sharded if "
+                         "the run then continues with train.world_size > 1)")
+    return (trainer.warm_start if warm else trainer.import_state).remote(ckpt.trainer_state)
 
 
 @task(name="restore", cache_policy=NO_CACHE)
@@ -96,7 +116,7 @@ def restore_task(ctx: RunContext, trainer) -> Restored:
     if not same_prompts(meta, prompts_digest(ctx.prompts), cfg.rollout.prompts_per_step):
         raise ValueError(f"run {ctx.run_id} was checkpointed with other prompts or another "
                          "rollout.prompts_per_step; resume with the run's own data.* and rollout settings")
-    version = ray.get(trainer.import_state.remote(ckpt.trainer_state))
+    version = ray.get(_load_checkpoint(cfg, trainer, store, ckpt, warm=False))
     if version != int(meta["policy_version"]):
         raise ValueError(f"checkpoint {ckpt.global_step}: trainer state is at policy version {version}, "
                          f"its counters say {meta['policy_version']}")
@@ -124,7 +144,7 @@ def warm_start_task(ctx: RunContext, trainer) -> dict:
                          f"list the lake's runs with `rhymerl lake summary --lake {cfg.lake.url}` (checkpoints "
                          "live in the lake's _checkpoints, or checkpoint.dir if the source run set it)")
     try:
-        fingerprint = ray.get(trainer.warm_start.remote(ckpt.trainer_state))
+        fingerprint = ray.get(_load_checkpoint(cfg, trainer, store, ckpt, warm=True))
     except ray.exceptions.RayTaskError as exc:  # e.g. the checkpoint's tensors do not fit this model
         raise ValueError(f"model.init_from_run={source!r}: its checkpoint (global step {ckpt.global_step}) does "
                          f"not load into model.path={cfg.model.path or 'built-in'!r}; warm-start from a "

@@ -25,8 +25,9 @@ from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
-from workers.actors import RolloutWorker, TrainerWorker, missing_resources, placement_for
+from workers.actors import RolloutWorker, missing_resources, placement_for
 from workers.guard import wait_alive
+from workers.trainer_group import TrainerGroup, launch_trainer, stop_trainer
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,11 @@ def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, flo
     the first engine's initial weight fingerprint (to show later that weight sync reached it)."""
     cluster = ray.cluster_resources()
     place = placement_for(cfg, cluster.get("GPU", 0))
-    missing = missing_resources(place, cfg.rollout.num_workers, cluster)
+    missing = missing_resources(place, cfg.rollout.num_workers, cluster, cfg.train.world_size)
     if missing:
         raise ValueError("; ".join(missing))
     cores = os.cpu_count() or 1
-    trainer = TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
-                                    resources=place.trainer_resources).remote(model_dir, cfg, threads=cores)
+    trainer = launch_trainer(model_dir, cfg, place, threads=cores)
     workers = []
     for w in range(cfg.rollout.num_workers):
         spec = EngineSettings(
@@ -175,6 +175,9 @@ def finish_run_task(ctx: RunContext, tracking: Tracking | None, actors: list, st
         tracking.tracker.finish(status)
         LakeWriter(ctx.cfg.lake.url).finish_run(ctx.run_id, status)
     for actor in actors:
-        ray.kill(actor)
+        if isinstance(actor, TrainerGroup):  # several actors behind one handle
+            stop_trainer(actor)
+        else:
+            ray.kill(actor)
     if started_ray:
         ray.shutdown()

@@ -22,6 +22,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import advantages_for, check_groups, rollout_rows
 from rhymerl.trainer import TrainExample
+from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import Plan
 from tasks.resume import committed_step
@@ -97,6 +98,7 @@ def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
 
 
 @task(name="weight-sync", cache_policy=NO_CACHE)
-def sync_task(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32) -> dict:
+def sync_task(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32,
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
     """`workers.sync.sync_weights` as a step of the flow (see there for the checks)."""
-    return sync_weights(trainer, workers, guard, engine_dtype, probe_len)
+    return sync_weights(trainer, workers, guard, engine_dtype, probe_len, bucket_bytes)

@@ -51,21 +51,21 @@ def placement_for(cfg: RunConfig, gpus_available: float) -> Placement:
     return Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0, **custom)
 
 
-def missing_resources(place: Placement, workers: int, cluster: dict[str, float]) -> list[str]:
+def missing_resources(place: Placement, workers: int, cluster: dict[str, float], trainer_ranks: int = 1) -> list[str]:
     """What the cluster lacks for this placement (GPUs and custom resources), as fix-it messages.
 
     Ray would queue such actors forever; the run should stop at once and say why.
     """
-    gpus = place.worker_gpus * workers + place.trainer_gpus
+    gpus = place.worker_gpus * workers + place.trainer_gpus * trainer_ranks
     short = [] if gpus <= cluster.get("GPU", 0.0) else [
         f"the Ray cluster has {cluster.get('GPU', 0.0):g} GPUs, the run needs {gpus:g} (rollout.num_workers x "
-        "rollout.tensor_parallel_size, plus 1 for the trainer); lower rollout.num_workers, or on one GPU "
-        "set placement.share_gpu=true"]
+        "rollout.tensor_parallel_size, plus train.world_size for the trainer); lower rollout.num_workers or "
+        "train.world_size, or on one GPU set placement.share_gpu=true"]
     need: dict[str, float] = {}
     for name, units in place.worker_resources.items():
         need[name] = need.get(name, 0.0) + units * workers
     for name, units in place.trainer_resources.items():
-        need[name] = need.get(name, 0.0) + units
+        need[name] = need.get(name, 0.0) + units * trainer_ranks
     return short + [f"the Ray cluster has {cluster.get(name, 0.0):g} units of custom resource '{name}', the run "
             f"needs {units:g}; start nodes with ray start --resources '{{\"{name}\": {units:g}}}' or "
             "change placement.rollout_resource / placement.trainer_resource"
@@ -149,6 +149,21 @@ class RolloutWorker:
             self.engine.load_weights(state.items())
             return self.engine.weights_fingerprint()
 
+    def stage_weights(self, bucket: dict) -> int:
+        """Hand one bucket of a bucketed weight sync to the engine (loaded at `commit_weights`);
+        returns the bucket's bytes."""
+        from rhymerl.weight_sync import bucket_bytes_of
+
+        with self._engine_lock:
+            self.engine.stage_weights(bucket.items())
+        return bucket_bytes_of(bucket)
+
+    def commit_weights(self) -> float:
+        """Load the staged buckets in place; returns the engine's weight fingerprint afterwards."""
+        with self._engine_lock:
+            self.engine.commit_weights()
+            return self.engine.weights_fingerprint()
+
     def weights_fingerprint(self) -> float:
         with self._engine_lock:
             return self.engine.weights_fingerprint()
@@ -178,8 +193,18 @@ class TrainerWorker:
     def state_for_engine(self) -> dict:
         return self.trainer.state_dict_for_engine()
 
+    def state_buckets(self, bucket_bytes: int):
+        """Ray streaming generator: the weights as `rhymerl.weight_sync` buckets, one at a time."""
+        from rhymerl.weight_sync import bucketed
+
+        yield from bucketed(self.trainer.engine_tensors(), bucket_bytes)
+
     def policy_version(self) -> int:
         return self.trainer.policy_version
+
+    def held_bytes(self) -> int:
+        """Parameters + optimizer state held by this actor (see `Trainer.held_bytes`)."""
+        return self.trainer.held_bytes()
 
     def weights_fingerprint(self) -> float:
         """Comparable with the engines' fingerprint (see rhymerl.vllm.worker_ext.weights_fingerprint)."""
@@ -210,18 +235,28 @@ class TrainerWorker:
         self.trainer.policy_version = 0
         return self.weights_fingerprint()
 
+    def save_checkpoint(self, url: str, storage_options: dict) -> int:
+        """Write the state as a sharded checkpoint (one shard) under `url`; the policy version."""
+        from rhymerl.dist_checkpoint import save_trainer
+
+        save_trainer(self.trainer, url, **storage_options)
+        return self.trainer.policy_version
+
+    def load_checkpoint(self, url: str, storage_options: dict) -> int:
+        """Restore a sharded checkpoint written by any trainer world size; the policy version."""
+        from rhymerl.dist_checkpoint import load_trainer
+
+        return load_trainer(self.trainer, url, **storage_options)
+
+    def warm_start_checkpoint(self, url: str, storage_options: dict) -> float:
+        """`warm_start` from another run's sharded checkpoint."""
+        self.load_checkpoint(url, storage_options)
+        self.trainer.policy_version = 0
+        return self.weights_fingerprint()
+
     def save(self, out_dir: str) -> str:
         self.trainer.save(out_dir)
         return out_dir
 
     def info(self) -> dict:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
-
-
-def start_trainer(cfg: RunConfig, model_dir: str):
-    """A new trainer actor (initial weights), placed like the run's first one."""
-    cluster = ray.cluster_resources()
-    place = placement_for(cfg, cluster.get("GPU", 0))
-    return TrainerWorker.options(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus,
-                                 resources=place.trainer_resources).remote(model_dir, cfg,
-                                                                           threads=os.cpu_count() or 1)

@@ -1,7 +1,7 @@
 """Weight sync: the trainer's weights into every engine in place, and the proof that they arrived.
 
-After each optimizer step the trainer's state goes to every rollout worker through Ray's object
-store and each engine loads it without restarting. Then every engine is checked against the
+After each optimizer step the trainer's weights go to every rollout worker through Ray's object
+store, in buckets (`rhymerl.weight_sync`), and each engine loads them without restarting. Then every engine is checked against the
 trainer two ways: the parameter sum both compute (`weights_fingerprint`) and the log-probs of a
 fixed probe sequence, which depend on every weight and on how the engine computes with them.
 """
@@ -12,6 +12,8 @@ import math
 import time
 
 import ray
+
+from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
 
 FINGERPRINT_RTOL = 1e-6  # engine and trainer sum the same weights in a different order
 # Largest |engine - trainer| probe log-prob accepted, by engine dtype: float32 kernels agree to
@@ -42,18 +44,25 @@ def _on_each_worker(workers: list, call, guard) -> list:
 
 def sync_settings(cfg) -> dict:
     """`sync_task`'s checks for a run config: the engines' dtype and a probe that fits the engine."""
-    return {"engine_dtype": cfg.model.dtype, "probe_len": min(32, cfg.model.max_model_len - 1)}
+    return {"engine_dtype": cfg.model.dtype, "probe_len": min(32, cfg.model.max_model_len - 1),
+            "bucket_bytes": cfg.train.sync_bucket_mb * 2**20}
 
 
-def sync_weights(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32) -> dict:
+def sync_weights(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
     """Send the trainer's new weights to every engine in place (no engine restart), then check
     every engine against the trainer: the parameter sums both store alike (`weights_fingerprint`)
     and the log-probs of a fixed probe sequence, which depend on every weight. A mismatch raises
     `WeightsMismatch` naming the worker. With `guard` (`workers.guard.WorkerGuard`), a worker that
     dies during the sync is restarted and resynced as in a rollout."""
     t0 = time.perf_counter()
-    state_ref = trainer.state_for_engine.remote()
-    prints = _on_each_worker(workers, lambda w: w.load_weights.remote(state_ref), guard)
+    # Buckets stream out of the trainer as it gathers them; each engine stages every bucket, then
+    # loads them all at once. No process holds the weights in one Python object on the way.
+    moved = 0
+    for bucket in trainer.state_buckets.remote(bucket_bytes):
+        moved += _on_each_worker(workers, lambda w: w.stage_weights.remote(bucket), guard)[0]
+    prints = _on_each_worker(workers, lambda w: w.commit_weights.remote(), guard)
+    moved_s = time.perf_counter() - t0
     trainer_print = ray.get(trainer.weights_fingerprint.remote())
     ids, trainer_probe = ray.get(trainer.probe.remote(probe_len))
     probes = _on_each_worker(workers, lambda w: w.probe.remote(ids), guard)
@@ -66,7 +75,8 @@ def sync_weights(trainer, workers: list, guard=None, engine_dtype: str = "float3
             raise WeightsMismatch(f"rollout worker {w} does not hold the trainer's weights after the sync "
                                   f"(fingerprint {fingerprint!r} vs {trainer_print!r}, probe log-prob difference "
                                   f"{diff:.3g}); refusing to sample off-policy")
-    return {"sync_s": time.perf_counter() - t0, "engine_fingerprint": float(prints[0]),
+    return {"sync_s": time.perf_counter() - t0, "sync_gb": moved / 1e9,
+            "sync_s_per_gb": moved_s / max(moved / 1e9, 1e-12), "engine_fingerprint": float(prints[0]),
             "trainer_fingerprint": trainer_print, "probe_max_diff": worst}
 
 

@@ -192,11 +192,21 @@ class VllmEngine:
         yield StreamEvent(tuple(finished), tuple(partials), {})
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.stage_weights(named_tensors)
+        self.commit_weights()
+
+    def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Hand one bucket of new weights to the engine's workers; nothing changes until
+        `commit_weights` (a bucketed sync stages every bucket, then commits once)."""
         from safetensors.torch import save as save_safetensors
 
         # Tied weights share storage; safetensors refuses shared tensors, so each gets a copy.
         payload = {name: t.detach().to("cpu").clone().contiguous() for name, t in named_tensors}
-        self.llm.collective_rpc("rhymerl_load_weights", args=(save_safetensors(payload),))
+        self.llm.collective_rpc("rhymerl_stage_weights", args=(save_safetensors(payload),))
+
+    def commit_weights(self) -> None:
+        """Load the staged weights in place; afterwards the engine computes with them only."""
+        self.llm.collective_rpc("rhymerl_commit_weights")
         # The prefix cache holds prompt KV computed by the old weights, and prompts return every
         # epoch: reusing it would sample the next step partly from the previous policy (off-policy).
         if not self.llm.reset_prefix_cache():

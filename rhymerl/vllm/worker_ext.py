@@ -77,15 +77,24 @@ def install_exact_verifier() -> None:
 class WeightSyncExtension:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's model runner."""
 
-    def rhymerl_load_weights(self, blob: bytes) -> int:
-        """Load HF-named weights (a safetensors blob) in place; returns how many tensors.
+    def rhymerl_stage_weights(self, blob: bytes) -> int:
+        """Keep one bucket of HF-named weights until `rhymerl_commit_weights`; returns how many
+        tensors are staged now. The model is not touched yet.
 
         Weights travel as safetensors bytes because vLLM's RPC serializer turns raw tensors
         nested in argument lists into Python lists.
         """
-        tensors = load_safetensors(blob)
-        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))
-        return len(tensors)
+        staged = self.__dict__.setdefault("_rhymerl_staged", {})
+        staged.update(load_safetensors(blob))
+        return len(staged)
+
+    def rhymerl_commit_weights(self) -> int:
+        """Load every staged tensor in place in one reload (vLLM's reload processes the weights
+        as a whole: packed and fused parameters need all their parts); returns how many."""
+        staged = self.__dict__.pop("_rhymerl_staged", {})
+        if staged:
+            self.model_runner.reload_weights(weights_iterator=iter(staged.items()))
+        return len(staged)
 
     def rhymerl_weights_fingerprint(self) -> float:
         """`weights_fingerprint` of the engine's model (comparable with the trainer's)."""

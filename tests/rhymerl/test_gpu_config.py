@@ -14,16 +14,23 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = sorted((ROOT / "configs").glob("gpu-*.toml"))
 
 
+# The GPUs each config is written for: a node of 4 for the 0.5B model, of 8 for the 7B one.
+NODE_GPUS = {"gpu-qwen2.5-0.5b.toml": 4, "gpu-qwen2.5-7b.toml": 8}
+
+
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.name)
-def test_gpu_config_validates_and_fits_four_gpus(path):
+def test_gpu_config_validates_and_fits_its_node(path):
     cfg = load_config(path)
     assert cfg.model.path.startswith("/") and cfg.data.dataset.endswith((".jsonl", ".parquet"))
     assert cfg.rollout.num_workers >= 2 and cfg.model.dtype == "bfloat16" and cfg.train.dtype == "float32"
     assert cfg.model.max_model_len >= cfg.rollout.max_tokens + 128  # room for a GSM8K prompt
-    place = placement_for(cfg, gpus_available=4)
-    # Each engine on its own GPU(s), the trainer on one more: exactly the 4 GPUs of the node.
-    assert place.trainer_gpus == 1 and missing_resources(place, cfg.rollout.num_workers, {"GPU": 4.0}) == []
-    assert missing_resources(place, cfg.rollout.num_workers, {"GPU": 3.0}) != []
+    gpus = NODE_GPUS[path.name]
+    place = placement_for(cfg, gpus_available=gpus)
+    # Each engine on its own GPU(s), each trainer rank on one more: exactly the node's GPUs.
+    ranks = cfg.train.world_size
+    assert place.trainer_gpus == 1
+    assert missing_resources(place, cfg.rollout.num_workers, {"GPU": float(gpus)}, ranks) == []
+    assert missing_resources(place, cfg.rollout.num_workers, {"GPU": gpus - 1.0}, ranks) != []
 
 
 def test_gpu_config_prints_with_env_overrides(tmp_path):

@@ -169,3 +169,43 @@ def test_cli_resume_takes_the_stored_config(tmp_path, monkeypatch, capsys):
     assert (printed["rollout"]["n"], printed["epochs"], printed["lake"]["url"]) == (2, 3, lake)
     assert main(["run", "--resume", "nope", "--lake", lake, "--print-config"]) == 2
     assert "has no run 'nope'" in capsys.readouterr().err
+
+
+class FakeShardedTrainer(FakeTrainer):
+    """Writes its version as a torch.distributed.checkpoint-like folder (.metadata last)."""
+
+    def save_checkpoint(self, url: str, storage_options: dict) -> int:
+        import fsspec
+
+        for name, text in (("__0_0.distcp", f"v{self.version}"), (".metadata", "meta")):
+            with fsspec.open(f"{url}/{name}", "w", auto_mkdir=True, **storage_options) as f:
+                f.write(text)
+        return self.version
+
+    def load_checkpoint(self, url: str, storage_options: dict) -> int:
+        import fsspec
+
+        with fsspec.open(f"{url}/__0_0.distcp", "r", **storage_options) as f:
+            self.version = int(f.read()[1:])
+        return self.version
+
+
+def test_sharded_checkpoint_restores_on_another_world_size(tmp_path):
+    # Rule: a group's checkpoint is sharded and commits like the others; any world size loads it.
+    ctx = _ctx(tmp_path, "train.world_size=2")
+    _commit(ctx.cfg, 0, 0, PROMPTS[:2], version=0)
+    record = {"epoch": 0, "step": 0, "global_step": 0}
+    assert _checkpoint(ctx, FakeShardedTrainer(version=1), record, version=1) is True
+    assert _checkpoint(ctx, FakeShardedTrainer(version=1), record, version=1) is False  # committed: kept
+    ckpt = CheckpointStore(checkpoint_url(ctx.cfg.lake.url)).latest("run-1")
+    assert ckpt.sharded and ckpt.trainer_state == b""
+    reader = FakeShardedTrainer()
+    with disable_run_logger():
+        restored = resume.restore_task.fn(_ctx(tmp_path, "train.world_size=1"), _Remote(reader))
+    assert reader.version == restored.policy_version == 1 and restored.plan.global_step == 1
+
+
+def test_single_trainer_checkpoint_is_refused_by_a_group(tmp_path):
+    _checkpoint(_ctx(tmp_path), FakeTrainer(version=1), {"epoch": 0, "step": 0, "global_step": 0}, version=1)
+    with pytest.raises(ValueError, match="written by a single trainer.*train.world_size=1"):
+        resume.restore_task.fn(_ctx(tmp_path, "train.world_size=2"), _Remote(FakeShardedTrainer()))

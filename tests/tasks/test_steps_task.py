@@ -78,6 +78,14 @@ class FakeEngine:
             self.weights = state["w"]
         return 1.0  # the sum of norms alone cannot tell a stale engine: the probe must
 
+    def stage_weights(self, bucket):
+        self.staged = {**getattr(self, "staged", {}), **bucket}
+        return 8 * len(bucket)
+
+    def commit_weights(self):
+        staged, self.staged = getattr(self, "staged", {}), {}
+        return self.load_weights(staged) if staged else 1.0  # a restarted engine has nothing staged
+
     def probe(self, ids):
         return [-self.weights * i for i in ids[1:]]
 
@@ -90,6 +98,9 @@ class FakeEngine:
 class FakeTrainerActor:
     def state_for_engine(self):
         return {"w": 2.0}
+
+    def state_buckets(self, bucket_bytes):
+        yield {"w": 2.0}
 
     def weights_fingerprint(self):
         return 1.0
@@ -140,6 +151,7 @@ def test_sync_checks_every_engine_by_probe(ray_fakes):
     good = [ray_fakes.remote(FakeEngine).remote() for _ in range(2)]
     out = sync_task.fn(trainer, good, probe_len=8)
     assert out["probe_max_diff"] == 0.0 and out["engine_fingerprint"] == out["trainer_fingerprint"]
+    assert out["sync_gb"] == 8e-9  # one bucket of one 8-byte "tensor", as the fake counts it
     stale = [good[0], ray_fakes.remote(FakeEngine).remote(stale=True)]
     with pytest.raises(WeightsMismatch, match="rollout worker 1 does not hold"):
         sync_task.fn(trainer, stale, probe_len=8)

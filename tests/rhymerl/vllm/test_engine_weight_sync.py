@@ -14,6 +14,7 @@ import torch
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.records import Prompt, prompt_id_of
 from rhymerl.vllm.spec_guard import shutdown_llm
+from rhymerl.weight_sync import bucketed
 
 pytestmark = pytest.mark.slow
 PROMPT_LEN = 300  # several full KV blocks, so the prefix cache holds some of them
@@ -59,7 +60,11 @@ def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
         assert expected != before, "the update must change the greedy continuation to be a test"
         probe = list(ids[:32])
         stale = engine.probe_logprobs(probe)
-        engine.load_weights(model.state_dict().items())
+        # in many small buckets, as a bucketed sync sends them: staged, then loaded at once
+        for bucket in bucketed(iter(model.state_dict().items()), bucket_bytes=4096):
+            engine.stage_weights(bucket.items())
+        assert engine.generate([prompt], greedy)[0].token_ids == before  # staged is not loaded
+        engine.commit_weights()
         assert engine.generate([prompt], greedy)[0].token_ids == expected
         # Rule (sync check): the probe's log-probs, a function of every weight, are the new
         # model's after the update, and were far from them before it (norm/embedding sums are
