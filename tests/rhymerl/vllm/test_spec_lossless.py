@@ -107,7 +107,7 @@ def tiny(tmp_path_factory) -> Setup:
                                do_sample=True, temperature=0.7, top_p=0.9, top_k=0, pad_token_id=0)[:, 3:]
     blob, _ = bundle_for_epoch(prompts, {"prompt_id": [p.prompt_id for p in prompts for _ in range(20)],
                                          "response_token_ids": [tuple(r) for r in drawn.tolist()],
-                                         "reward": [0.0] * len(drawn)}, HISTOSPEC)
+                                         "reward": [0.0] * len(drawn)})
     bundle = path / "bundle.npz"
     bundle.write_bytes(blob)
     return Setup(str(path), model, prompts, str(bundle))
