@@ -3,6 +3,7 @@
     rhymerl bench e2e [--json] [--quick] [--seeds 3] [--epochs 4] [--prompts 128] [--workers 2]
                       [--config configs/default.toml] [--set KEY=VALUE ...] [--out bench/out/e2e]
                       [--resume] [--report-only] [--scale-workers 64] [--scale-max-tokens 8192]
+                      [--cost-json SURFACE.json [--cost-model qwen2-7b]]
 
 Two arms, the same config, seeds and prompts, run in one invocation:
 
@@ -223,6 +224,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-workers", type=int, default=64, help="scale estimate: workers (default 64)")
     p.add_argument("--scale-max-tokens", type=int, default=8192,
                    help="scale estimate: response token cap (default 8192)")
+    p.add_argument("--cost-json", help="scale estimate: a measured cost surface (scripts/gpu-costmodel.py) "
+                                       "instead of the assumed GPU-like cost model")
+    p.add_argument("--cost-model", help="scale estimate: which model of --cost-json (needed if it holds several)")
     p.add_argument("--run-one", help=argparse.SUPPRESS)  # child mode: one run, its records to this file
     p.add_argument("--arm", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -245,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(spec.epochs, spec.prompts, spec.workers, len(spec.seeds)) < 1:
         print("rhymerl bench e2e: --seeds, --epochs, --prompts and --workers must be >= 1", file=sys.stderr)
         return 2
-    scale = {"workers": args.scale_workers, "max_tokens": args.scale_max_tokens}
+    scale = {"workers": args.scale_workers, "max_tokens": args.scale_max_tokens,
+             "cost_json": args.cost_json, "cost_model": args.cost_model}
     Path(spec.out).mkdir(parents=True, exist_ok=True)
     if args.report_only:
         from bench.e2e_report import write_report

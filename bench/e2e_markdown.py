@@ -101,10 +101,21 @@ def scale_section(report: dict) -> list[str]:
             f"{by_share}. Rollout speed-up by verification overhead: {by_verify}.", "",
             "Assumptions: every request's tokens come a per verification step over its whole length "
             "(acceptance measured on 160-token responses of a tiny model; long reasoning responses may "
-            "accept more or less); a GPU-like cost model (8 ms per iteration + 0.15 ms per running request, "
-            "256 requests at once) where verifying drafts costs the stated share of an iteration; a free drafter; "
+            f"accept more or less); {_cost_text(s)}; a free drafter; "
             "the pipe benchmark's length noise model for forecasts; reward, training and sync unchanged."]
     return out
+
+
+def _cost_text(s: dict) -> str:
+    """Where the scale estimate's cost model came from: assumed, or a measured cost surface."""
+    c = s["cost"]
+    per_iter = f"{1e3 * c['base_s']:.2f} ms per iteration + {1e3 * c['per_seq_s']:.4f} ms per running request"
+    if s.get("cost_source", "assumed") == "assumed":
+        return (f"a GPU-like cost model ({per_iter}, {c['capacity']} requests at once) where verifying drafts "
+                "costs the stated share of an iteration")
+    return (f"the cost model fitted to a measured decode-step surface of {s['cost_source']} "
+            f"(scripts/gpu-costmodel.py; {per_iter} at a 1,024-token context, {c['capacity']} requests at once), "
+            "whose verification overhead is the surface's for this arm's drafted tokens per step")
 
 
 def markdown(report: dict, plots: dict[str, str]) -> str:

@@ -193,3 +193,22 @@ def test_bench_e2e_quick_smoke(tmp_path: Path, tiny_model: Path) -> None:
             assert e["rollout_s"][arm]["mean"] > 0 and e["train_s"][arm]["mean"] > 0
             assert 0 < e["overhead_frac"][arm]["mean"] < 1
     assert (out / "REPORT.md").is_file() and (out / "runs" / "rhymerl-s0.json").is_file()
+
+
+def test_scale_estimate_takes_a_measured_cost_surface(tmp_path: Path) -> None:
+    from rhymerl.histopipe.cost_surface import FORMAT
+
+    # seconds = 10 ms + 0.1 ms per new token, no attention term: cost 10 ms + 0.1 ms per request
+    points = [{"batch": b, "query": q, "context": c, "seconds": 0.01 + 1e-4 * b * q}
+              for b in (1, 64) for q in (1, 4) for c in (256, 1024)]
+    path = tmp_path / "surface.json"
+    path.write_text(json.dumps({"format": FORMAT, "device": "GPU X", "models": {"m": {"points": points}}}))
+    runs = [run("baseline", 0, [8.0, 8.0, 8.0]), run("rhymerl", 0, [8.0, 4.0, 2.0])]
+    scale = {"workers": 4, "max_tokens": 8192, "cost_json": str(path)}
+    report = write_report(runs, spec_for(tmp_path, seeds=1), scale)
+    s = report["scale"]["spec"]
+    assert s["cost_source"] == "m on GPU X" and s["cost"]["per_seq_s"] == pytest.approx(1e-4)
+    # 4 tokens per step at acceptance 0.5 -> 6 drafted -> 7 tokens per sequence at batch 128:
+    # (0.01 + 0.0896) / (0.01 + 0.0128) - 1
+    assert s["verify_overhead"] == pytest.approx(0.0996 / 0.0228 - 1, abs=1e-3)
+    assert "measured decode-step surface of m on GPU X" in (tmp_path / "REPORT.md").read_text()
