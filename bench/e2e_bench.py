@@ -16,7 +16,8 @@ Python heap, a crash takes one run down and not the benchmark, and the order of 
 state (caches, warmed allocators) from one arm into the other. Seeds alternate which arm goes
 first (ABBA) so a machine that slows down over the hour does not favour one arm. The child writes
 the run's per-step records (`run_flow`'s history: stage seconds, the step's full wall time,
-speculation counters, bubble ratio, reward, accuracy) to `OUT/runs/<arm>-s<seed>.json` the moment
+speculation counters, bubble ratio, reward, accuracy; and `bench.e2e_cpu`'s CPU seconds of every
+process of the run per part of each step) to `OUT/runs/<arm>-s<seed>.json` the moment
 the run ends; after every run the aggregate `OUT/e2e.json`, `OUT/REPORT.md` and its PNG plots are
 regenerated, so an interrupted benchmark keeps and reports every finished run. `--resume` skips
 runs whose result file exists with the same settings; `--report-only` rebuilds the report.
@@ -108,15 +109,19 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     from flows.run import run_flow
     from rhymerl.config import config_to_dict, load_config
 
+    from bench.e2e_cpu import PhaseCpu
+
     cfg = load_config(config, overrides)
     load_before, started = os.getloadavg(), time.time()
     t0 = time.perf_counter()
+    cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e_cpu)
     out = run_flow(config=config_to_dict(cfg))
     payload = {"arm": arm, "seed": seed, "settings": json.loads(settings), "run_id": out["run_id"],
                "config": config_to_dict(cfg), "history": out["history"],
                "epoch_wall_s": {str(k): v for k, v in out["epoch_wall_s"].items()},
                "run_wall_s": time.perf_counter() - t0, "started": started, "finished": time.time(),
-               "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit()}
+               "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit(),
+               "cpu": cpu.result()}
     path = Path(result)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, default=float))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.e2e_analysis import OVERHEAD, SPLIT
+from bench.e2e_cpu import cpu_section
 from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 
 ROWS = [("wall_s", "step time (epoch wall), s"), *[(k, f"  {SPLIT_LABELS[k]}, s") for k in SPLIT],
@@ -144,6 +145,9 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
               "start/finish, Ray round trips without their own timer); epoch flow = the epoch's wall time "
               "minus its steps and the index build.", "", "## Time split per epoch (seed means)", ""]
     lines += split_table(report)
+    cpu = report.get("cpu") or {}
+    lines += ["", "## CPU seconds per process and part of the step", ""]
+    lines += cpu_section(cpu.get("arms", {}), cpu.get("epochs", []))
     if "acceptance" in plots:
         lines += ["", f"![acceptance]({plots['acceptance']})", f"![bubble ratio]({plots['bubble']})"]
     lines += ["", "## Accuracy parity", ""] + parity_section(report)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.e2e_analysis import compare, parity
+from bench.e2e_cpu import cpu_table
 from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 from bench.e2e_markdown import markdown
 from bench.e2e_scale import ScaleSettings, estimate, surface_settings
@@ -65,6 +66,8 @@ def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
         "compare": cmp,
         "parity": {k: parity(runs, k) for k in ("accuracy", "reward_mean")} if runs else {},
     }
+    cpu_epochs = overall.get("epochs") or sorted({h["epoch"] for r in runs for h in r["history"]})
+    report["cpu"] = {"epochs": cpu_epochs, "arms": cpu_table(runs, cpu_epochs)}
     report["scale"] = _scale(cmp, scale) if overall.get("rollout_s") else None
     report["targets"] = _targets(report)
     return report

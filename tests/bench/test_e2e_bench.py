@@ -120,6 +120,7 @@ def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:
     for png in ("speedup.png", "time_split.png", "acceptance.png", "bubble.png", "reward_curves.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in md
     assert "Step-time speed-up 2.00x" in md and "permutation p" in md and "Cluster-scale estimate" in md
+    assert "## CPU seconds per process and part of the step" in md  # runs without CPU records say so
     saved = json.loads((tmp_path / "e2e.json").read_text())
     assert saved["targets"]["step_speedup"]["met"] is False  # 2.0 < 2.6
     # baseline epoch 2: 16 s of rollout in a 23 s epoch -> a free rollout gives at most 23 / 7
