@@ -15,7 +15,9 @@ writes, MLflow), each rollout worker, each worker's engine core (with its childr
 Ray task workers (reward scoring), Ray's own daemons, the Prefect server, anything else under the
 run, and "outside the run": the machine's CPU seconds minus all of the above (other jobs, or a
 process that escaped the tree). The process tree is re-read at each step's start; a process that
-ends between two readings loses its last interval (engines and actors live for the whole run).
+ends between two readings loses its last interval (engines and actors live for the whole run); one
+found at a step's start is charged all its CPU since it started, to the part that just ended (so the
+actors' and engines' start-up counts as setup, not as "outside the run").
 Reading ~40 /proc entries per boundary costs the flow process a few ms; `recorder_s` reports it.
 """
 
@@ -129,7 +131,7 @@ class PhaseCpu:
         spent: dict[str, float] = {}
         for pid, s in cpu1.items():
             name = self.tree[pid][1]
-            spent[name] = spent.get(name, 0.0) + max(0.0, s - cpu0.get(pid, s))
+            spent[name] = spent.get(name, 0.0) + max(0.0, s - cpu0.get(pid, 0.0))  # new: all since birth
         spent[OUTSIDE] = max(0.0, (m1 - m0) - sum(spent.values()))
         if part == "setup":
             target = self.setup
@@ -144,10 +146,10 @@ class PhaseCpu:
     def lap(self, name: str, started: bool) -> None:
         """The Stopwatch listener: close the running part, open the next one."""
         t = time.perf_counter()
+        if started and name == "plan_s":  # a new step: processes started since (the actors and engines
+            self.tree = process_tree(self.root)  # in setup, restarted ones later) join, with all their CPU
         self._charge(self.part)
-        if started and name == "plan_s":  # a new step: new processes (restarted actors) join
-            self.tree = process_tree(self.root)
-            self.last = self._read()
+        if started and name == "plan_s":
             self.steps.append({"cpu": {}, "wall": {}})
         self.part = name if started else GAPS.get(name, "dispatch")
         self.recorder_s += time.perf_counter() - t

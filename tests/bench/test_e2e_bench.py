@@ -194,6 +194,13 @@ def test_bench_e2e_quick_smoke(tmp_path: Path, tiny_model: Path) -> None:
             assert e["rollout_s"][arm]["mean"] > 0 and e["train_s"][arm]["mean"] > 0
             assert 0 < e["overhead_frac"][arm]["mean"] < 1
     assert (out / "REPORT.md").is_file() and (out / "runs" / "rhymerl-s0.json").is_file()
+    # CPU per process and part: every process kind of the run is found and spends CPU
+    for arm in ("baseline", "rhymerl"):
+        cpu = report["cpu"]["arms"][arm]["cpu"]
+        for name in ("flow", "rollout worker 0", "rollout worker 1", "engine core 0", "engine core 1", "trainer"):
+            assert sum(cpu[name].values()) > 0, (arm, name, sorted(cpu))
+        assert cpu["trainer"]["train"] > 0 and cpu["engine core 0"]["rollout"] > 0
+    assert "## CPU seconds per process and part of the step" in (out / "REPORT.md").read_text()
 
 
 def test_scale_estimate_takes_a_measured_cost_surface(tmp_path: Path) -> None:

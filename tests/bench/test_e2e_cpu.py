@@ -82,3 +82,20 @@ def test_table_averages_steps_of_the_chosen_epochs_and_groups_parts() -> None:
     md = "\n".join(cpu_section({"rhymerl": t}, [1]))
     assert "| flow | 0.00 | 0.00 | 2.00 | 0.00 | 0.10 | 0.00 | 0.00 | 2.10 |" in md
     assert "No run recorded" in cpu_section({}, [1])[0]
+
+
+def test_a_process_started_during_setup_is_charged_to_setup_not_outside() -> None:
+    rec = PhaseCpu().install()  # the tree is read now, before the child exists
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(5)\n"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with Stopwatch()("plan_s"):  # a step starts: the child joins with all its CPU so far
+            pass
+        res = rec.result()
+    finally:
+        child.kill()
+        child.wait()
+    assert res["setup"]["other in the run"] >= 0.25
