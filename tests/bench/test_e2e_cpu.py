@@ -13,9 +13,8 @@ from bench.e2e_cpu import OUTSIDE, PhaseCpu, cpu_section, cpu_table, label
 from rhymerl.timing import Stopwatch
 
 # a "rollout worker" (by its command line) whose child, its "engine core", burns CPU for 20 s
-WORKER = ("import subprocess, sys, time\n"
-          "subprocess.Popen([sys.executable, '-c', 'import time\\nt = time.time()\\nwhile time.time() - t < 20: pass'])\n"
-          "time.sleep(20)\n")
+BURN = "import time\\nt = time.time()\\nwhile time.time() - t < 20: pass"
+WORKER = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', '{BURN}'])\ntime.sleep(20)\n"
 
 
 def burn(seconds: float) -> None:
