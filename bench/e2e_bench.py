@@ -3,6 +3,7 @@
     rhymerl bench e2e [--json] [--quick] [--seeds 3] [--epochs 4] [--prompts 128] [--workers 2]
                       [--config configs/default.toml] [--set KEY=VALUE ...] [--out bench/out/e2e]
                       [--resume] [--report-only] [--scale-workers 64] [--scale-max-tokens 8192]
+                      [--cost-json SURFACE.json [--cost-model qwen2-7b]]
 
 Two arms, the same config, seeds and prompts, run in one invocation:
 
@@ -15,7 +16,8 @@ Python heap, a crash takes one run down and not the benchmark, and the order of 
 state (caches, warmed allocators) from one arm into the other. Seeds alternate which arm goes
 first (ABBA) so a machine that slows down over the hour does not favour one arm. The child writes
 the run's per-step records (`run_flow`'s history: stage seconds, the step's full wall time,
-speculation counters, bubble ratio, reward, accuracy) to `OUT/runs/<arm>-s<seed>.json` the moment
+speculation counters, bubble ratio, reward, accuracy; and `bench.e2e_cpu`'s CPU seconds of every
+process of the run per part of each step) to `OUT/runs/<arm>-s<seed>.json` the moment
 the run ends; after every run the aggregate `OUT/e2e.json`, `OUT/REPORT.md` and its PNG plots are
 regenerated, so an interrupted benchmark keeps and reports every finished run. `--resume` skips
 runs whose result file exists with the same settings; `--report-only` rebuilds the report.
@@ -107,15 +109,19 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     from flows.run import run_flow
     from rhymerl.config import config_to_dict, load_config
 
+    from bench.e2e_cpu import PhaseCpu
+
     cfg = load_config(config, overrides)
     load_before, started = os.getloadavg(), time.time()
     t0 = time.perf_counter()
+    cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e_cpu)
     out = run_flow(config=config_to_dict(cfg))
     payload = {"arm": arm, "seed": seed, "settings": json.loads(settings), "run_id": out["run_id"],
                "config": config_to_dict(cfg), "history": out["history"],
                "epoch_wall_s": {str(k): v for k, v in out["epoch_wall_s"].items()},
                "run_wall_s": time.perf_counter() - t0, "started": started, "finished": time.time(),
-               "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit()}
+               "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit(),
+               "cpu": cpu.result()}
     path = Path(result)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, default=float))
@@ -223,6 +229,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-workers", type=int, default=64, help="scale estimate: workers (default 64)")
     p.add_argument("--scale-max-tokens", type=int, default=8192,
                    help="scale estimate: response token cap (default 8192)")
+    p.add_argument("--cost-json", help="scale estimate: a measured cost surface (scripts/gpu-costmodel.py) "
+                                       "instead of the assumed GPU-like cost model")
+    p.add_argument("--cost-model", help="scale estimate: which model of --cost-json (needed if it holds several)")
     p.add_argument("--run-one", help=argparse.SUPPRESS)  # child mode: one run, its records to this file
     p.add_argument("--arm", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -245,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(spec.epochs, spec.prompts, spec.workers, len(spec.seeds)) < 1:
         print("rhymerl bench e2e: --seeds, --epochs, --prompts and --workers must be >= 1", file=sys.stderr)
         return 2
-    scale = {"workers": args.scale_workers, "max_tokens": args.scale_max_tokens}
+    scale = {"workers": args.scale_workers, "max_tokens": args.scale_max_tokens,
+             "cost_json": args.cost_json, "cost_model": args.cost_model}
     Path(spec.out).mkdir(parents=True, exist_ok=True)
     if args.report_only:
         from bench.e2e_report import write_report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.e2e_analysis import OVERHEAD, SPLIT
+from bench.e2e_cpu import cpu_section
 from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 
 ROWS = [("wall_s", "step time (epoch wall), s"), *[(k, f"  {SPLIT_LABELS[k]}, s") for k in SPLIT],
@@ -101,10 +102,21 @@ def scale_section(report: dict) -> list[str]:
             f"{by_share}. Rollout speed-up by verification overhead: {by_verify}.", "",
             "Assumptions: every request's tokens come a per verification step over its whole length "
             "(acceptance measured on 160-token responses of a tiny model; long reasoning responses may "
-            "accept more or less); a GPU-like cost model (8 ms per iteration + 0.15 ms per running request, "
-            "256 requests at once) where verifying drafts costs the stated share of an iteration; a free drafter; "
+            f"accept more or less); {_cost_text(s)}; a free drafter; "
             "the pipe benchmark's length noise model for forecasts; reward, training and sync unchanged."]
     return out
+
+
+def _cost_text(s: dict) -> str:
+    """Where the scale estimate's cost model came from: assumed, or a measured cost surface."""
+    c = s["cost"]
+    per_iter = f"{1e3 * c['base_s']:.2f} ms per iteration + {1e3 * c['per_seq_s']:.4f} ms per running request"
+    if s.get("cost_source", "assumed") == "assumed":
+        return (f"a GPU-like cost model ({per_iter}, {c['capacity']} requests at once) where verifying drafts "
+                "costs the stated share of an iteration")
+    return (f"the cost model fitted to a measured decode-step surface of {s['cost_source']} "
+            f"(scripts/gpu-costmodel.py; {per_iter} at a 1,024-token context, {c['capacity']} requests at once), "
+            "whose verification overhead is the surface's for this arm's drafted tokens per step")
 
 
 def markdown(report: dict, plots: dict[str, str]) -> str:
@@ -133,6 +145,9 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
               "start/finish, Ray round trips without their own timer); epoch flow = the epoch's wall time "
               "minus its steps and the index build.", "", "## Time split per epoch (seed means)", ""]
     lines += split_table(report)
+    cpu = report.get("cpu") or {}
+    lines += ["", "## CPU seconds per process and part of the step", ""]
+    lines += cpu_section(cpu.get("arms", {}), cpu.get("epochs", []))
     if "acceptance" in plots:
         lines += ["", f"![acceptance]({plots['acceptance']})", f"![bubble ratio]({plots['bubble']})"]
     lines += ["", "## Accuracy parity", ""] + parity_section(report)

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.e2e_analysis import compare, parity
+from bench.e2e_cpu import cpu_table
 from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 from bench.e2e_markdown import markdown
-from bench.e2e_scale import ScaleSettings, estimate
+from bench.e2e_scale import ScaleSettings, estimate, surface_settings
+from rhymerl.histopipe.cost_surface import load_cost_surface
 
 STEP_TARGET, OVERHEAD_TARGET = 2.6, 0.10
 
@@ -64,6 +66,8 @@ def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
         "compare": cmp,
         "parity": {k: parity(runs, k) for k in ("accuracy", "reward_mean")} if runs else {},
     }
+    cpu_epochs = overall.get("epochs") or sorted({h["epoch"] for r in runs for h in r["history"]})
+    report["cpu"] = {"epochs": cpu_epochs, "arms": cpu_table(runs, cpu_epochs)}
     report["scale"] = _scale(cmp, scale) if overall.get("rollout_s") else None
     report["targets"] = _targets(report)
     return report
@@ -96,8 +100,13 @@ def _scale(cmp: dict, scale: dict) -> dict | None:
     share = base["rollout_s"]["baseline"]["mean"] / base["wall_s"]["baseline"]["mean"]
     if accepted <= 1.0:
         return None
-    return estimate(ScaleSettings(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"]),
-                    measured_rollout_share=round(share, 3))
+    settings = ScaleSettings(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"])
+    if scale.get("cost_json"):
+        rate = statistics.fmean(row["acceptance_rate"]["rhymerl"]["mean"] for row in late)
+        drafted = (accepted - 1.0) / rate if rate > 0 else 0.0  # accepted drafts = accepted_len - bonus token
+        surface = load_cost_surface(scale["cost_json"], scale.get("cost_model"))
+        settings = surface_settings(settings, surface, drafted)
+    return estimate(settings, measured_rollout_share=round(share, 3))
 
 
 def _targets(report: dict) -> dict:

@@ -21,6 +21,11 @@ little; 0.2 is assumed, 0 and 0.5 bracket it); the drafter itself is free (it ru
 beside the engine). Rollout is a share `rollout_share` of the baseline step (the rest: reward,
 training, weight sync, orchestration, which neither technique changes); the step speed-up is
 1 / ((1 - f) + f / rollout speed-up) (Amdahl).
+
+With a measured cost surface (`scripts/gpu-costmodel.py`, `rhymerl bench e2e --cost-json`) the
+cost model and the verification overhead come from it instead (`surface_settings`): the
+per-iteration cost at a mean context of `SURFACE_CONTEXT` tokens, and the overhead of feeding
+1 + (drafted tokens per verification step, measured) tokens per sequence at half the capacity.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from bench.pipe_bench import heavy_workload
+from rhymerl.histopipe.cost_surface import CostSurface
 from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths
 from rhymerl.histopipe.schedule import ScheduleRequest, schedule
@@ -48,6 +54,21 @@ class ScaleSettings:
     rollout_share: float = 0.85  # rollout share of the baseline step (the paper: 80-95%)
     seed: int = 0
     cost: CostModel = CostModel(base_s=0.008, per_seq_s=1.5e-4, capacity=256)
+    cost_source: str = "assumed"  # "assumed" (the GPU-like model above) or "<model> on <device>" (measured)
+
+
+# mean cached tokens per sequence while decoding: a prompt of a few hundred tokens plus half of a
+# response of the workload's median length 1,024 (long responses weigh more, but are fewer)
+SURFACE_CONTEXT = 1024
+
+
+def surface_settings(spec: ScaleSettings, surface: CostSurface, drafted_per_step: float) -> ScaleSettings:
+    """`spec` with the cost model and verification overhead taken from a measured `surface`."""
+    capacity = spec.cost.capacity
+    cost = surface.cost_model(SURFACE_CONTEXT, query=1.0, capacity=capacity)
+    overhead = surface.verify_overhead(1.0 + drafted_per_step, capacity / 2, SURFACE_CONTEXT)
+    return replace(spec, cost=cost, verify_overhead=round(overhead, 3),
+                   cost_source=f"{surface.model} on {surface.device}")
 
 
 def amdahl(rollout_speedup: float, rollout_share: float) -> float:

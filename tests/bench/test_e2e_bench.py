@@ -120,6 +120,7 @@ def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:
     for png in ("speedup.png", "time_split.png", "acceptance.png", "bubble.png", "reward_curves.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in md
     assert "Step-time speed-up 2.00x" in md and "permutation p" in md and "Cluster-scale estimate" in md
+    assert "## CPU seconds per process and part of the step" in md  # runs without CPU records say so
     saved = json.loads((tmp_path / "e2e.json").read_text())
     assert saved["targets"]["step_speedup"]["met"] is False  # 2.0 < 2.6
     # baseline epoch 2: 16 s of rollout in a 23 s epoch -> a free rollout gives at most 23 / 7
@@ -193,3 +194,29 @@ def test_bench_e2e_quick_smoke(tmp_path: Path, tiny_model: Path) -> None:
             assert e["rollout_s"][arm]["mean"] > 0 and e["train_s"][arm]["mean"] > 0
             assert 0 < e["overhead_frac"][arm]["mean"] < 1
     assert (out / "REPORT.md").is_file() and (out / "runs" / "rhymerl-s0.json").is_file()
+    # CPU per process and part: every process kind of the run is found and spends CPU
+    for arm in ("baseline", "rhymerl"):
+        cpu = report["cpu"]["arms"][arm]["cpu"]
+        for name in ("flow", "rollout worker 0", "rollout worker 1", "engine core 0", "engine core 1", "trainer"):
+            assert sum(cpu[name].values()) > 0, (arm, name, sorted(cpu))
+        assert cpu["trainer"]["train"] > 0 and cpu["engine core 0"]["rollout"] > 0
+    assert "## CPU seconds per process and part of the step" in (out / "REPORT.md").read_text()
+
+
+def test_scale_estimate_takes_a_measured_cost_surface(tmp_path: Path) -> None:
+    from rhymerl.histopipe.cost_surface import FORMAT
+
+    # seconds = 10 ms + 0.1 ms per new token, no attention term: cost 10 ms + 0.1 ms per request
+    points = [{"batch": b, "query": q, "context": c, "seconds": 0.01 + 1e-4 * b * q}
+              for b in (1, 64) for q in (1, 4) for c in (256, 1024)]
+    path = tmp_path / "surface.json"
+    path.write_text(json.dumps({"format": FORMAT, "device": "GPU X", "models": {"m": {"points": points}}}))
+    runs = [run("baseline", 0, [8.0, 8.0, 8.0]), run("rhymerl", 0, [8.0, 4.0, 2.0])]
+    scale = {"workers": 4, "max_tokens": 8192, "cost_json": str(path)}
+    report = write_report(runs, spec_for(tmp_path, seeds=1), scale)
+    s = report["scale"]["spec"]
+    assert s["cost_source"] == "m on GPU X" and s["cost"]["per_seq_s"] == pytest.approx(1e-4)
+    # 4 tokens per step at acceptance 0.5 -> 6 drafted -> 7 tokens per sequence at batch 128:
+    # (0.01 + 0.0896) / (0.01 + 0.0128) - 1
+    assert s["verify_overhead"] == pytest.approx(0.0996 / 0.0228 - 1, abs=1e-3)
+    assert "measured decode-step surface of m on GPU X" in (tmp_path / "REPORT.md").read_text()
