@@ -23,10 +23,12 @@ from rhymerl.report import epoch_summary, format_summary
 from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_task
 from tasks.setup import (RunContext, Tracking, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
-from tasks.plan import measure_task, plan_task
+from tasks.background import Background
+from tasks.plan import gantt_task, measure_task, plan_task
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
-from tasks.resume import checkpoint_task, lake_rows_task, restore_task, resume_tracking_task, warm_start_task
+from tasks.resume import (begin_checkpoint, checkpoint_task, lake_rows_task, restore_task, resume_tracking_task,
+                          warm_start_task)
 from tasks.spec import history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 from workers.guard import WorkerGuard
@@ -53,6 +55,8 @@ class RunState:
     spec_history: object = None  # the current epoch's HistoSpec BundleInfo, if any
     initial_fingerprint: float = 0.0
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
+    background: Background = field(default_factory=Background)  # off the critical path (tasks.background)
+    mlflow_tail: Any = None  # the last background run that writes to MLflow: the next waits for it
 
 
 # run_id -> the live run, for its epoch subflows: a subflow's parameters must stay plain values
@@ -74,6 +78,7 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
         if step >= start_step:
             records.append(run_step(ctx, st, epoch, step, batch, sampling))
+    st.background.flush()  # the epoch's rows, metrics and checkpoints are in before its summary
     log_epoch_task(st.tracking, st.history, epoch)
     return records
 
@@ -106,22 +111,36 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
     st.policy_version += 1
     watch.seconds.update(sync_s=sync["sync_s"], step_s=watch.total())
     with watch("measure_s"):
-        pipe = measure_task(plan, quote(samples), len(st.workers), st.tracking.tracker, len(st.history),
-                            cfg.pipe.gantt)
+        pipe = measure_task(plan, quote(samples), len(st.workers))
     record = _record(st, epoch, step, step_stats(samples, scores), dict(watch.seconds), pipe, sync, train)
     record["migrations"] = float(migrations)
     if speculation is not None:
         record.update(speculation.as_metrics("spec/"))
     st.history.append(record)
     with watch("log_s"):
-        log_step_task(st.tracking, record)
-        lake_step_task(cfg.lake.url, ctx.run_id, record, cfg.spec.method if speculation is not None else None)
+        _log_in_background(ctx, st, record, plan, samples, speculation is not None)
     with watch("checkpoint_s"):
-        checkpoint_task(ctx, st.trainer, st.history, st.policy_version, st.tracking.mlflow_run_id)
+        pending = begin_checkpoint(ctx, st.trainer, int(record["global_step"]))  # queued before the next train
+        if pending is not None:
+            history = [dict(h) for h in st.history]  # this step's view: later steps append and update
+            st.background.submit(checkpoint_task, ctx, pending, quote(history), st.policy_version,
+                                 st.tracking.mlflow_run_id)
     # Known only once the step's record is logged: kept in the run's history (the returned
     # records; `rhymerl bench e2e` splits wall_s from them), not in MLflow or the lake.
     record.update(log_s=watch.seconds["log_s"], checkpoint_s=watch.seconds["checkpoint_s"], wall_s=watch.total())
     return record
+
+
+def _log_in_background(ctx: RunContext, st: RunState, record: dict, plan, samples, speculated: bool) -> None:
+    """The step's MLflow metrics, Gantt chart and steps-table row, off the critical path. MLflow
+    writes run one after another (`st.mlflow_tail`); each gets its own copy of the record, which
+    the step goes on updating."""
+    cfg, bg = ctx.cfg, st.background
+    st.mlflow_tail = bg.submit(log_step_task, st.tracking, dict(record), after=st.mlflow_tail)
+    if cfg.pipe.gantt:
+        st.mlflow_tail = bg.submit(gantt_task, plan, quote(samples), len(st.workers), st.tracking.tracker,
+                                   int(record["global_step"]), after=st.mlflow_tail)
+    bg.submit(lake_step_task, cfg.lake.url, ctx.run_id, dict(record), cfg.spec.method if speculated else None)
 
 
 def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings, plan,
@@ -212,9 +231,11 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                 continue
             epoch_wall_s[epoch] = time.perf_counter() - t  # steps + history + the subflow's own cost
             epoch, start_step = epoch + 1, 0
+        st.background.flush()
         plot_task(st.tracking, st.history)
         status = "finished"
     finally:
+        _drain(st.background, log)  # a failed run still gets what it submitted
         finish_run_task(ctx, st.tracking, st.workers + ([st.trainer] if st.trainer is not None else []),
                         st.started_ray, status)
         _LIVE.pop(run_id, None)
@@ -245,10 +266,20 @@ def _open_run(ctx: RunContext, st: RunState, resume: str | None) -> tuple[int, i
     return 0, 0
 
 
+def _drain(background: Background, log) -> None:
+    """Wait for every background run; log (not raise) their errors: the caller is already failing
+    or recovering, and its own error is the one to report."""
+    try:
+        background.flush()
+    except Exception as exc:
+        log.warning("background work failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
 def _recover_trainer(ctx: RunContext, st: RunState, exc: BaseException) -> tuple[int, int]:
     """Replace the dead trainer with one loaded from the last checkpoint (`tasks.recovery`); returns
     the (epoch, step) to continue from. `TrainerLost` (with the resume command) when it cannot."""
     cfg, guard = ctx.cfg, st.guard
+    _drain(st.background, get_run_logger())  # every checkpoint that can still commit, before restoring
     check_recoverable(ctx, guard.trainer_restarts, exc)
     st.trainer = guard.trainer = replace_trainer(ctx, st.trainer, exc)
     logged = st.tracking.logged_steps | {int(h["global_step"]) for h in st.history}

@@ -2,7 +2,8 @@
 
 `plan_task` reads the run's earlier response lengths from the lake (DuckDB), forecasts each
 prompt's lengths and asks a scheduling policy for a placement; `measure_task` computes the step's
-bubble ratio, forecast quality and a Gantt chart from what actually happened.
+bubble ratio and forecast quality from what actually happened, and `gantt_task` (off the step's
+critical path) draws its Gantt chart.
 """
 
 from __future__ import annotations
@@ -80,14 +81,16 @@ def plan_task(cfg: PipeConfig, lake_url: str, run_id: str, epoch: int, step: int
                 forecast_peak={pid: f.peak for pid, f in forecasts.items()})
 
 
-@task(name="measure", cache_policy=NO_CACHE)
-def measure_task(plan: Plan, samples: list[Sample], workers: int, tracker, global_step: int,
-                 gantt: bool) -> dict[str, float]:
-    """Bubble ratio and makespan of the step; forecast quality where history existed; Gantt chart."""
-    rows = [{"prompt_id": s.prompt_id, "sample_idx": s.sample_idx, "worker_id": s.worker_id,
+def _rows(samples: list[Sample]) -> list[dict]:
+    return [{"prompt_id": s.prompt_id, "sample_idx": s.sample_idx, "worker_id": s.worker_id,
              "gen_start": s.t_start, "gen_end": s.t_end, "length": len(s.token_ids),
              "migrated_from_worker": s.migrated_from_worker, "migrated_at": s.migrated_at} for s in samples]
-    result = measure(rows, workers)
+
+
+@task(name="measure", cache_policy=NO_CACHE)
+def measure_task(plan: Plan, samples: list[Sample], workers: int) -> dict[str, float]:
+    """Bubble ratio and makespan of the step; forecast quality where history existed."""
+    result = measure(_rows(samples), workers)
     out = {"bubble_ratio": float(result.bubble_ratio), "makespan_s": float(result.makespan)}
     if len(plan.forecast_mean) >= 3:
         actual: dict[str, list[int]] = {}
@@ -96,9 +99,14 @@ def measure_task(plan: Plan, samples: list[Sample], workers: int, tracker, globa
         means = {pid: sum(v) / len(v) for pid, v in actual.items() if pid in plan.forecast_mean}
         quality = forecast_quality({pid: plan.forecast_mean[pid] for pid in means}, means)
         out.update(quality.as_metrics())
-    if gantt and tracker is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = gantt_png(result, Path(tmp) / f"gantt_step{global_step:04d}.png",
-                             title=f"step {global_step}: {plan.policy}, bubble {result.bubble_ratio:.1%}")
-            tracker.log_artifact(str(path), artifact_path="gantt")
     return out
+
+
+@task(name="gantt", cache_policy=NO_CACHE)
+def gantt_task(plan: Plan, samples: list[Sample], workers: int, tracker, global_step: int) -> None:
+    """The step's Gantt chart (one lane per running request, per worker) to the MLflow run."""
+    result = measure(_rows(samples), workers)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = gantt_png(result, Path(tmp) / f"gantt_step{global_step:04d}.png",
+                         title=f"step {global_step}: {plan.policy}, bubble {result.bubble_ratio:.1%}")
+        tracker.log_artifact(str(path), artifact_path="gantt")

@@ -1,11 +1,13 @@
 """Prefect tasks that make a run resumable: write checkpoints, and pick a run up where it stopped.
 
-`checkpoint_task` runs as the last task of a step (after lake commit, training, weight sync and
-the steps row): the trainer's state goes to the checkpoint store with the run's counters and
-history. `restore_task` loads the newest committed checkpoint into the trainer and returns the
-counters and history it held and where to continue (`rhymerl.resume.plan_resume`); the flow then
-syncs the engines and reopens tracking with `resume_tracking_task`. Steps the lake committed after the checkpoint
-are trained on their committed rows (`lake_rows_task`), never sampled again. `warm_start_task`
+At the end of a step (after lake commit, training and weight sync) `begin_checkpoint` queues the
+trainer's export on its actor, and `checkpoint_task` (in the background, `tasks.background`) stores
+it with the run's counters and history, committed marker-last: a step is resumable once its
+checkpoint is committed. `restore_task` loads the newest committed checkpoint into the trainer and
+returns the counters and history it held and where to continue (`rhymerl.resume.plan_resume`); the
+flow then syncs the engines and reopens tracking with `resume_tracking_task`. Steps the lake
+committed after the checkpoint are trained on their committed rows (`lake_rows_task`), never
+sampled again. `warm_start_task`
 starts a *new* run's trainer from another run's newest checkpoint (`model.init_from_run`).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from prefect import get_run_logger, task
@@ -64,30 +67,53 @@ class Restored:
     mlflow_run_id: str
 
 
-@task(name="checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def checkpoint_task(ctx: RunContext, trainer, history: list[dict], policy_version: int,
-                    mlflow_run_id: str) -> bool:
-    """Every `checkpoint.every_steps` steps (counted by the last record of `history`): trainer state
-    plus counters and history, committed, the last `checkpoint.keep` kept. True if it wrote one."""
-    cfg, record = ctx.cfg, history[-1]
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    """A checkpoint whose trainer side has been asked for (`begin_checkpoint`) but not yet stored."""
+
+    global_step: int
+    state: Any  # ObjectRef: the trainer's state bytes (one trainer) or its ranks' shards written (a group)
+    sharded: bool
+
+
+def begin_checkpoint(ctx: RunContext, trainer, global_step: int) -> PendingCheckpoint | None:
+    """Ask the trainer for step `global_step`'s checkpoint if one is due (every
+    `checkpoint.every_steps` steps), without waiting: the call is queued on the trainer actor now,
+    before the next step's training, so it captures exactly this step's weights even while
+    `checkpoint_task` stores it in the background. None when none is due."""
+    cfg = ctx.cfg
     every = cfg.checkpoint.every_steps
-    global_step = int(record["global_step"])
     if every == 0 or (global_step + 1) % every:
-        return False
+        return None
+    if cfg.train.world_size == 1:
+        return PendingCheckpoint(global_step, trainer.export_state.remote(), sharded=False)
+    store = _store(cfg)
+    if global_step in store.steps(ctx.run_id):  # never write shards into a committed checkpoint
+        return None
+    ref = trainer.save_checkpoint.remote(store.sharded_url(ctx.run_id, global_step), store.storage_options())
+    return PendingCheckpoint(global_step, ref, sharded=True)
+
+
+@task(name="checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def checkpoint_task(ctx: RunContext, pending: PendingCheckpoint, history: list[dict], policy_version: int,
+                    mlflow_run_id: str) -> bool:
+    """Store `pending` with the run's counters and history (through the last record, which is its
+    step), committed marker-last; the last `checkpoint.keep` kept. True once committed."""
+    cfg, record = ctx.cfg, history[-1]
+    if int(record["global_step"]) != pending.global_step:
+        raise ValueError(f"checkpoint of global step {pending.global_step} given the history up to step "
+                         f"{record['global_step']}")
     meta = {"run_id": ctx.run_id, "epoch": int(record["epoch"]), "step": int(record["step"]),
-            "global_step": global_step, "policy_version": policy_version,
+            "global_step": pending.global_step, "policy_version": policy_version,
             "mlflow_run_id": mlflow_run_id, "prompts_digest": prompts_digest(ctx.prompts),
             "prompts_per_step": cfg.rollout.prompts_per_step, "written_at": time.time(),
             # numpy scalars and the like become plain floats; the end summary reads these records
             "history": json.loads(json.dumps(history, default=float))}
     store = _store(cfg)
-    if cfg.train.world_size == 1:
-        blob = ray.get(trainer.export_state.remote())
-        return store.save(ctx.run_id, global_step, blob, meta, keep=cfg.checkpoint.keep)
-    if global_step in store.steps(ctx.run_id):  # never write shards into a committed checkpoint
-        return False
-    ray.get(trainer.save_checkpoint.remote(store.sharded_url(ctx.run_id, global_step), store.storage_options()))
-    return store.commit_sharded(ctx.run_id, global_step, meta, keep=cfg.checkpoint.keep)
+    if not pending.sharded:
+        return store.save(ctx.run_id, pending.global_step, ray.get(pending.state), meta, keep=cfg.checkpoint.keep)
+    ray.get(pending.state)  # every rank's shards are written
+    return store.commit_sharded(ctx.run_id, pending.global_step, meta, keep=cfg.checkpoint.keep)
 
 
 def _load_checkpoint(cfg: RunConfig, trainer, store: CheckpointStore, ckpt: Checkpoint,

@@ -53,7 +53,7 @@ def test_measure_bubble_ratio(tmp_path):
     prompts = [P(0), P(1)]
     plan = plan_task.fn(PipeConfig(policy="naive"), str(tmp_path), "run", 0, 0, prompts, 2, 1, 64)
     samples = [S("p0", 0, 10, worker=0, start=0.0, end=4.0), S("p1", 0, 5, worker=1, start=0.0, end=1.0)]
-    out = measure_task.fn(plan, samples, 2, None, 0, gantt=False)
+    out = measure_task.fn(plan, samples, 2)
     assert out["bubble_ratio"] == pytest.approx(0.375) and out["makespan_s"] == pytest.approx(4.0)
 
 

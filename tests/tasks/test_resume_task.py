@@ -51,7 +51,8 @@ def _ctx(tmp_path, *overrides: str, prompts=PROMPTS) -> RunContext:
 
 
 def _checkpoint(ctx: RunContext, trainer: FakeTrainer, *records: dict, version: int = 0) -> bool:
-    return resume.checkpoint_task.fn(ctx, _Remote(trainer), list(records), version, "mlf-1")
+    pending = resume.begin_checkpoint(ctx, _Remote(trainer), int(records[-1]["global_step"]))
+    return pending is not None and resume.checkpoint_task.fn(ctx, pending, list(records), version, "mlf-1")
 
 
 def _commit(cfg, epoch: int, step: int, prompts, version: int) -> None:
@@ -209,3 +210,17 @@ def test_single_trainer_checkpoint_is_refused_by_a_group(tmp_path):
     _checkpoint(_ctx(tmp_path), FakeTrainer(version=1), {"epoch": 0, "step": 0, "global_step": 0}, version=1)
     with pytest.raises(ValueError, match="written by a single trainer.*train.world_size=1"):
         resume.restore_task.fn(_ctx(tmp_path, "train.world_size=2"), _Remote(FakeShardedTrainer()))
+
+
+def test_a_checkpoint_stored_later_holds_its_own_steps_weights(tmp_path):
+    # Rule: begin_checkpoint asks the trainer for its state at once (queued on the actor before the
+    # next step's training), so a checkpoint stored in the background still holds its step's weights.
+    trainer, ctx = FakeTrainer(version=1), _ctx(tmp_path)
+    record = {"epoch": 0, "step": 0, "global_step": 0}
+    pending = resume.begin_checkpoint(ctx, _Remote(trainer), 0)
+    trainer.version = 2  # the next step trained before the checkpoint was stored
+    assert resume.checkpoint_task.fn(ctx, pending, [record], 1, "mlf-1") is True
+    stored = CheckpointStore(checkpoint_url(ctx.cfg.lake.url)).latest("run-1")
+    assert stored.trainer_state == b"v1" and stored.meta["policy_version"] == 1
+    with pytest.raises(ValueError, match="global step 0 given the history up to step 1"):
+        resume.checkpoint_task.fn(ctx, pending, [{"epoch": 0, "step": 1, "global_step": 1}], 1, "mlf-1")
