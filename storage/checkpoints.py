@@ -108,12 +108,7 @@ class CheckpointStore:
                   "files": {STATE_FILE: _digest(trainer_state), META_FILE: _digest(meta_blob)}}
         with lake_io(self.url, f"write checkpoint {key}"):
             put_atomic(self.fs, self._path(f"{key}/{STATE_FILE}"), trainer_state, exclusive=False)
-            put_atomic(self.fs, self._path(f"{key}/{META_FILE}"), meta_blob, exclusive=False)
-            committed = put_atomic(self.fs, self._path(f"{key}/{MARKER}"),
-                                   json.dumps(marker, indent=1).encode(), exclusive=True)
-        if keep is not None:
-            self.prune(run_id, keep)
-        return committed
+        return self._commit(run_id, key, meta_blob, marker, keep)
 
     def sharded_url(self, run_id: str, global_step: int) -> str:
         """The URL every rank of a sharded trainer writes its checkpoint files under."""
@@ -143,6 +138,11 @@ class CheckpointStore:
         listed = {f"{SHARDED_DIR}/{name}": {"bytes": size} for name, size in sorted(files.items())}
         marker = {"run_id": run_id, "global_step": global_step, "committed_at": time.time(),
                   "files": {**listed, META_FILE: _digest(meta_blob)}}
+        return self._commit(run_id, key, meta_blob, marker, keep)
+
+    def _commit(self, run_id: str, key: str, meta_blob: bytes, marker: dict, keep: int | None) -> bool:
+        """state.json, then the marker last (create-only: a checkpoint exists once it is there);
+        then keep the newest `keep`. False if another writer committed the step first."""
         with lake_io(self.url, f"commit checkpoint {key}"):
             put_atomic(self.fs, self._path(f"{key}/{META_FILE}"), meta_blob, exclusive=False)
             committed = put_atomic(self.fs, self._path(f"{key}/{MARKER}"),

@@ -12,6 +12,7 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
@@ -177,8 +178,35 @@ class RolloutWorker:
         return {"worker_id": self.worker_id, "node_id": self.node_id, "pid": os.getpid()}
 
 
+class ShardedCheckpoints:
+    """Checkpoint methods a trainer actor shares with every rank of a group: `self.trainer` writes
+    or reads its part of a sharded checkpoint (`rhymerl.dist_checkpoint`; the whole state when it
+    is the only one). The actor class provides `weights_fingerprint`."""
+
+    trainer: Any
+
+    def save_checkpoint(self, url: str, storage_options: dict) -> int:
+        """Write this process's part of a sharded checkpoint under `url`; the policy version."""
+        from rhymerl.dist_checkpoint import save_trainer
+
+        save_trainer(self.trainer, url, **storage_options)
+        return self.trainer.policy_version
+
+    def load_checkpoint(self, url: str, storage_options: dict) -> int:
+        """Restore a sharded checkpoint written by any trainer world size; the policy version."""
+        from rhymerl.dist_checkpoint import load_trainer
+
+        return load_trainer(self.trainer, url, **storage_options)
+
+    def warm_start_checkpoint(self, url: str, storage_options: dict) -> float:
+        """Another run's sharded checkpoint, at policy version 0 of this run; the fingerprint."""
+        self.load_checkpoint(url, storage_options)
+        self.trainer.policy_version = 0
+        return self.weights_fingerprint()
+
+
 @ray.remote
-class TrainerWorker:
+class TrainerWorker(ShardedCheckpoints):
     """Holds the torch policy and optimizer; one GRPO update per step."""
 
     def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:
@@ -232,25 +260,6 @@ class TrainerWorker:
         """Start from another run's checkpoint (`export_state` bytes): its weights, optimizer and
         RNG, at policy version 0 of this run; returns the weights' fingerprint."""
         self.trainer.load_state_bytes(blob)
-        self.trainer.policy_version = 0
-        return self.weights_fingerprint()
-
-    def save_checkpoint(self, url: str, storage_options: dict) -> int:
-        """Write the state as a sharded checkpoint (one shard) under `url`; the policy version."""
-        from rhymerl.dist_checkpoint import save_trainer
-
-        save_trainer(self.trainer, url, **storage_options)
-        return self.trainer.policy_version
-
-    def load_checkpoint(self, url: str, storage_options: dict) -> int:
-        """Restore a sharded checkpoint written by any trainer world size; the policy version."""
-        from rhymerl.dist_checkpoint import load_trainer
-
-        return load_trainer(self.trainer, url, **storage_options)
-
-    def warm_start_checkpoint(self, url: str, storage_options: dict) -> float:
-        """`warm_start` from another run's sharded checkpoint."""
-        self.load_checkpoint(url, storage_options)
         self.trainer.policy_version = 0
         return self.weights_fingerprint()
 

@@ -18,11 +18,11 @@ from typing import Any
 import ray
 
 from rhymerl.config import RunConfig
-from workers.actors import Placement, TrainerWorker, placement_for
+from workers.actors import Placement, ShardedCheckpoints, TrainerWorker, placement_for
 
 
 @ray.remote
-class TrainerRank:
+class TrainerRank(ShardedCheckpoints):
     """One rank: a `rhymerl.sharded.ShardedTrainer`, built by `setup` once every rank exists."""
 
     def __init__(self, rank: int) -> None:
@@ -84,25 +84,6 @@ class TrainerRank:
 
         ids = probe_ids(self.trainer.vocab_size, length)
         return ids, self.trainer.probe_logprobs(ids)
-
-    def save_checkpoint(self, url: str, storage_options: dict) -> int:
-        """Write this rank's part of a sharded checkpoint under `url`; the policy version."""
-        from rhymerl.dist_checkpoint import save_trainer
-
-        save_trainer(self.trainer, url, **storage_options)
-        return self.trainer.policy_version
-
-    def load_checkpoint(self, url: str, storage_options: dict) -> int:
-        """Restore a sharded checkpoint written by any world size; the restored policy version."""
-        from rhymerl.dist_checkpoint import load_trainer
-
-        return load_trainer(self.trainer, url, **storage_options)
-
-    def warm_start_checkpoint(self, url: str, storage_options: dict) -> float:
-        """Another run's sharded checkpoint, at policy version 0 of this run; the fingerprint."""
-        self.load_checkpoint(url, storage_options)
-        self.trainer.policy_version = 0
-        return self.weights_fingerprint()
 
     def save(self, out_dir: str) -> str:
         """A loadable Hugging Face folder of the whole weights, written by rank 0."""
