@@ -29,7 +29,7 @@ from rhymerl.histospec.budget import BUDGET_RULES, BudgetRule
 import numpy as np
 
 from rhymerl.histospec.flat import PromptIndex
-from rhymerl.histospec.index import STRIDE, SuffixIndex
+from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.options import option
 
@@ -174,7 +174,6 @@ def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int,
     the group holding the most recent occurrence (highest code: later sequence, then later position).
     `codes` are the occurrence codes of `conts`.
     """
-    rewards = index.rewards
     best_key, best = None, (lo, hi)
     j = lo
     while j < hi:
@@ -182,7 +181,8 @@ def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int,
         count, reward, latest = 0, 0.0, -1
         while j < hi and conts[j][depth] == tok:
             count += 1
-            reward += rewards[codes[j] // STRIDE]
+            if reward_weighted:
+                reward += index.reward_of(codes[j])
             latest = max(latest, codes[j])
             j += 1
         key = (reward, count, latest) if reward_weighted else (count, latest)

@@ -15,21 +15,21 @@ per n-gram. It is built by prefix doubling (log2 D rounds of rank, combine, sort
 releases the GIL while sorting: a background thread builds it while the engine steps). It cannot grow,
 so siblings go to a `SuffixIndex` beside it (`PromptIndex`); a sibling step touches only that.
 
-Layout: `text` holds every sequence (prefix + response) with tokens shifted by +1, each preceded by D
-zeros and the whole followed by D zeros; a zero never equals a shifted token, so a match never crosses
-a sequence start and a continuation read from `text` ends at the next zero.
+Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (-1) and the whole
+followed by D more; a pad equals no token, so a match never crosses a sequence start and a
+continuation read from `text` ends at the next pad.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import Sequence
 
 import numpy as np
 
 from rhymerl.histospec.index import STRIDE, SuffixIndex, _tail_keys
 
-_LOW = (1 << 32) - 1
-WIDE_RANGE = 2048  # above this many candidates a match narrows level by level, not in one matrix
+PAD = -1  # before, between and after sequences in `text`: equals no token
 
 
 def _rank(r: np.ndarray) -> np.ndarray:
@@ -39,12 +39,20 @@ def _rank(r: np.ndarray) -> np.ndarray:
 
 class FlatIndex:
     """A prompt's history sequences (read-only): continuation positions sorted by their reversed
-    context. Sequence ids are 0..len-1 in the order given (later = more recent), as in `SuffixIndex`."""
+    context. Sequence ids are 0..len-1 in the order given (later = more recent), as in `SuffixIndex`.
+
+    An occurrence's code here is its continuation's position in `text`: codes grow with the sequence
+    id, then the position, so a higher code is a more recent occurrence (`seq_pos` gives the pair).
+    Queries walk the arrays through zero-copy memoryviews with `bisect` (a few Python-int reads per
+    level), which costs less than a numpy call per level for the short runs of a rhyming history.
+    """
 
     def __init__(self, text: np.ndarray, starts: np.ndarray, sa: np.ndarray, key: np.ndarray,
                  depth: int, min_match: int, max_match: int) -> None:
         self.text, self.starts, self.sa, self.key = text, starts, sa, key
         self.depth, self.min_match, self.max_match = depth, min_match, max_match
+        self._text, self._sa, self._key = memoryview(text), memoryview(sa), memoryview(key)
+        self._starts = starts.tolist()
 
     @classmethod
     def build(cls, tokens: np.ndarray, lengths: Sequence[int], prefix: Sequence[int] = (), *,
@@ -54,22 +62,22 @@ class FlatIndex:
         depth = 1 << max(1, (max_match - 1).bit_length())  # D: max_match up to a power of two, >= 2
         prefix = np.asarray(prefix, dtype=np.int64)[len(prefix) - min(len(prefix), max_match):]
         lengths = np.asarray(lengths, dtype=np.int64)
-        tokens = np.asarray(tokens, dtype=np.int64)
+        tokens = np.asarray(tokens)
         if len(tokens) != int(lengths.sum()):
             raise ValueError(f"got {len(tokens)} tokens for lengths summing to {int(lengths.sum())}")
         n, plen = len(lengths), len(prefix)
         seq_lens = lengths + plen
         starts = depth * (np.arange(n) + 1) + np.concatenate(([0], np.cumsum(seq_lens)[:-1]))
-        text = np.zeros(int(seq_lens.sum()) + depth * (n + 1), dtype=np.int32)
+        text = np.full(int(seq_lens.sum()) + depth * (n + 1), PAD, dtype=np.int32)
         if plen:
-            text[starts[:, None] + np.arange(plen)] = prefix + 1
+            text[starts[:, None] + np.arange(plen)] = prefix
         if len(tokens):
             first = np.repeat(starts + plen - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
-            text[first + np.arange(len(tokens))] = tokens + 1
-        real = text != 0
+            text[first + np.arange(len(tokens))] = tokens
+        real = text != PAD
         cand = np.flatnonzero(real[1:] & real[:-1]) + 1  # a token before it and one to continue with
         r = np.zeros(len(text), dtype=np.int64)
-        r[1:] = text[:-1]  # r[g]: the reversed context of g, one token deep so far
+        r[1:] = text[:-1] + 1  # r[g]: the reversed context of g, one token deep so far (pad: 0)
         m = 1
         while m < depth:  # double the depth: context of g = (context of g, context of g - m)
             if int(r.max()) + 1 >= 1 << 31:
@@ -79,7 +87,8 @@ class FlatIndex:
             r = r * (int(r.max()) + 1) + prev
             m *= 2
         sa = cand[np.argsort(r[cand], kind="stable")].astype(np.int32)
-        key = (text[sa - 1].astype(np.uint64) << np.uint64(32)) | text[np.maximum(sa - 2, 0)].astype(np.uint64)
+        before = (text[sa - 1] + 1).astype(np.uint64) << np.uint64(32)
+        key = before | (text[np.maximum(sa - 2, 0)] + 1).astype(np.uint64)
         return cls(text, starts, sa, key, depth, min_match, max_match)
 
     # ------------------------------------------------------------------ querying
@@ -87,66 +96,71 @@ class FlatIndex:
     def match_range(self, context: Sequence[int]) -> tuple[int, int, int]:
         """(n, lo, hi): the longest tail of `context` of n tokens (min_match <= n <= max_match) that
         occurred with a token after it, its occurrences being `sa[lo:hi]`; (0, 0, 0) when none did."""
-        q = [int(t) + 1 for t in context[-self.max_match:]][::-1]  # q[j]: the token j + 1 back
-        if len(q) < self.min_match or not len(self.sa):
+        q = [int(t) for t in context[-self.max_match:]][::-1]  # q[j]: the token j + 1 back
+        key = self._key
+        if len(q) < self.min_match or not len(key):
             return 0, 0, 0
-        k1 = q[0] << 32
-        # uint64 needles: Python ints would make numpy compare the whole key array as float64
-        lo, hi = np.searchsorted(self.key, np.array((k1, k1 + (1 << 32)), dtype=np.uint64)).tolist()
+        k1 = (q[0] + 1) << 32
+        lo = bisect_left(key, k1)
+        hi = bisect_left(key, k1 + (1 << 32), lo)
         if lo == hi:
             return 0, 0, 0
         n = 1
         if len(q) >= 2:
-            k2 = k1 | q[1]
-            lo2, hi2 = np.searchsorted(self.key[lo:hi], np.array((k2, k2 + 1), dtype=np.uint64)).tolist()
-            if lo2 < hi2:
-                n, lo, hi = 2, lo + lo2, lo + hi2
-                n, lo, hi = self._deeper(q, lo, hi)
+            k2 = k1 | (q[1] + 1)
+            a = bisect_left(key, k2, lo, hi)
+            b = bisect_left(key, k2 + 1, a, hi)
+            if a < b:
+                n, lo, hi = self._deeper(q, a, b)
         return (n, lo, hi) if n >= self.min_match else (0, 0, 0)
 
     def _deeper(self, q: list[int], lo: int, hi: int) -> tuple[int, int, int]:
-        """Narrow the run [lo, hi) matching q[:2] to the longest prefix of q that still occurs."""
-        n = 2
-        while n < len(q) and hi - lo > WIDE_RANGE:  # a wide run: one level at a time
-            col = self.text[self.sa[lo:hi] - (n + 1)]
-            a, b = np.searchsorted(col, np.array((q[n], q[n] + 1), dtype=np.int32)).tolist()
-            if a == b:
-                return n, lo, hi
-            n, lo, hi = n + 1, lo + a, lo + b
-        if n == len(q):
-            return n, lo, hi
-        back = np.arange(n + 1, len(q) + 1)  # every remaining level at once
-        same = self.text[self.sa[lo:hi, None] - back] == np.asarray(q[n:], dtype=np.int32)
-        depth = np.logical_and.accumulate(same, axis=1).sum(axis=1)
-        best = int(depth.max())
-        rows = np.flatnonzero(depth == best)  # contiguous: the order is lexicographic
-        return n + best, lo + int(rows[0]), lo + int(rows[-1]) + 1
+        """Narrow the run [lo, hi) matching q[:2] to the longest prefix of q that still occurs: at
+        each level the run is sorted by the next token back, so two bisections find its part."""
+        sa, text, n = self._sa, self._text, 2
+        while n < len(q):
+            back, tok = n + 1, q[n]
+            if hi - lo == 1:
+                if text[sa[lo] - back] != tok:
+                    break
+                a, b = lo, hi
+            else:
+                def at(g: int) -> int:
+                    return text[g - back]
+                a = bisect_left(sa, tok, lo, hi, key=at)
+                b = bisect_right(sa, tok, a, hi, key=at)
+                if a == b:
+                    break
+            n, lo, hi = n + 1, a, b
+        return n, lo, hi
 
     def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
         """(n, codes) of the `limit` most recent occurrences of the longest matched tail, oldest
-        first (codes as in `SuffixIndex`: seq_id * STRIDE + position of the continuation)."""
+        first; (0, []) when none."""
         n, lo, hi = self.match_range(context)
         if not n:
             return 0, []
-        g = self.sa[lo:hi]
-        if len(g) > limit:
-            g = np.partition(g, len(g) - limit)[len(g) - limit:]
-        g = np.sort(g)
-        return n, self.codes_of(g)
+        if hi - lo <= 4 * limit:
+            g = sorted(self._sa[lo:hi].tolist())
+        else:  # a short, common tail: a long run
+            g = np.partition(self.sa[lo:hi], hi - lo - limit)[hi - lo - limit:]
+            g = sorted(g.tolist())
+        return n, g[-limit:]
 
-    def codes_of(self, g: np.ndarray) -> list[int]:
-        """Occurrence codes of text positions `g`."""
-        seq = np.searchsorted(self.starts, g, side="right") - 1
-        return (seq * STRIDE + (g - self.starts[seq])).tolist()
+    def seq_pos(self, code: int) -> tuple[int, int]:
+        """(sequence id, position in it) of an occurrence code."""
+        seq = bisect_right(self._starts, code) - 1
+        return seq, code - self._starts[seq]
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
-        """The tokens after each code, at most `budget`, up to its sequence's end."""
-        codes = np.asarray(codes, dtype=np.int64)
-        g = self.starts[codes // STRIDE] + codes % STRIDE
-        idx = np.minimum(g[:, None] + np.arange(budget), len(self.text) - 1)
-        rows = self.text[idx]
-        ends = np.where((rows == 0).any(axis=1), (rows == 0).argmax(axis=1), budget).tolist()
-        return [row[:e] for row, e in zip((rows - 1).tolist(), ends)]
+        """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""
+        text, out = self._text, []
+        for g in codes:
+            cont = text[g:g + budget].tolist()
+            if PAD in cont:
+                cont = cont[:cont.index(PAD)]
+            out.append(cont)
+        return out
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -154,7 +168,7 @@ class FlatIndex:
     @property
     def num_tokens(self) -> int:
         """Tokens held, prefixes included."""
-        return int((self.text != 0).sum())
+        return int((self.text != PAD).sum())
 
     @property
     def nbytes(self) -> int:
@@ -169,7 +183,9 @@ class PromptIndex:
 
     Until `attach` the history is absent and drafts come from the siblings alone (the engine never
     waits for a build). Matching takes the longest tail found in either part; its occurrences are the
-    history's (oldest first) then the siblings' (in the order their tokens arrived).
+    history's (oldest first) then the siblings' (in the order their tokens arrived). Codes: a history
+    occurrence's is its `FlatIndex` code (< STRIDE), a sibling's (H + id) * STRIDE + position, so a
+    higher code is a more recent occurrence; `seq_pos` reads either.
     """
 
     def __init__(self, history_rewards: Sequence[float] = (), min_match: int = 1, max_match: int = 7,
@@ -224,8 +240,8 @@ class PromptIndex:
         a token after it in either part, and the `limit` most recent of its occurrences, oldest first;
         (0, []) when none did. Siblings' occurrences may sit at a sequence's end."""
         tail = context[-self.max_match:]
-        keys = _tail_keys(tail)
-        n_side = self.side.longest(keys) if self.side.table else 0
+        keys = _tail_keys(tail) if self.side.table else []
+        n_side = self.side.longest(keys) if keys else 0
         flat = self.flat
         n_flat, codes = flat.recent_match(tail, limit) if flat is not None else (0, [])
         n = max(n_side, n_flat)
@@ -233,7 +249,7 @@ class PromptIndex:
             return 0, []
         if n_flat < n:
             codes = []
-        side = self.side.table.get(keys[n - 1], ())[-limit:]
+        side = self.side.table.get(keys[n - 1], ())[-limit:] if keys else ()
         shift = self.base * STRIDE
         codes = codes + [c + shift for c in side]
         return n, codes[-limit:]
@@ -241,6 +257,16 @@ class PromptIndex:
     def match(self, context: Sequence[int]) -> tuple[int, list[int]]:
         """`recent_match` with every occurrence."""
         return self.recent_match(context, STRIDE)
+
+    def seq_pos(self, code: int) -> tuple[int, int]:
+        """(sequence id, position in it) of an occurrence code."""
+        if code >= self.base * STRIDE:
+            return divmod(code, STRIDE)
+        return self.flat.seq_pos(code)
+
+    def reward_of(self, code: int) -> float:
+        """The reward of the sequence an occurrence code lies in."""
+        return self.rewards[self.seq_pos(code)[0]]
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
         """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""

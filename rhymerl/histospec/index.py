@@ -231,6 +231,10 @@ class SuffixIndex:
         n, codes = self.match(context)
         return n, codes[-limit:]
 
+    def reward_of(self, code: int) -> float:
+        """The reward of the sequence an occurrence code lies in."""
+        return self.rewards[code // STRIDE]
+
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
         """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""
         seqs = self.sequences

@@ -287,6 +287,11 @@ class BatchDrafter:
                 self.stats.index_tokens += tokens
                 self.stats.index_seconds += seconds
 
+    @property
+    def building(self) -> int:
+        """Histories being indexed in the background now."""
+        return sum(not f.done() for f in self._pending)
+
     def wait_for_builds(self) -> None:
         """Block until every background build is attached (tests and benchmarks)."""
         for f in list(self._pending):
