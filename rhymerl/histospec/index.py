@@ -1,8 +1,11 @@
-"""Per-prompt history index: where each short token context occurred in a prompt's earlier responses.
+"""Dynamic n-gram index: where each short token context occurred in a prompt's sequences.
 
-A `SuffixIndex` holds one prompt's responses (earlier epochs, plus siblings of the current step as
-they grow) and answers one question fast: *after the longest tail of this context that occurred
-before (between `min_match` and `max_match` tokens), which positions continue it?* The drafter
+Since issue 17 a prompt's history (read-only) lives in a flat suffix array (`rhymerl.histospec.flat`,
+12 bytes per token, built in numpy, off the engine's step) and this index holds what grows: the
+siblings of the current step (`PromptIndex` puts the two side by side). It remains usable for a whole
+history (the old arm of `rhymerl bench spec-scale`). A `SuffixIndex` answers one question fast:
+*after the longest tail of this context that occurred before (between `min_match` and `max_match`
+tokens), which positions continue it?* The drafter
 (`rhymerl.histospec.drafter`) then follows those continuations, choosing at each branch by how
 often each continuation occurred (its count) or by the rewards of the responses it came from.
 
@@ -17,7 +20,8 @@ O(T * (max_match - min_match + 1)) for T indexed tokens.
   entries. A suffix automaton also appends online, but its occurrence counts live on suffix-link
   chains that are as long as the repeated text: for near-identical responses (the case HistoSpec
   exists for) every append walks O(T), and reward sums would need the same propagation.
-- A suffix array cannot grow with siblings without a rebuild.
+- A suffix array cannot grow with siblings without a rebuild (so the read-only history is one,
+  `FlatIndex`, and the siblings stay here).
 - A suffix trie with counts down to the draft depth (as in suffix decoding, depth ~32-64) adds up
   to one node per token per depth level; the flat table files `max_match - min_match + 1` codes
   per token and the draft depth costs nothing extra. (Arctic Inference's C++ tree serves the
