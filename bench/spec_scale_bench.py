@@ -191,7 +191,8 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int) -> dict:
 
 def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) -> float:
     """Median seconds per step of the old drafter's per-request work (whole-row key, draft) or the
-    library's speculate, request i drafting from index i % 2."""
+    library's speculate for R requests: request i is row i % 32, a live sample of prompt (i % 32) // 16,
+    and drafts from that prompt's index."""
     drafters = [SPEC.drafter(ix) for ix in indexes] if arm == "old" else indexes
     states: dict[bytes, int] = {}
     times = []
@@ -199,13 +200,14 @@ def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) ->
         n = n0 + step
         t0 = time.perf_counter()
         for i in range(requests):
-            row = rows[i]
+            j = i % (SAMPLES * len(drafters))
+            row, drafter = rows[j], drafters[j // SAMPLES]
             if arm == "old":
                 states.pop(row[:n - 1].tobytes(), None)
-                drafters[i % 2].propose(row[max(0, n - SPEC.context_tail):n].tolist(), 16)
+                drafter.propose(row[max(0, n - SPEC.context_tail):n].tolist(), 16)
                 states[row[:n].tobytes()] = i
             else:
-                drafters[i % 2].speculate(row[max(0, n - 24):n].tolist(), 16, 1.0, 0.0, 0.1, False)
+                drafter.speculate(row[max(0, n - 24):n].tolist(), 16, 1.0, 0.0, 0.1, False)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
