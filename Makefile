@@ -114,6 +114,7 @@ bench: $(STAMP) $(ARCTIC_STAMP)
 	$(BIN)/python -m bench.sharded_bench --json-out $(BENCH_OUT)/sharded.json
 	$(BIN)/rhymerl model build
 	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
+	$(BIN)/python -m bench.spec_scale_bench --json-out $(BENCH_OUT)/spec-scale.json
 	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
 	$(BIN)/python -m pytest -q -rs -m bench
 

@@ -2,7 +2,8 @@
 HistoSpec and n-gram drafters, and the `SpecConfig` of a run (budget rules: `rhymerl.histospec.budget`;
 acceptance counters: `rhymerl.histospec.stats`).
 
-`HistoSpecDrafter` drafts from the prompt's own `SuffixIndex` — its responses of earlier epochs
+`HistoSpecDrafter` drafts from the prompt's own index (`PromptIndex`, rhymerl.histospec.flat) — its
+responses of earlier epochs
 plus its siblings as they grow — and, when given one, from a `RecentTree` of recent responses of every
 prompt (`rhymerl.histospec.tree`), and proposes the draft with the higher score (the sum of its tokens'
 estimated probabilities, i.e. its expected accepted length; ties go to the prompt's own). From the
@@ -25,7 +26,10 @@ from typing import Literal, Protocol, Sequence
 
 from rhymerl.errors import ConfigError
 from rhymerl.histospec.budget import BUDGET_RULES, BudgetRule
-from rhymerl.histospec.index import STRIDE, SuffixIndex
+import numpy as np
+
+from rhymerl.histospec.flat import PromptIndex
+from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.options import option
 
@@ -38,6 +42,9 @@ METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, th
 PRIOR = 2.0
 MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams
 # (on the built-in model's responses 32 drafted exactly as well as no cap; 8 lost ~14%)
+
+
+Index = SuffixIndex | PromptIndex  # a prompt's index: the flat one (engine, replay) or the dict one
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,7 @@ class HistoSpecDrafter:
     """Drafts from one prompt's index (history plus any siblings added to it) and, if given, from a
     cross-prompt `RecentTree`; the higher-scoring draft wins (the prompt's own on a tie)."""
 
-    def __init__(self, index: SuffixIndex, reward_weighted: bool = False,
+    def __init__(self, index: Index, reward_weighted: bool = False,
                  max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
                  max_spec_factor: float = 0.0, recent: RecentTree | None = None,
                  recent_spec_factor: float = 0.0) -> None:
@@ -90,19 +97,19 @@ class HistoSpecDrafter:
         return best if best.tokens else EMPTY
 
     def _from_index(self, context: Sequence[int], budget: int) -> Draft:
-        n, codes = self.index.match(context)
+        n, codes = self.index.recent_match(context, self.max_candidates)
         if not codes:
             return EMPTY
         if self.max_spec_factor > 0:  # a short match earns a short draft
             budget = min(budget, int(self.max_spec_factor * n))
             if budget <= 0:
                 return EMPTY
-        tokens, score = follow(self.index, codes[-self.max_candidates:], budget, self.reward_weighted,
+        tokens, score = follow(self.index, codes, budget, self.reward_weighted,
                                self.min_token_prob)
         return Draft(tuple(tokens), n, score) if tokens else EMPTY
 
 
-def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighted: bool,
+def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: bool,
            min_token_prob: float = 0.0) -> tuple[list[int], float]:
     """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group;
     the tokens and their score (the sum of their estimated probabilities).
@@ -114,10 +121,8 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
     chosen groups' shares of the continuations at each branch so far (as a suffix tree estimates
     it); with `min_token_prob` the draft stops before a token whose probability falls below it.
     """
-    seqs, conts, kept = index.sequences, [], []
-    for code in codes:
-        seq_id, pos = divmod(code, STRIDE)
-        cont = seqs[seq_id][pos:pos + budget]
+    conts, kept = [], []
+    for code, cont in zip(codes, index.gather(codes, budget)):
         if cont:
             conts.append(cont)
             kept.append(code)
@@ -161,7 +166,7 @@ def follow(index: SuffixIndex, codes: Sequence[int], budget: int, reward_weighte
     return src[:depth], score
 
 
-def _best_group(index: SuffixIndex, conts: list[list[int]], codes: list[int], lo: int, hi: int,
+def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int, hi: int,
                 depth: int, reward_weighted: bool) -> tuple[int, int]:
     """The [lo, hi) run of `conts` sharing the best token at `depth`.
 
@@ -169,7 +174,6 @@ def _best_group(index: SuffixIndex, conts: list[list[int]], codes: list[int], lo
     the group holding the most recent occurrence (highest code: later sequence, then later position).
     `codes` are the occurrence codes of `conts`.
     """
-    rewards = index.rewards
     best_key, best = None, (lo, hi)
     j = lo
     while j < hi:
@@ -177,7 +181,8 @@ def _best_group(index: SuffixIndex, conts: list[list[int]], codes: list[int], lo
         count, reward, latest = 0, 0.0, -1
         while j < hi and conts[j][depth] == tok:
             count += 1
-            reward += rewards[codes[j] // STRIDE]
+            if reward_weighted:
+                reward += index.reward_of(codes[j])
             latest = max(latest, codes[j])
             j += 1
         key = (reward, count, latest) if reward_weighted else (count, latest)
@@ -298,16 +303,18 @@ class SpecConfig:
         return BUDGET_RULES[self.budget_rule](self.max_budget)
 
     def new_index(self, responses: Sequence[Sequence[int]] = (), rewards: Sequence[float] | None = None,
-                  prefix: Sequence[int] = ()) -> SuffixIndex:
+                  prefix: Sequence[int] = ()) -> PromptIndex:
         """The prompt's index over `responses`, oldest first, each after `prefix` (the prompt's tail)."""
-        return SuffixIndex.build(responses, rewards, min_match=self.min_match, max_match=self.max_match,
-                                 prefix=prefix)
+        lengths = [len(r) for r in responses]
+        tokens = np.fromiter((t for r in responses for t in r), dtype=np.int64, count=sum(lengths))
+        return PromptIndex.build(tokens, lengths, rewards, min_match=self.min_match,
+                                 max_match=self.max_match, prefix=prefix)
 
     def new_recent(self) -> RecentTree | None:
         """An empty cross-prompt tree of `recent_responses` responses (None: off)."""
         return RecentTree(self.recent_responses, self.tree_depth) if self.recent_responses else None
 
-    def drafter(self, index: SuffixIndex, recent: RecentTree | None = None) -> HistoSpecDrafter:
+    def drafter(self, index: Index, recent: RecentTree | None = None) -> HistoSpecDrafter:
         """A HistoSpec drafter over `index` (and `recent`, if given) with this config's drafting rules."""
         return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob,
                                 max_spec_factor=self.max_spec_factor, recent=recent,

@@ -1,8 +1,11 @@
-"""Per-prompt history index: where each short token context occurred in a prompt's earlier responses.
+"""Dynamic n-gram index: where each short token context occurred in a prompt's sequences.
 
-A `SuffixIndex` holds one prompt's responses (earlier epochs, plus siblings of the current step as
-they grow) and answers one question fast: *after the longest tail of this context that occurred
-before (between `min_match` and `max_match` tokens), which positions continue it?* The drafter
+Since issue 17 a prompt's history (read-only) lives in a flat suffix array (`rhymerl.histospec.flat`,
+12 bytes per token, built in numpy, off the engine's step) and this index holds what grows: the
+siblings of the current step (`PromptIndex` puts the two side by side). It remains usable for a whole
+history (the old arm of `rhymerl bench spec-scale`). A `SuffixIndex` answers one question fast:
+*after the longest tail of this context that occurred before (between `min_match` and `max_match`
+tokens), which positions continue it?* The drafter
 (`rhymerl.histospec.drafter`) then follows those continuations, choosing at each branch by how
 often each continuation occurred (its count) or by the rewards of the responses it came from.
 
@@ -17,7 +20,8 @@ O(T * (max_match - min_match + 1)) for T indexed tokens.
   entries. A suffix automaton also appends online, but its occurrence counts live on suffix-link
   chains that are as long as the repeated text: for near-identical responses (the case HistoSpec
   exists for) every append walks O(T), and reward sums would need the same propagation.
-- A suffix array cannot grow with siblings without a rebuild.
+- A suffix array cannot grow with siblings without a rebuild (so the read-only history is one,
+  `FlatIndex`, and the siblings stay here).
 - A suffix trie with counts down to the draft depth (as in suffix decoding, depth ~32-64) adds up
   to one node per token per depth level; the flat table files `max_match - min_match + 1` codes
   per token and the draft depth costs nothing extra. (Arctic Inference's C++ tree serves the
@@ -57,6 +61,15 @@ class Continuation:
     count: int  # occurrences of (matched context + token)
     reward_sum: float  # sum of the rewards of the responses those occurrences come from
     latest: int  # most recent occurrence: highest code (later sequence, then later position)
+
+
+def _tail_keys(tail: Sequence[int]) -> list[int]:
+    """keys[n - 1]: the key of the last n tokens of `tail`, for n = 1..len(tail)."""
+    keys, key = [], _SEED
+    for t in reversed(tail):
+        key = (key * _MUL + int(t) + 1) & _MASK
+        keys.append(key)
+    return keys
 
 
 class SuffixIndex:
@@ -110,12 +123,14 @@ class SuffixIndex:
         codes = np.repeat(np.arange(len(lens), dtype=np.int64) * STRIDE, lens) + pos + 1  # its n-grams' end
         keys = np.full(total, _SEED, dtype=np.uint64)  # [t]: key of the n-gram whose last token is t
         found_keys, found_codes = [], []
-        for n in range(1, self.max_match + 1):
+        for n in range(1, min(self.max_match, total) + 1):
             keys[n - 1:] = keys[n - 1:] * np.uint64(_MUL) + tokens[:total - n + 1]  # wraps mod 2**64
             if n >= self.min_match:
                 inside = pos >= n - 1  # the n-gram lies within one sequence
                 found_keys.append(keys[inside])
                 found_codes.append(codes[inside])
+        if not found_keys:  # every sequence shorter than min_match
+            return
         keys, codes = np.concatenate(found_keys), np.concatenate(found_codes)
         order = np.argsort(keys, kind="stable")  # stable: codes stay in insertion order per key
         keys, codes = keys[order], codes[order].tolist()
@@ -198,20 +213,36 @@ class SuffixIndex:
         recent occurrences come last; some may sit at a sequence end. The list is the index's
         own: do not modify it.
         """
-        tail = [int(t) for t in context[-self.max_match:]]
+        keys = _tail_keys(context[-self.max_match:])
+        n = self.longest(keys)
+        return (n, self.table[keys[n - 1]]) if n else (0, [])
+
+    def longest(self, keys: Sequence[int]) -> int:
+        """The longest n (min_match..len(keys)) whose tail key `keys[n - 1]` occurred with a token
+        after it; 0 when none did. `keys` come from `_tail_keys`."""
         table, seqs = self.table, self.sequences
-        keys, key = [], _SEED
-        for n in range(1, len(tail) + 1):
-            key = (key * _MUL + tail[-n] + 1) & _MASK
-            keys.append(key)
-        for n in range(len(tail), self.min_match - 1, -1):
+        for n in range(len(keys), self.min_match - 1, -1):
             occ = table.get(keys[n - 1])
             if occ is not None:
                 for code in occ:
                     seq_id, pos = divmod(code, STRIDE)
                     if pos < len(seqs[seq_id]):
-                        return n, occ
-        return 0, []
+                        return n
+        return 0
+
+    def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
+        """`match`, keeping only the `limit` most recent occurrences (a new list)."""
+        n, codes = self.match(context)
+        return n, codes[-limit:]
+
+    def reward_of(self, code: int) -> float:
+        """The reward of the sequence an occurrence code lies in."""
+        return self.rewards[code // STRIDE]
+
+    def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
+        """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""
+        seqs = self.sequences
+        return [seqs[c // STRIDE][c % STRIDE:c % STRIDE + budget] for c in codes]
 
     def continuations(self, context: Sequence[int]) -> list[Continuation]:
         """Next tokens after the longest matched tail of `context`, best first by

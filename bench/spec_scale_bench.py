@@ -1,0 +1,280 @@
+"""HistoSpec's data path at reasoning-RL size, on synthetic rhyming histories (issue 17 items 4-5).
+
+    rhymerl bench spec-scale [--json] [--json-out FILE] [--quick] [--seed 0]
+
+Generator (`rhyming_group`, seeded): per prompt a base response of L uniform random token ids (vocab
+151,936, Qwen's), and every response of the prompt — its H history responses and its 16 live samples
+— a copy with each token replaced by a uniform random one with probability 5%. Prompts are 64 random
+tokens. Grid: L in 1K, 4K, 16K; H in 16, 64; R in 128, 512 requests per engine (16 samples per prompt,
+so R / 16 prompts per engine); epochs of P = 1K and 20K prompts.
+
+Arms, side by side in one process (the machine is shared and noisy; compare within a row):
+- old: `SuffixIndex` (a dict of 64-bit n-gram hashes, min_match 1..7), built inside the engine step
+  as `BatchDrafter` did before issue 17, each request found by hashing its whole token row;
+- new: `FlatIndex` (reversed-context suffix array) through today's `BatchDrafter`: history built by
+  its background thread, requests keyed by length + tail;
+- arctic: Arctic Inference's `SuffixTree` (depth 24, the engine of vLLM's `suffix`) per prompt,
+  drafting with its stock settings (factor 1, min_token_prob 0.1).
+
+Per (L, H), one prompt's index: bytes per indexed token beyond the tokens themselves (old: Python heap
+by tracemalloc minus 4 B/token; new: array bytes; arctic: the library's `estimate_memory`, all of it),
+build tokens/s (wall, best of 3 below 1M tokens) and the build's peak memory (tracemalloc; arctic:
+its estimate). Per (L, H, R), an engine step at 8K-token contexts (L/2 below 16K) with the prompt's
+index only (no siblings, no cross-prompt tree, no trim: those are the same in every arm):
+- stall: the longest step while the step's R / 16 new prompts' histories are indexed (new: measured,
+  builds in the background; old and arctic build in the step: R / 16 x one prompt's build time);
+- drafter ms per step and us per request (median of steps; old and arctic draft from 2 prompts'
+  indexes, as building all of them would take minutes and costs nothing per draft);
+- index memory per engine (R / 16 prompts, tokens included). Per (L, H, P), arithmetic on those
+  figures: the epoch's history tokens, and what a worker held when every worker received every
+  prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
+  flat arrays it reads now (4 B per token; routing each worker only its prompts is issue 17 item 3).
+Targets (issue 17 item 4): <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history
+work, <= 1 ms per step for 256 requests (3.9 us per request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from datetime import date
+
+import numpy as np
+
+from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.flat import FlatBundle, FlatIndex
+from rhymerl.histospec.index import SuffixIndex
+from rhymerl.histospec.suffix import has_arctic_inference
+from rhymerl.vllm.histospec_proposer import BatchDrafter
+
+VOCAB, PROMPT_LEN, SAMPLES, CHANGE = 151_936, 64, 16, 0.05
+FULL = {"lengths": (1024, 4096, 16384), "histories": (16, 64), "requests": (128, 512), "epochs": (1000, 20000)}
+QUICK = {"lengths": (96,), "histories": (4,), "requests": (32,), "epochs": (10,)}
+SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the prompt's index alone
+TARGETS = {"bytes_per_token": 16, "build_tokens_per_s": 2e6, "step_ms_256": 1.0}
+
+
+def rhyming_group(rng: np.random.Generator, length: int, history: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, responses): a prompt and `history + SAMPLES` responses of `length` tokens, rows 0..H-1
+    the history, the rest the live samples; each a copy of one base response, 5% of tokens replaced."""
+    base = rng.integers(0, VOCAB, length)
+    rows = np.repeat(base[None], history + SAMPLES, axis=0)
+    changed = rng.random(rows.shape) < CHANGE
+    rows[changed] = rng.integers(0, VOCAB, int(changed.sum()))
+    return rng.integers(0, VOCAB, PROMPT_LEN), rows
+
+
+def _timed(build, repeats: int) -> tuple[object, float]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = build()
+        best = min(best, time.perf_counter() - t0)
+    return out, best
+
+
+def _peak(build) -> int:
+    tracemalloc.start()
+    try:
+        build()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _old(prompt, hist):
+    return SuffixIndex.build(hist.tolist(), min_match=SPEC.min_match, max_match=SPEC.max_match, prefix=prompt.tolist())
+
+
+def _new(prompt, hist):
+    return FlatIndex.build(hist.ravel(), [hist.shape[1]] * len(hist), prompt,
+                           min_match=SPEC.min_match, max_match=SPEC.max_match)
+
+
+def _arctic(prompt, hist):
+    from arctic_inference.suffix_decoding._C import SuffixTree
+
+    tree = SuffixTree(24)
+    for i, r in enumerate(hist.tolist()):
+        tree.extend(i, prompt.tolist() + r)
+    return tree
+
+
+def build_point(rng, length: int, history: int, arms: list[str]) -> dict:
+    """One prompt's index per arm: bytes/token, build tokens/s, peak build memory."""
+    prompt, rows = rhyming_group(rng, length, history)
+    hist = rows[:history]
+    tokens = hist.size + history * PROMPT_LEN
+    repeats = 3 if tokens < 1_000_000 else 1
+    out = {"length": length, "history": history, "tokens": tokens}
+    for arm in arms:
+        make = {"old": _old, "new": _new, "arctic": _arctic}[arm]
+        index, seconds = _timed(lambda: make(prompt, hist), repeats)
+        peak = _peak(lambda: make(prompt, hist)) if arm != "arctic" else int(index.estimate_memory())
+        size = peak - 4 * tokens if arm == "old" else index.nbytes if arm == "new" else peak
+        out[arm] = {"bytes_per_token": size / tokens, "build_tokens_per_s": tokens / seconds,
+                    "build_s": seconds, "peak_bytes": peak}
+        del index
+    return out
+
+
+def _batch(rng, length: int, history: int, requests: int):
+    """A FlatBundle of R / 16 prompts and the engine's token rows: each request one live sample of
+    its prompt, `pos` tokens in."""
+    prompts = max(1, requests // SAMPLES)
+    pos = min(length // 2, 8192)
+    groups = [rhyming_group(rng, length, history) for _ in range(prompts)]
+    arrays = {
+        "prompt_lens": np.full(prompts, PROMPT_LEN), "num_responses": np.full(prompts, history),
+        "prompt_tokens": np.concatenate([p for p, _ in groups]).astype(np.int32),
+        "response_lens": np.full(prompts * history, length),
+        "response_tokens": np.concatenate([r[:history].ravel() for _, r in groups]).astype(np.int32),
+        "rewards": np.zeros(prompts * history)}
+    live = np.stack([groups[i // SAMPLES][1][history + i % SAMPLES] for i in range(requests)])
+    rows = np.zeros((requests, PROMPT_LEN + length), dtype=np.int32)
+    for i in range(requests):
+        rows[i, :PROMPT_LEN] = groups[i // SAMPLES][0]
+        rows[i, PROMPT_LEN:] = live[i]
+    return FlatBundle(arrays), groups, rows, PROMPT_LEN + pos
+
+
+def draft_point(rng, length: int, history: int, requests: int, arms: list[str], steps: int) -> dict:
+    """An engine step of R requests per arm: stall from history work, drafter ms/step and us/request."""
+    bundle, groups, rows, n0 = _batch(rng, length, history, requests)
+    out = {"length": length, "history": history, "requests": requests, "context": n0,
+           "prompts": len(groups)}
+    if "new" in arms:
+        out["new"] = _draft_new(bundle, rows, n0, requests, steps)
+    two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
+    for arm in [a for a in arms if a != "new"]:
+        make = {"old": _old, "arctic": _arctic}[arm]
+        indexes, build_s = [], []
+        for prompt, r in two:
+            index, seconds = _timed(lambda: make(prompt, r[:history]), 2)
+            indexes.append(index)
+            build_s.append(seconds)
+        per_step = _draft_other(arm, indexes, rows, n0, requests, steps)
+        out[arm] = {"stall_ms": 1e3 * statistics.mean(build_s) * len(groups), "step_ms": per_step * 1e3,
+                    "us_per_request": per_step / requests * 1e6}
+    return out
+
+
+def _draft_new(bundle, rows, n0, requests: int, steps: int) -> dict:
+    """Steps of today's BatchDrafter: the first sees every request new, and steps go on while the
+    background thread indexes the histories (the longest of them is the stall); then steady steps."""
+    drafter = BatchDrafter(bundle, SPEC, k=16, max_model_len=rows.shape[1] + 16)
+    num = np.full(requests, n0, dtype=np.int64)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        drafter.propose([[int(t)] for t in rows[np.arange(requests), num - 1]], num, rows)
+        num[:] += 1
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    stall, building_steps = step(), 1
+    while drafter.building and num[0] < rows.shape[1] - steps - 1:
+        stall = max(stall, step())
+        building_steps += 1
+    drafter.wait_for_builds()
+    build_wait = time.perf_counter() - t0
+    per_step = statistics.median(step() for _ in range(steps))
+    index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
+    return {"stall_ms": stall * 1e3, "steps_while_building": building_steps, "build_wait_s": build_wait,
+            "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6, "index_bytes": index_bytes}
+
+
+def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) -> float:
+    """Median seconds per step of the old drafter's per-request work (whole-row key, draft) or the
+    library's speculate for R requests: request i is row i % 32, a live sample of prompt (i % 32) // 16,
+    and drafts from that prompt's index."""
+    drafters = [SPEC.drafter(ix) for ix in indexes] if arm == "old" else indexes
+    states: dict[bytes, int] = {}
+    times = []
+    for step in range(steps):
+        n = n0 + step
+        t0 = time.perf_counter()
+        for i in range(requests):
+            j = i % (SAMPLES * len(drafters))
+            row, drafter = rows[j], drafters[j // SAMPLES]
+            if arm == "old":
+                states.pop(row[:n - 1].tobytes(), None)
+                drafter.propose(row[max(0, n - SPEC.context_tail):n].tolist(), 16)
+                states[row[:n].tobytes()] = i
+            else:
+                drafter.speculate(row[max(0, n - 24):n].tolist(), 16, 1.0, 0.0, 0.1, False)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def epoch_point(length: int, history: int, prompts: int, new_bpt: float) -> dict:
+    """What a worker holds for an epoch's history when every worker gets every prompt's."""
+    tokens = prompts * history * length
+    return {"length": length, "history": history, "epoch_prompts": prompts, "history_tokens": tokens,
+            "worker_bytes_before": tokens * 36, "worker_bytes_now": tokens * 4,
+            "index_bytes_if_all_indexed": tokens * (4 + new_bpt)}
+
+
+def run(grid: dict, seed: int, arms: list[str], steps: int) -> dict:
+    rng = np.random.default_rng(seed)
+    builds = [build_point(rng, L, H, arms) for L in grid["lengths"] for H in grid["histories"]]
+    drafts = [draft_point(rng, L, H, R, arms, steps)
+              for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
+    bpt = {(b["length"], b["history"]): b["new"]["bytes_per_token"] for b in builds if "new" in b}
+    epochs = [epoch_point(L, H, P, bpt.get((L, H), 12.0))
+              for L in grid["lengths"] for H in grid["histories"] for P in grid["epochs"]]
+    return {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor() or '?'}, "
+            f"{__import__('os').cpu_count()} CPUs (shared)", "seed": seed, "grid": grid, "arms": arms,
+            "targets": TARGETS, "builds": builds, "drafts": drafts, "epochs": epochs}
+
+
+def table(result: dict) -> str:
+    """Markdown tables of `result`."""
+    arms = result["arms"]
+    lines = ["| L | H | tokens | " + " | ".join(f"{a} B/token | {a} Mtok/s | {a} peak MB" for a in arms) + " |",
+             "|---" * (3 + 3 * len(arms)) + "|"]
+    for b in result["builds"]:
+        cells = [f"{b[a]['bytes_per_token']:.1f} | {b[a]['build_tokens_per_s'] / 1e6:.2f} | "
+                 f"{b[a]['peak_bytes'] / 2**20:.0f}" for a in arms]
+        lines.append(f"| {b['length']} | {b['history']} | {b['tokens']} | " + " | ".join(cells) + " |")
+    lines += ["", "| L | H | R | context | " + " | ".join(f"{a} stall ms | {a} ms/step | {a} us/req" for a in arms)
+              + " |", "|---" * (4 + 3 * len(arms)) + "|"]
+    for d in result["drafts"]:
+        cells = [f"{d[a]['stall_ms']:.1f} | {d[a]['step_ms']:.2f} | {d[a]['us_per_request']:.1f}" for a in arms]
+        lines.append(f"| {d['length']} | {d['history']} | {d['requests']} | {d['context']} | " + " | ".join(cells) + " |")
+    lines += ["", "| L | H | P | history tokens | per worker before (tuples) | now (arrays) | indexed (new) |",
+              "|---|---|---|---|---|---|---|"]
+    for e in result["epochs"]:
+        gb = [e[k] / 2**30 for k in ("worker_bytes_before", "worker_bytes_now", "index_bytes_if_all_indexed")]
+        lines.append(f"| {e['length']} | {e['history']} | {e['epoch_prompts']} | {e['history_tokens']:.3g} | "
+                     f"{gb[0]:.1f} GB | {gb[1]:.1f} GB | {gb[2]:.1f} GB |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rhymerl bench spec-scale", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    parser.add_argument("--json-out", metavar="FILE", help="also write the JSON results to FILE")
+    parser.add_argument("--quick", action="store_true", help="a tiny grid (tests)")
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
+    parser.add_argument("--steps", type=int, default=5, help="timed engine steps per point")
+    args = parser.parse_args(argv)
+    arms = ["old", "new"] + (["arctic"] if has_arctic_inference() else [])
+    if "arctic" not in arms:
+        print("note: arctic-inference missing, its arm left out (make setup builds it)", file=sys.stderr)
+    result = run(QUICK if args.quick else FULL, args.seed, arms, 2 if args.quick else args.steps)
+    text = json.dumps(result, indent=1)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text)
+    print(text if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
