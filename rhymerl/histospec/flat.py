@@ -101,18 +101,16 @@ class FlatIndex:
         if len(q) < self.min_match or not len(key):
             return 0, 0, 0
         k1 = (q[0] + 1) << 32
+        if len(q) >= 2:  # most contexts match 2+ tokens: look for the pair first (2 bisections, not 4)
+            k2 = k1 | (q[1] + 1)
+            lo = bisect_left(key, k2)
+            hi = bisect_left(key, k2 + 1, lo)
+            if lo < hi:
+                n, lo, hi = self._deeper(q, lo, hi)
+                return (n, lo, hi) if n >= self.min_match else (0, 0, 0)
         lo = bisect_left(key, k1)
         hi = bisect_left(key, k1 + (1 << 32), lo)
-        if lo == hi:
-            return 0, 0, 0
-        n = 1
-        if len(q) >= 2:
-            k2 = k1 | (q[1] + 1)
-            a = bisect_left(key, k2, lo, hi)
-            b = bisect_left(key, k2 + 1, a, hi)
-            if a < b:
-                n, lo, hi = self._deeper(q, a, b)
-        return (n, lo, hi) if n >= self.min_match else (0, 0, 0)
+        return (1, lo, hi) if lo < hi and self.min_match <= 1 else (0, 0, 0)
 
     def _deeper(self, q: list[int], lo: int, hi: int) -> tuple[int, int, int]:
         """Narrow the run [lo, hi) matching q[:2] to the longest prefix of q that still occurs: at
