@@ -243,7 +243,7 @@ def spec_from_args(args: argparse.Namespace) -> E2ESettings:
     sizes = QUICK if args.quick else FULL
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else sizes[name]  # noqa: E731
     return E2ESettings(config=args.config, seeds=tuple(range(pick("seeds"))), epochs=pick("epochs"),
-                   prompts=pick("prompts"), workers=args.workers, overrides=tuple(args.set), out=args.out)
+                       prompts=pick("prompts"), workers=args.workers, overrides=tuple(args.set), out=args.out)
 
 
 def main(argv: list[str] | None = None) -> int:

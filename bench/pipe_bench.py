@@ -269,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workers or not args.capacity or min(sizes) < 1:
         ap.error("--workers, --capacity, --prompts-per-worker and --n need whole numbers >= 1")
     spec = BenchSettings(dists=dists, workers=args.workers, capacities=args.capacity,
-                     prompts_per_worker=args.prompts_per_worker, n=args.n, seed=args.seed,
-                     cost=CostModel(base_s=args.base_ms / 1e3, per_seq_s=args.per_seq_ms / 1e3))
+                         prompts_per_worker=args.prompts_per_worker, n=args.n, seed=args.seed,
+                         cost=CostModel(base_s=args.base_ms / 1e3, per_seq_s=args.per_seq_ms / 1e3))
     result = run_bench(spec)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     if args.json_out:

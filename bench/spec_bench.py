@@ -131,7 +131,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     model_dir = str(ensure_builtin_model().absolute())
     base = EngineSettings(model_dir=model_dir, max_model_len=512, seed=args.seed,
-                      max_num_seqs=args.max_num_seqs or None)
+                          max_num_seqs=args.max_num_seqs or None)
     prompts = load_prompts(model_dir, args.prompts, 512 - args.max_tokens)
     sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
     bundle_path = Path(tempfile.mkdtemp(prefix="rhymerl-bench-spec-")) / "bundle.npz"

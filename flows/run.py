@@ -71,7 +71,7 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     ctx, st = _LIVE[run_id]
     cfg = ctx.cfg
     sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
-                        top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
+                                top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
     order = epoch_order(list(ctx.prompts), epoch, cfg.seed)
     st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, order, st.workers, st.guard)
     records = []

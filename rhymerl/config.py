@@ -75,7 +75,7 @@ class RolloutConfig:
     # the nucleus renormalised as vLLM's sampler does it): see rhymerl/sampling.py.
     temperature: float = option(1.0, "sampling temperature", "> 0")
     top_p: float = option(1.0, "nucleus sampling: keep the likeliest tokens up to this probability mass",
-                         "(0, 1]")
+                          "(0, 1]")
     max_tokens: int = option(160, "most tokens per response", ">= 1")
     kv_cache_gib: float = option(0.5, "KV cache per engine on CPU in GiB (VLLM_CPU_KVCACHE_SPACE, rounded up to 1)",
                                  "> 0")

@@ -37,7 +37,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from rhymerl.builtin_problems import (ANSWER_MARKER, ProblemSettings, builtin_problems, make_problem,
-                                  parse_terms)
+                                      parse_terms)
 from rhymerl.model_check import model_folder_errors
 from rhymerl.records import Problem
 

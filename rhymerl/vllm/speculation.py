@@ -32,12 +32,12 @@ def engine_speculation(spec: SpecConfig, **guard: Any) -> EngineSpeculation | No
     common = dict(num_speculative_tokens=spec.max_budget, verifier=spec.verifier, **guard)
     if spec.method == "ngram":
         return EngineSpeculation("ngram", options=(("prompt_lookup_max", spec.max_match),
-                                                 ("prompt_lookup_min", spec.min_match)), **common)
+                                                   ("prompt_lookup_min", spec.min_match)), **common)
     if spec.method == "suffix":  # vLLM's stock suffix decoding; drafts of up to max_budget tokens
         require_arctic_inference()  # fail here, naming the fix, not inside the engine's worker
         return EngineSpeculation("suffix", **common)
     return EngineSpeculation("custom_class", model=PROPOSER_CLASS,
-                           additional_config=((HISTOSPEC_KEY, dataclasses.asdict(spec)),), **common)
+                             additional_config=((HISTOSPEC_KEY, dataclasses.asdict(spec)),), **common)
 
 
 def drafter_settings(additional_config: dict | None, num_speculative_tokens: int) -> SpecConfig:

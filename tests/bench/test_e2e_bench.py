@@ -109,7 +109,7 @@ def test_scale_estimate_rules() -> None:
 
 def spec_for(out: Path, seeds: int = 3) -> E2ESettings:
     return E2ESettings(config="configs/default.toml", seeds=tuple(range(seeds)), epochs=3, prompts=8, workers=2,
-                   overrides=("rollout.n=4",), out=str(out))
+                       overrides=("rollout.n=4",), out=str(out))
 
 
 def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from rhymerl.builtin_problems import (ANSWER_MARKER, PROBLEM_ALPHABET, ProblemSettings, builtin_problems,
-                                  make_problem, parse_terms, question_of, solution_of)
+                                      make_problem, parse_terms, question_of, solution_of)
 
 
 def test_worked_solution_by_hand():

@@ -15,7 +15,7 @@ from rhymerl.model_build import (BUILD_INFO, BuildSettings, build_model, build_t
 
 # A few seconds on 2 CPU cores: a one-layer model, a handful of steps, a tiny evaluation.
 TINY = BuildSettings(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                 steps=3, batch_size=4, warmup_steps=1, eval_problems=4, eval_max_tokens=8)
+                     steps=3, batch_size=4, warmup_steps=1, eval_problems=4, eval_max_tokens=8)
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,7 @@ def test_engine_drafts_with_suffix_through_the_exact_verifier(tiny_model):
     finally:
         shutdown_llm(plain.llm)
     engine = VllmEngine(EngineSettings(str(tiny_model), max_model_len=256, log_stats=True,
-                                   speculation=engine_speculation(SUFFIX)))
+                                       speculation=engine_speculation(SUFFIX)))
     try:
         assert engine.speculation.active and engine.speculation.verifier == "rhymerl-exact"
         first = [s.token_ids for s in engine.generate(prompts, greedy)]  # fills the cache

@@ -11,7 +11,7 @@ import torch
 from rhymerl.vllm import spec_guard
 from rhymerl.vllm.fixed_drafter import fixed_draft_rows
 from rhymerl.vllm.spec_guard import (BATCHES, DEFAULT_ALPHA, DRAFTS, GuardReport, EngineSpeculation, assess,
-                                batch_settings, chi_square, start_guarded, synthetic_logits)
+                                     batch_settings, chi_square, start_guarded, synthetic_logits)
 from rhymerl.vllm.spec_verify import (PLACEHOLDER, expand_kernel, processed_probs, rejection_greedy_sample_kernel,
                                  rejection_random_sample_kernel, sample_recovered_tokens_kernel)
 
@@ -204,7 +204,7 @@ def _start(spec: EngineSpeculation, check: GuardReport | None, install_error: st
 
 
 SPEC = EngineSpeculation("custom_class", 3, model="rhymerl.vllm.fixed_drafter.FixedDrafter",
-                       additional_config=(("rhymerl_fixed_draft", (10, 20, 30)),))
+                         additional_config=(("rhymerl_fixed_draft", (10, 20, 30)),))
 PASS = GuardReport(passed=True, vllm_version="9.9.9")
 FAIL = GuardReport(passed=False, vllm_version="9.9.9", error="boom")
 
