@@ -24,7 +24,6 @@ import time
 
 import torch
 
-from rhymerl import grpo
 from rhymerl.trainer import TrainExample, Trainer
 
 
@@ -48,24 +47,15 @@ class StreamedStep:
         """Forward and backward on one complete group's examples (their advantages final)."""
         if self.done:
             raise RuntimeError("StreamedStep.add after finish: start a new StreamedStep for the next step")
-        t, cfg = self.trainer, self.trainer.cfg
+        t = self.trainer
         for mb in t._micro_batches(group):
             with torch.no_grad():
                 old = t._logprobs(t.model, mb)
                 ref = t._logprobs(t.ref_model, mb) if t.ref_model is not None else None
-            logp = t._logprobs(t.model, mb)
-            loss, stats = grpo.policy_loss(logp, old, mb.advantages, mb.mask, cfg.clip_low, cfg.clip_high,
-                                           agg=cfg.loss_agg, denominator=1.0)  # a sum: scaled in finish
-            if ref is not None:
-                kl = t.aggregation.reduce(grpo.kl_k3(logp, ref, mb.mask), mb.mask, 1.0)
-                loss = loss + cfg.kl_coef * kl
-                self.sums["kl"] += kl.item()
-            loss.backward()
             self.count += t.aggregation.count(mb.mask)
-            self.sums["loss"] += loss.item()
-            self.sums["clip"] += stats["clip_frac"] * stats["tokens"]
-            self.sums["ratio"] += stats["ratio_mean"] * stats["tokens"]
-            self.sums["tokens"] += stats["tokens"]
+            part = t._backward(mb, old, ref, 1.0)  # a sum: scaled once in finish
+            for key, value in zip(("loss", "kl", "clip", "ratio", "tokens"), part):
+                self.sums[key] += value
             if mb.sampler is None:
                 self.missing += 1
             else:

@@ -259,28 +259,32 @@ class Trainer:
         self.optimizer.step()
         return float(grad_norm)
 
+    def _backward(self, mb: _Padded, old: Tensor, ref: Tensor | None, denominator: float) -> list[float]:
+        """Add one micro-batch's gradient (policy loss, plus the k3 KL term when `ref` is given, both
+        divided by `denominator`); returns its [loss, kl, clip_frac x tokens, ratio_mean x tokens, tokens]."""
+        cfg = self.cfg
+        logp = self._logprobs(self.model, mb)
+        loss, stats = grpo.policy_loss(logp, old, mb.advantages, mb.mask, cfg.clip_low, cfg.clip_high,
+                                       agg=cfg.loss_agg, denominator=denominator)
+        kl_value = 0.0
+        if ref is not None:
+            kl = self.aggregation.reduce(grpo.kl_k3(logp, ref, mb.mask), mb.mask, denominator)
+            loss = loss + cfg.kl_coef * kl
+            kl_value = kl.item()
+        loss.backward()
+        return [loss.item(), kl_value, stats["clip_frac"] * stats["tokens"], stats["ratio_mean"] * stats["tokens"],
+                stats["tokens"]]
+
     def _update(self, micro: list[_Padded], old: list[Tensor], ref: list[Tensor] | None,
                 denominator: float) -> dict[str, float]:
         """One optimizer update accumulated over all micro-batches."""
-        cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = kl_sum = clip_sum = ratio_sum = token_sum = 0.0
+        sums = [0.0] * 5
         for i, mb in enumerate(micro):
-            logp = self._logprobs(self.model, mb)
-            loss, stats = grpo.policy_loss(logp, old[i], mb.advantages, mb.mask, cfg.clip_low,
-                                           cfg.clip_high, agg=cfg.loss_agg, denominator=denominator)
-            if ref is not None:
-                kl = self.aggregation.reduce(grpo.kl_k3(logp, ref[i], mb.mask), mb.mask, denominator)
-                loss = loss + cfg.kl_coef * kl
-                kl_sum += kl.item()
-            loss.backward()
-            loss_sum += loss.item()
-            clip_sum += stats["clip_frac"] * stats["tokens"]
-            ratio_sum += stats["ratio_mean"] * stats["tokens"]
-            token_sum += stats["tokens"]
+            part = self._backward(mb, old[i], ref[i] if ref is not None else None, denominator)
+            sums = [a + b for a, b in zip(sums, part)]
         grad_norm = self._clip_and_step()
-        loss_sum, kl_sum, clip_sum, ratio_sum, token_sum = self._all_sum(
-            [loss_sum, kl_sum, clip_sum, ratio_sum, token_sum])
+        loss_sum, kl_sum, clip_sum, ratio_sum, token_sum = self._all_sum(sums)
         n = max(token_sum, 1.0)
         return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clip_sum / n,
                 "ratio_mean": ratio_sum / n, "kl": kl_sum}
