@@ -29,7 +29,7 @@ from tasks.recovery import check_recoverable, replace_trainer, restore_lost, syn
 from tasks.ops import link_runs_task
 from tasks.resume import (begin_checkpoint, checkpoint_task, lake_rows_task, restore_task, resume_tracking_task,
                           warm_start_task)
-from tasks.spec import history_task, spec_stats_task
+from tasks.spec import StepInputs, history_task, prepare_step_task, publish_history_task, spec_stats_task
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 from workers.guard import WorkerGuard
 from workers.sync import sync_settings
@@ -52,7 +52,8 @@ class RunState:
     policy_version: int = 0  # optimizer steps applied to the weights the engines hold
     history: list[dict] = field(default_factory=list)  # every step's record, in order
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
-    spec_history: object = None  # the current epoch's HistoSpec BundleInfo, if any
+    spec_history: object = None  # the epoch's HistoSpec history on the driver (HistorySlicer), if any
+    ahead: tuple | None = None  # ((epoch, step), future of its StepInputs): the next step, prepared early
     initial_fingerprint: float = 0.0
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
     background: Background = field(default_factory=Background)  # off the critical path (tasks.background)
@@ -73,27 +74,38 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
     order = epoch_order(list(ctx.prompts), epoch, cfg.seed)
-    st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, order, st.workers, st.guard)
+    st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, order)
+    batches = step_batches(order, cfg.rollout.prompts_per_step)
     records = []
-    for step, batch in enumerate(step_batches(order, cfg.rollout.prompts_per_step)):
+    for step, batch in enumerate(batches):
         if step >= start_step:
-            records.append(run_step(ctx, st, epoch, step, batch, sampling))
+            after = batches[step + 1] if step + 1 < len(batches) else None
+            records.append(run_step(ctx, st, epoch, step, batch, sampling, after))
     st.background.flush()  # the epoch's rows, metrics and checkpoints are in before its summary
     log_epoch_task(st.tracking, st.history, epoch)
     return records
 
 
-def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings) -> dict:
+def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings,
+             next_batch=None) -> dict:
     """One on-policy step: every sample comes from the weights after the previous step.
 
     A step the lake committed before a crash (after the last checkpoint) trains on its
-    committed rows instead of sampling again, so it is neither lost nor duplicated.
+    committed rows instead of sampling again, so it is neither lost nor duplicated. The plan and
+    each worker's HistoSpec bundle of the step after it (`next_batch`, same epoch) are prepared
+    while this one runs: both depend only on earlier epochs' rows.
     """
     cfg, watch = ctx.cfg, Stopwatch()
-    with watch("plan_s"):
-        plan = plan_task(cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step, batch, len(st.workers), sampling.n,
-                         sampling.max_tokens)
-    samples, scores, speculation, migrations = _sample(ctx, st, epoch, step, batch, sampling, plan, watch)
+    with watch("plan_s"):  # ~0 when prepared during the previous step
+        inputs = _step_inputs(ctx, st, epoch, step, batch, sampling)
+    plan = inputs.plan
+    st.ahead = None
+    if next_batch is not None:
+        st.ahead = ((epoch, step + 1), prepare_step_task.submit(
+            cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step + 1, quote(next_batch), len(st.workers), sampling.n,
+            sampling.max_tokens, quote(st.spec_history)))
+    samples, scores, speculation, migrations, shipped = _sample(ctx, st, epoch, step, batch, sampling, inputs,
+                                                                watch)
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores); quote() hands them over as they are.
     with watch("lake_s"):
@@ -114,6 +126,7 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
         pipe = measure_task(plan, quote(samples), len(st.workers))
     record = _record(st, epoch, step, step_stats(samples, scores), dict(watch.seconds), pipe, sync, train)
     record["migrations"] = float(migrations)
+    record.update(shipped)  # spec/history_*: what each worker's bundle held and was sent
     if speculation is not None:
         record.update(speculation.as_metrics("spec/"))
     st.history.append(record)
@@ -143,24 +156,43 @@ def _log_in_background(ctx: RunContext, st: RunState, record: dict, plan, sample
     bg.submit(lake_step_task, cfg.lake.url, ctx.run_id, dict(record), cfg.spec.method if speculated else None)
 
 
-def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings, plan,
-            watch: Stopwatch):
-    """The step's samples, scores, speculation counters and migrations: generated (scoring starts on
+def _step_inputs(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings):
+    """The step's plan and bundles: prepared during the previous step when it could be, else now."""
+    cfg, ahead = ctx.cfg, st.ahead
+    if ahead is not None and ahead[0] == (epoch, step):
+        try:
+            return ahead[1].result()
+        except Exception as exc:  # prepared off the critical path; a failure costs only time
+            get_run_logger().warning("preparing step %d of epoch %d ahead failed (%s); preparing it now",
+                                     step, epoch, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return prepare_step_task(cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step, quote(batch), len(st.workers),
+                             sampling.n, sampling.max_tokens, quote(st.spec_history))
+
+
+def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings,
+            inputs: StepInputs, watch: Stopwatch):
+    """The step's samples, scores, speculation counters, migrations and history bundles' measures: generated (scoring starts on
     finished responses while the rollout's tail still generates), or read back from the lake for a
-    step committed before a crash (`rollout_s` is then the lake read)."""
-    cfg = ctx.cfg
+    step committed before a crash (`rollout_s` is then the lake read). Before generating, each worker
+    gets the HistoSpec history of the prompts it serves (`history_s`)."""
+    cfg, plan = ctx.cfg, inputs.plan
     if (epoch, step) in st.reuse:
         with watch("rollout_s"):
             samples, scores = lake_rows_task(cfg.lake.url, ctx.run_id, epoch, step, batch, sampling.n,
                                              st.policy_version)
         watch.seconds.update(reward_s=0.0, reward_total_s=0.0)
-        return samples, scores, None, 0  # the original rollout's counters died with it
+        return samples, scores, None, 0, {}  # the original rollout's counters died with it
+    history = None
+    if inputs.bundles is not None:
+        with watch("history_s"):
+            history = publish_history_task(st.workers, quote(st.spec_history), quote(inputs.bundles), st.guard)
     with watch("rollout_s"):
-        rollout = rollout_task(st.workers, plan, sampling, batch, cfg.pipe, guard=st.guard)
+        rollout = rollout_task(st.workers, plan, sampling, batch, cfg.pipe, guard=st.guard, history=quote(history))
     speculation = spec_stats_task(st.workers)
     with watch("reward_s"):  # what scoring still added after the rollout
         scores, watch.seconds["reward_total_s"] = reward_task(batch, quote(rollout))
-    return rollout.samples, scores, speculation, rollout.migrations
+    shipped = {**inputs.bundles.metrics(), **history.sent_metrics()} if history is not None else {}
+    return rollout.samples, scores, speculation, rollout.migrations, shipped
 
 
 def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dict, sync: dict, train: dict) -> dict:
@@ -175,8 +207,6 @@ def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dic
     record["worker_restarts"] = float(st.guard.new_restarts()) if st.guard is not None else 0.0
     if (epoch, step) in st.reuse:  # rollout_s is the lake read, not a rollout
         record["reused_lake_rows"] = 1.0
-    if step == 0 and st.spec_history is not None:  # the epoch's bundle, reported once
-        record.update(st.spec_history.as_metrics("spec/history_"))
     return record
 
 

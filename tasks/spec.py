@@ -1,58 +1,87 @@
-"""HistoSpec in the run: each epoch's history bundle from the lake, and per-step acceptance.
+"""HistoSpec in the run: the epoch's history from the lake, each worker's share of it per step.
 
 `history_task` runs once per epoch, before its first step: one DuckDB query over the lake
-(`prompt_history`) collects each prompt's responses from its last `spec.history_epochs` epochs,
-and the serialised bundle goes to every rollout worker through Ray's object store, where the
-worker writes it to the file its engine's drafter reads. No worker queries the lake.
-`spec_stats_task` collects the workers' acceptance counters after a step's rollout.
+(`prompt_history`) collects each prompt's responses from its last `spec.history_epochs` epochs as
+Arrow, kept on the driver as flat numpy columns (`rhymerl.histospec.columns`: no Python object per
+token). Each step, once HistoPipe's plan has placed the step's requests, `cut_for_workers` cuts one
+bundle per worker holding only the prompts it serves (`prepare_step_task` does it, with the plan,
+for the next step while the current one runs), and `publish_history_task` sends each worker its own
+through Ray's object store; the worker writes it to the file its engine's drafter re-reads. A
+migrated request's prompt follows it (`workers.history.WorkerHistory.carry`). No worker queries the
+lake. `spec_stats_task` collects the workers' acceptance counters after a step's rollout.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from rhymerl.config import PipeConfig
+from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.history import BundleInfo, bundle_for_epoch, merge_history, uses_bundle
+from rhymerl.histospec.history import uses_bundle
 from rhymerl.records import Prompt
 from storage.lake import Lake
+from tasks.plan import Plan, plan_task
+from workers.history import StepBundles, WorkerHistory, cut_for_workers
 
 
 @task(name="spec-history", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int, prompts: list[Prompt],
-                 workers: list, guard=None) -> BundleInfo | None:
-    """Build epoch `epoch`'s history bundle from the lake and hand it to every worker.
+def history_task(spec: SpecConfig, lake_url: str, run_id: str, epoch: int,
+                 prompts: list[Prompt]) -> HistorySlicer | None:
+    """Epoch `epoch`'s history from the lake, ready to cut into per-worker bundles each step.
 
-    Epoch 0 (or `history_epochs = 0`) gets a bundle of prompts without history: drafts then come
-    from each group's siblings only. None when the run does not use HistoSpec. With a
-    `workers.guard.WorkerGuard`, a worker that is down (or restarts later) gets the bundle too.
+    Epoch 0 (or `history_epochs = 0`) has no history: bundles then hold prompts only, and drafts
+    come from each group's siblings. None when the run does not use HistoSpec.
     """
     if not uses_bundle(spec):
         return None
     t0 = time.perf_counter()
-    columns: dict = {}
+    columns = HistoryColumns.empty()
     if epoch > 0 and spec.history_epochs > 0:
         with Lake(lake_url) as lake:
-            columns = lake.prompt_history(run_id, epoch, spec.history_epochs).to_pydict()
+            columns = HistoryColumns.from_arrow(lake.prompt_history(run_id, epoch, spec.history_epochs))
     if spec.warm_start_run and spec.history_epochs > 0:
         columns = _with_warm_start(columns, spec, lake_url)
-    query_s = time.perf_counter() - t0
-    blob, info = bundle_for_epoch(prompts, columns)
-    ref = ray.put(blob)
-    if guard is not None:
-        guard.share_history(ref)
-    else:
-        ray.get([w.set_history.remote(ref) for w in workers])
-    info = BundleInfo(**{**info.__dict__, "build_s": time.perf_counter() - t0})
+    slicer = HistorySlicer(columns)
     get_run_logger().info(
-        "HistoSpec history for epoch %d: %d/%d prompts with history, %d responses, %d tokens, "
-        "%.1f KB (query %.2fs, total %.2fs)", epoch, info.prompts_with_history, info.prompts,
-        info.responses, info.tokens, info.bytes / 1024, query_s, info.build_s)
-    return info
+        "HistoSpec history for epoch %d: %d/%d prompts with history, %d responses, %d tokens, %.1f KB of "
+        "arrays (%.2fs); each worker gets its own prompts' share per step", epoch,
+        sum(1 for p in prompts if p.prompt_id in slicer.rows), len(prompts), len(columns), len(columns.tokens),
+        (columns.tokens.nbytes + columns.offsets.nbytes + columns.rewards.nbytes) / 1024,
+        time.perf_counter() - t0)
+    return slicer
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a step needs before its rollout: the plan and each worker's bundle (None: no HistoSpec)."""
+
+    plan: Plan
+    bundles: StepBundles | None
+
+
+@task(name="prepare-step", cache_policy=NO_CACHE, retries=1)
+def prepare_step_task(pipe: PipeConfig, lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
+                      workers: int, n: int, max_tokens: int, slicer: HistorySlicer | None) -> StepInputs:
+    """HistoPipe's plan for a step (`plan_task`) and the bundle each worker gets under it. Depends only
+    on the lake's earlier epochs, so the run computes it for step s + 1 while step s runs."""
+    plan = plan_task.fn(pipe, lake_url, run_id, epoch, step, prompts, workers, n, max_tokens)
+    return StepInputs(plan, cut_for_workers(slicer, plan.placement) if slicer is not None else None)
+
+
+@task(name="spec-publish", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def publish_history_task(workers: list, slicer: HistorySlicer, bundles: StepBundles, guard=None) -> WorkerHistory:
+    """Send each worker its bundle for the step (`workers.history`); the handle carries migrated
+    requests' prompts to their new worker during the rollout."""
+    history = WorkerHistory(workers, slicer, bundles, guard)
+    history.publish()
+    return history
 
 
 @task(name="spec-stats", cache_policy=NO_CACHE)
@@ -67,12 +96,12 @@ def spec_stats_task(workers: list) -> SpecStats | None:
     return total
 
 
-def _with_warm_start(columns: dict, spec: SpecConfig, lake_url: str) -> dict:
+def _with_warm_start(columns: HistoryColumns, spec: SpecConfig, lake_url: str) -> HistoryColumns:
     """`columns` plus the warm-start run's history for prompts that have none in this run."""
     with Lake(spec.warm_start_lake or lake_url) as lake:
-        warm = lake.prompt_history(spec.warm_start_run, 2**31 - 1, spec.history_epochs).to_pydict()
-    if not warm.get("prompt_id"):
+        warm = HistoryColumns.from_arrow(lake.prompt_history(spec.warm_start_run, 2**31 - 1, spec.history_epochs))
+    if not len(warm):
         get_run_logger().warning("spec.warm_start_run %r has no responses in lake %s; no warm start",
                                  spec.warm_start_run, spec.warm_start_lake or lake_url)
         return columns
-    return merge_history(columns, warm)
+    return columns.merged(warm)

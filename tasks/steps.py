@@ -32,19 +32,20 @@ from workers.sync import sync_weights
 
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: list[Prompt], pipe: PipeConfig,
-                 guard=None) -> StreamedRollout:
+                 guard=None, history=None) -> StreamedRollout:
     """Generate the plan's requests (per worker, in admission order), scoring finished responses
     while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly
     sample indices 0..n-1 of every prompt come back, once each. With `guard`
     (`workers.guard.WorkerGuard`), restarted workers get the current weights and history first,
     and a worker that dies mid-step re-runs every request planned on it after its restart, its
     earlier results discarded (keeping those that finished before the crash would favour short
-    responses)."""
+    responses). With `history` (`workers.history.WorkerHistory`), a migrated request's prompt
+    history goes to its new worker first."""
     if guard is not None:
         guard.ensure_current()
     gold = {p.prompt_id: p.answer for p in prompts}
     rule = pipe.migration_rule() if pipe.migrate else None
-    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard)
+    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard, history=history)
     check_groups(prompts, out.samples, spec.n)
     return out
 

@@ -100,13 +100,16 @@ class RolloutWorker:
         self._stops_lock = threading.Lock()
         self._engine_lock = threading.Lock()
 
-    def set_history(self, blob: bytes) -> int:
-        """Replace the drafter's history (a serialised HistoryBundle) between generate calls."""
+    def set_history(self, blob) -> int:
+        """Replace the drafter's history (a serialised HistoryBundle: bytes, or the uint8 array
+        `workers.history` sends, which Ray maps from its object store without a copy) between
+        generate calls; the drafter re-reads the file at its next step. Returns its bytes."""
+        view = memoryview(blob).cast("B")
         tmp = f"{self.history_path}.tmp"
         with open(tmp, "wb") as f:
-            f.write(blob)
+            f.write(view)
         os.replace(tmp, self.history_path)  # the drafter sees the old file or the new, never half
-        return len(blob)
+        return view.nbytes
 
     def spec_stats(self) -> dict | None:
         """Speculation counters since the last call (a `SpecStats` as a dict), None when off."""

@@ -4,7 +4,7 @@ Rollout workers are Ray actors with `max_restarts` (`recovery.worker_restarts`).
 dead one by running its constructor again, so the new engine holds the model directory's
 *initial* weights and no HistoSpec history; sampling from it would be off-policy. `WorkerGuard`
 never lets a restarted worker generate before it holds the trainer's current weights (checked
-by fingerprint against the trainer) and the epoch's history bundle: `ensure_current` runs at the
+by fingerprint against the trainer) and its HistoSpec bundle: `ensure_current` runs at the
 start of every rollout (a worker that died between steps), `recover` when a worker dies during
 one, after which the dispatcher re-runs every request planned on that worker and discards its
 earlier results (`workers.stream._Driver.lost`: which samples finished before a crash depends on
@@ -75,14 +75,14 @@ class WorkerGuard:
     """Keeps every rollout worker on the current policy and history across Ray restarts.
 
     Lives in the flow process (never crosses a process boundary). `trainer` is replaced when the
-    trainer is recovered; `history` is the epoch's bundle in Ray's object store (None without
-    HistoSpec). `restarts` lists every restart of the run, in order.
+    trainer is recovered; `history[w]` is worker w's current HistoSpec bundle in Ray's object
+    store (None without HistoSpec). `restarts` lists every restart of the run, in order.
     """
 
     workers: list
     trainer: object
     timeout_s: float = 600.0
-    history: object = None
+    history: list | None = None
     incarnations: list[str] = field(default_factory=list)
     restarts: list[WorkerRestart] = field(default_factory=list)
     trainer_restarts: int = 0
@@ -102,16 +102,24 @@ class WorkerGuard:
                    incarnations=[_info_key(i) for i in infos], resume_hint=hint,
                    log=log or logging.getLogger(__name__))
 
-    def share_history(self, ref) -> None:
-        """Give every worker the epoch's bundle `ref`; a worker that is down gets it when it is
-        resynced (`ensure_current` before the next rollout)."""
-        self.history = ref
+    def share_history(self, refs) -> None:
+        """Give the workers their HistoSpec bundles: `refs[w]` to worker w (one ref: the same to
+        all). A worker that is down gets its bundle when it is resynced (`ensure_current` before
+        the next rollout, or `recover`)."""
+        self.history = list(refs) if isinstance(refs, (list, tuple)) else [refs] * len(self.workers)
         for w, worker in enumerate(self.workers):
             try:
-                ray.get(worker.set_history.remote(ref))
+                ray.get(worker.set_history.remote(self.history[w]))
             except RayActorError as exc:
                 self.log.warning("rollout worker %d is down (%s); it gets the history when it is back",
                                  w, str(exc).splitlines()[0])
+
+    def set_history(self, w: int, ref) -> None:
+        """Record that worker w now holds bundle `ref` (a migrated request's prompt added), so a
+        restart gives it that one; the caller sends it."""
+        if self.history is None:
+            self.history = [None] * len(self.workers)
+        self.history[w] = ref
 
     def new_restarts(self) -> int:
         """Restarts since the last call (a step record's `worker_restarts`)."""
@@ -157,8 +165,8 @@ class WorkerGuard:
             raise WorkerLost(f"rollout worker {w} restarted but its weights (fingerprint {engine_print!r}) "
                              f"differ from the trainer's ({trainer_print!r}) after the sync; refusing to "
                              f"sample off-policy{self.resume_hint}")
-        if self.history is not None:
-            ray.get(self.workers[w].set_history.remote(self.history))
+        if self.history is not None and self.history[w] is not None:
+            ray.get(self.workers[w].set_history.remote(self.history[w]))
         self.incarnations[w] = _info_key(info)
         restart = WorkerRestart(worker=w, old_pid=old_pid, new_pid=int(info["pid"]), wait_s=wait_s,
                                 sync_s=time.perf_counter() - t0, engine_fingerprint=float(engine_print),

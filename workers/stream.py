@@ -6,7 +6,9 @@ Each rollout worker runs its requests as a Ray streaming generator (`RolloutWork
 are scored in chunks on Ray while the tail is still generating, so only the last chunk's scoring
 remains on the step's critical path. With a `MigrationRule`, the driver asks a worker to stop a
 straggler (`RolloutWorker.stop`, honoured between engine steps) and starts the returned prefix
-on an idle worker; the step still uses one set of weights throughout (strictly on-policy).
+on an idle worker, after giving that worker the prompt's HistoSpec history (each worker holds only
+its own prompts' history: `workers.history`); the step still uses one set of weights throughout
+(strictly on-policy).
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ class _Driver:
 
     def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
                  rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
-                 guard=None) -> None:
+                 guard=None, history=None) -> None:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
         self.guard = guard  # workers.guard.WorkerGuard: brings a dead worker back (None: fail)
+        self.history = history  # workers.history.WorkerHistory: a migrated prompt's history follows it
         self.forecast_peak, self.every_s = forecast_peak, every_s
         self.total = sum(len(r) for r in requests)
         self.out = StreamedRollout()
@@ -190,6 +193,8 @@ class _Driver:
             by_dest.setdefault(dest, []).append(Request(self.prompts[p.prompt_id], p.sample_idx, prefix=p))
         for dest, reqs in by_dest.items():
             self.out.migrations += len(reqs)
+            if self.history is not None:  # its drafter must know the prompt before the request arrives
+                self.history.carry(dest, [r.prompt for r in reqs])
             self.start(dest, reqs)
 
     def migrate(self) -> None:
@@ -211,20 +216,22 @@ class _Driver:
 
 def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
                    rule: MigrationRule | None = None, forecast_peak: dict[str, float] | None = None,
-                   every_s: float = 0.25, guard=None) -> StreamedRollout:
+                   every_s: float = 0.25, guard=None, history=None) -> StreamedRollout:
     """Run `requests[w]` on `workers[w]`, scoring finished samples while the rest generate.
 
     `gold[prompt_id]` is the answer the reward checks. With `rule`, stragglers (judged against
     `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`workers.guard.WorkerGuard`),
     a worker that dies is restarted on the current weights and re-runs every request planned on
     it, discarding its earlier results (see `_Driver.lost`: keeping them would bias the step
-    towards short responses).
+    towards short responses). With `history` (`workers.history.WorkerHistory`, the step's
+    published HistoSpec bundles), a request that migrates takes its prompt's history to its new
+    worker before it is resubmitted there.
     Returns every sample once; its scoring may still be running (see `collect_scores`).
     """
     if len(requests) != len(workers):
         raise ValueError(f"stream_rollout: {len(requests)} request lists for {len(workers)} workers; "
                          "pass one list per worker (empty for an idle one)")
-    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard).run()
+    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard, history).run()
 
 
 def collect_scores(rollout: StreamedRollout, gold: dict[str, str]) -> tuple[list[RewardResult], float]:

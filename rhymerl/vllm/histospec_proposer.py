@@ -8,13 +8,16 @@ proposer sees no request ids, so it works from token ids alone:
 Settings. The run's `SpecConfig` arrives in `vllm_config.additional_config`
 (`rhymerl.vllm.speculation.engine_speculation` put it there) and is fixed for the engine's life.
 
-How the history reaches the worker. Before each epoch the run builds a `HistoryBundle` (every prompt
-of the coming epoch and its earlier responses; `rhymerl.histospec.history`) and
-sends its bytes through the Ray object store to every rollout worker, which writes them atomically
-to a file on its own node (`RolloutWorker.set_history` in workers/actors.py). The worker named that
-file in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits
-the variable and re-reads the file whenever it changes (one `os.stat` per step), so each epoch needs
-only a rewrite of that file: no worker queries the lake.
+How the history reaches the worker. Before each step the run cuts, for each rollout worker, a
+bundle of the prompts HistoPipe's plan places on it and their earlier responses (`HistoryBundle`'s
+.npz layout, from the epoch's lake query as Arrow/numpy columns; `rhymerl.histospec.columns`,
+`workers.history`) and sends it through the Ray object store to that worker, which writes it
+atomically to a file on its own node (`RolloutWorker.set_history` in workers/actors.py); a migrated
+request's prompt is added to its new worker's bundle before it arrives. The worker named that file
+in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits the
+variable and re-reads the file whenever it changes (one `os.stat` per step), so each step needs
+only a rewrite of that file: no worker queries the lake. A reload keeps the cross-prompt tree, the
+step cost model and the per-position acceptance.
 
 Which prompt a row belongs to. The bundle lists the prompts; `PromptTable` keys each by the raw
 bytes of its token ids, grouped by prompt length, and matches a new row by trying the known lengths
@@ -341,9 +344,15 @@ class HistoSpecProposer:
         return stats
 
     def _make(self, bundle: HistoryBundle | FlatBundle, stats: SpecStats | None = None) -> BatchDrafter:
-        old = getattr(self, "_batch", None)  # recent responses outlive an epoch's bundle (same settings)
-        recent = old.recent if old is not None else None
-        return BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(), recent)
+        # A new bundle comes every step (each worker gets its step's prompts), so what the drafter
+        # learnt about the engine outlives it: the recent responses, the step cost model and the
+        # acceptance per draft position (same engine, same settings).
+        old = getattr(self, "_batch", None)
+        batch = BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(),
+                             old.recent if old is not None else None)
+        if old is not None:
+            batch.cost, batch.lifetime = old.cost, old.lifetime
+        return batch
 
     def _reload_if_changed(self) -> None:
         if not self.path:

@@ -33,9 +33,21 @@ class FakeWorker:
         self.worker_id, self.stops, self.lock = worker_id, set(), threading.Lock()
         self.engine = threading.Lock()  # one stream at a time, as RolloutWorker's engine lock
         self.die_flag, self.pid, self.stopped_at = die_flag, os.getpid(), None
+        self.bundle: list[tuple] = []  # the prompts (token ids) of the last HistoSpec bundle it was given
+        self.streams: list[tuple[list, list]] = []  # per stream: (bundle prompts, its requests' prompts)
 
     def info(self):
         return {"pid": self.pid}
+
+    def set_history(self, blob):
+        from rhymerl.histospec.flat import FlatBundle
+
+        fb = FlatBundle.from_bytes(bytes(memoryview(blob)))
+        self.bundle = [tuple(fb.prompt(k).tolist()) for k in range(len(fb))]
+        return len(blob)
+
+    def log(self):
+        return self.streams
 
     def stop(self, keys):
         with self.lock:
@@ -43,6 +55,7 @@ class FakeWorker:
 
     def stream(self, requests, spec, every_s, track):
         with self.engine:
+            self.streams.append((list(self.bundle), [r.prompt.token_ids for r in requests]))
             t0, live, last = time.time(), {r.key: r for r in requests}, time.monotonic()
             done_tokens = {r.key: len(r.prefix.token_ids) if r.prefix else 0 for r in requests}
             while live:
@@ -148,6 +161,33 @@ def test_forced_migration_returns_every_sample_once_joined(ray_local):
     assert any(s.prompt_id == "long" for s in moved)  # the most overdue (most tokens) move first
     assert len(scores) == len(out.samples) and total_s >= 0
     assert all(not s.correct and not s.formatted for s in scores)  # "xxx" has no "#### 7": scored, and wrong
+
+
+def test_a_migrated_request_takes_its_prompts_history_along(ray_local):
+    # Rule: each worker starts with only its own prompts' bundle; before a migrated request starts
+    # on its new worker, that worker's bundle gains the prompt, history and all.
+    from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
+    from workers.history import WorkerHistory, cut_for_workers
+    from workers.stream import stream_rollout
+
+    long_, c = Prompt("long", 0, "long", (7, 7), answer="7"), Prompt("c", 0, "c", (8,), answer="7")
+    requests = [[Request(long_, k) for k in range(2)], [Request(c, k) for k in range(2)]]
+    slicer = HistorySlicer(HistoryColumns.from_lists({"prompt_id": ["long", "c"], "response_token_ids": [[1] * 50, [2]],
+                                                      "reward": [1.0, 0.0]}))
+    workers = [FakeWorker.remote(w) for w in range(2)]
+    history = WorkerHistory(workers, slicer, cut_for_workers(slicer, [[long_], [c]]))
+    history.publish()
+    out = stream_rollout(workers, requests, SamplingSettings(n=2, max_tokens=100), {"long": "7", "c": "7"},
+                         MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=1), {"long": 1.0, "c": 1.0},
+                         every_s=0.02, history=history)
+    assert out.migrations >= 1
+    logs = ray.get([w.log.remote() for w in workers])
+    assert logs[0][0] == ([(7, 7)], [(7, 7), (7, 7)]) and logs[1][0] == ([(8,)], [(8,), (8,)])
+    for bundle, prompts in logs[0] + logs[1]:  # every stream's prompts were in its worker's bundle
+        assert set(prompts) <= set(bundle)
+    assert any((7, 7) in prompts for _, prompts in logs[1][1:])  # "long" did move to worker 1
+    assert [p.prompt_id for p in history.held[1]] == ["c", "long"]
+    assert history.sent[1] > history.bundles.blobs[1].nbytes  # the re-cut bundle was sent too
 
 
 def test_without_a_rule_nothing_moves(ray_local):

@@ -7,7 +7,8 @@ import pytest
 from rhymerl.config import ConfigError, load_config
 from rhymerl.vllm.engine import stats_from_counters
 from rhymerl.histospec.drafter import SpecConfig
-from rhymerl.histospec.history import bundle_for_epoch, merge_history, uses_bundle
+from rhymerl.histospec.columns import HistoryColumns
+from rhymerl.histospec.history import bundle_for_epoch, uses_bundle
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.records import Prompt, prompt_id_of
@@ -100,8 +101,12 @@ def test_vllm_counters_become_spec_stats():
 
 def test_warm_start_fills_only_prompts_without_history(lake):
     # Rule: another run's history joins only for prompts this run has not seen; own rows win.
-    own = {"prompt_id": ["a"], "response_token_ids": [[1]], "reward": [1.0]}
-    warm = lake.prompt_history("other", 2**31 - 1, 1).to_pydict()  # run "other": prompt a only
-    assert merge_history(own, warm) == own
-    merged = merge_history({}, lake.prompt_history("r", 2**31 - 1, 1).to_pydict())
-    assert merged == {"prompt_id": ["a", "b"], "response_token_ids": [[7], [8]], "reward": [0.0, 1.0]}
+    def rows(c: HistoryColumns) -> list[tuple]:
+        return [(p, c.tokens[c.offsets[i]:c.offsets[i + 1]].tolist(), float(c.rewards[i]))
+                for i, p in enumerate(c.prompt_ids)]
+
+    own = HistoryColumns.from_lists({"prompt_id": ["a"], "response_token_ids": [[1]], "reward": [1.0]})
+    warm = HistoryColumns.from_arrow(lake.prompt_history("other", 2**31 - 1, 1))  # run "other": prompt a only
+    assert rows(own.merged(warm)) == rows(own)
+    merged = HistoryColumns.empty().merged(HistoryColumns.from_arrow(lake.prompt_history("r", 2**31 - 1, 1)))
+    assert rows(merged) == [("a", [7], 0.0), ("b", [8], 1.0)]

@@ -111,6 +111,25 @@ def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypat
     assert proposer.take_stats().steps == 0  # taking resets
 
 
+def test_a_new_bundle_keeps_what_the_drafter_learnt_about_the_engine(tmp_path, monkeypatch):
+    # Rule: bundles now change every step (each worker's own prompts), so a reload keeps the
+    # cross-prompt tree, the step cost model and the acceptance per position; it drops the bundle.
+    path = tmp_path / "histospec.npz"
+    monkeypatch.setenv(INDEX_ENV, str(path))
+    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                                  model_config=SimpleNamespace(max_model_len=64),
+                                  additional_config=dict(engine_speculation(SpecConfig()).additional_config))
+    path.write_bytes(HistoryBundle((PromptHistory((50, 51), ((1, 2),), (0.0,)),)).to_bytes())
+    proposer = HistoSpecProposer(vllm_config)
+    old = proposer._batch
+    path.write_bytes(HistoryBundle((PromptHistory((60,), ((3,),), (0.0,)),)).to_bytes())
+    batch = FakeBatch([(60, 3)])
+    proposer.propose([[3]], batch.num, batch.tokens)
+    new = proposer._batch
+    assert new is not old and len(new.bundle) == 1 and new.bundle.prompt(0).tolist() == [60]
+    assert new.recent is old.recent and new.cost is old.cost and new.lifetime is old.lifetime
+
+
 def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_siblings_meanwhile(monkeypatch):
     # Rule: a step never waits for a history build: until it is attached the prompt drafts from its
     # siblings; once attached, from its history too.
