@@ -104,7 +104,8 @@ STEPS_SCHEMA = _schema("steps", [
          "[j]: share of drafts reaching position j whose token j was accepted."),
     _col("spec_drafter_s", pa.float64(), "Seconds the drafter spent proposing (summed over workers)."),
     _col("spec_history_s", pa.float64(),
-         "Seconds to query the lake and ship the epoch's history (first step of an epoch only)."),
+         "Seconds to cut the step's per-worker HistoSpec bundles (summed over workers; prepared during "
+         "the previous step except an epoch's first)."),
     _col("bubble_ratio", pa.float64(), "Idle share of worker time while the step's rollout ran."),
     _col("makespan_s", pa.float64(), "Seconds from the first admission to the last finish."),
     _col("migrations", pa.int32(), "Requests moved to an idle worker in the step's tail (HistoPipe tier 2)."),
