@@ -11,10 +11,12 @@ Time split of one step (seconds, all measured by `run_step` except the remainder
 - dispatch = the step's wall time minus all of the above: Prefect task start/finish, Ray round
   trips without a timing of their own (spec-stats), Python between tasks.
 
-Per epoch on top: index build = HistoSpec's history task (`spec/history_build_s`, the DuckDB
-query + bundle + shipping it to the workers), and flow = the epoch's wall time minus its steps'
-wall times and the index build (the Prefect subflow, the log-epoch task, the history task's own
-dispatch). Overhead = system I/O + dispatch + flow: everything that is neither the RL work nor
+Per epoch on top: index build = HistoSpec's history: the epoch's history task
+(`spec/history_query_s`, the DuckDB query into columns, before the steps) plus each step's
+publishing of the workers' bundles (`history_s`, inside the steps; cutting them is in `plan_s`,
+prepared during the previous step); and flow = the epoch's wall time minus its steps' wall times
+and the history task (the Prefect subflow, the log-epoch task, the history task's own dispatch).
+Records of runs before per-worker bundles carry the epoch's whole bundle in `spec/history_build_s`. Overhead = system I/O + dispatch + flow: everything that is neither the RL work nor
 HistoSpec's index; its fraction is of the epoch's wall time.
 """
 
@@ -38,13 +40,20 @@ QUALITY = ("reward_mean", "accuracy", "rollout_tokens_per_s", "accepted_len", "a
            "bubble_ratio", "overhead_frac", "tokens")
 
 
+def _history_task_s(rec: dict) -> float:
+    """Seconds of the epoch's history task a step record carries (its epoch's first step only)."""
+    if "history_s" in rec or "spec/history_query_s" in rec:  # per-worker bundles: the query alone
+        return float(rec.get("spec/history_query_s", 0.0))
+    return float(rec.get("spec/history_build_s", 0.0))  # before: query + the epoch's bundle + shipping
+
+
 def step_split(rec: dict) -> dict[str, float]:
     """One step's seconds by part; `dispatch_s` is its wall time minus every measured part.
 
     Records without `wall_s` (older runs) fall back to `step_s`, which ends at weight sync."""
     parts = {k: float(rec.get(k, 0.0)) for k in WORK + SYSTEM}
     wall = float(rec.get("wall_s", rec["step_s"]))
-    parts["dispatch_s"] = wall - sum(parts.values())
+    parts["dispatch_s"] = wall - sum(parts.values()) - float(rec.get("history_s", 0.0))  # history: index_s
     parts["wall_s"] = wall
     return parts
 
@@ -63,9 +72,10 @@ def epoch_rows(run: dict) -> list[dict]:
         for k in WORK + SYSTEM + ("dispatch_s",):
             row[k] = sum(s[k] for s in splits)
         steps_wall = sum(s["wall_s"] for s in splits)
-        row["index_s"] = sum(float(r.get("spec/history_build_s", 0.0)) for r in recs)
-        row["wall_s"] = walls.get(epoch, steps_wall + row["index_s"])
-        row["flow_s"] = row["wall_s"] - steps_wall - row["index_s"]
+        query_s = sum(_history_task_s(r) for r in recs)
+        row["index_s"] = query_s + sum(float(r.get("history_s", 0.0)) for r in recs)
+        row["wall_s"] = walls.get(epoch, steps_wall + query_s)
+        row["flow_s"] = row["wall_s"] - steps_wall - query_s
         row["overhead_s"] = sum(row[k] for k in OVERHEAD)
         row["overhead_frac"] = row["overhead_s"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
         row["tokens"] = sum(float(r["tokens"]) for r in recs)

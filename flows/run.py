@@ -24,7 +24,7 @@ from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_tas
 from tasks.setup import (RunContext, Tracking, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, start_actors_task, start_tracking_task)
 from tasks.background import Background
-from tasks.plan import gantt_task, measure_task, plan_task
+from tasks.plan import gantt_task, measure_task
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import (begin_checkpoint, checkpoint_task, lake_rows_task, restore_task, resume_tracking_task,
@@ -53,6 +53,7 @@ class RunState:
     history: list[dict] = field(default_factory=list)  # every step's record, in order
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
     spec_history: object = None  # the epoch's HistoSpec history on the driver (HistorySlicer), if any
+    spec_query_s: float = 0.0  # seconds of the epoch's history task (lake query into columns)
     ahead: tuple | None = None  # ((epoch, step), future of its StepInputs): the next step, prepared early
     initial_fingerprint: float = 0.0
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
@@ -74,7 +75,9 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
     order = epoch_order(list(ctx.prompts), epoch, cfg.seed)
+    t0 = time.perf_counter()
     st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, order)
+    st.spec_query_s = time.perf_counter() - t0
     batches = step_batches(order, cfg.rollout.prompts_per_step)
     records = []
     for step, batch in enumerate(batches):
@@ -171,10 +174,10 @@ def _step_inputs(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sa
 
 def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings,
             inputs: StepInputs, watch: Stopwatch):
-    """The step's samples, scores, speculation counters, migrations and history bundles' measures: generated (scoring starts on
-    finished responses while the rollout's tail still generates), or read back from the lake for a
-    step committed before a crash (`rollout_s` is then the lake read). Before generating, each worker
-    gets the HistoSpec history of the prompts it serves (`history_s`)."""
+    """The step's samples, scores, speculation counters, migrations and HistoSpec bundle measures:
+    generated (scoring starts on finished responses while the rollout's tail still generates), or
+    read back from the lake for a step committed before a crash (`rollout_s` is then the lake read).
+    Before generating, each worker gets the history of the prompts it serves (`history_s`)."""
     cfg, plan = ctx.cfg, inputs.plan
     if (epoch, step) in st.reuse:
         with watch("rollout_s"):
@@ -207,6 +210,8 @@ def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dic
     record["worker_restarts"] = float(st.guard.new_restarts()) if st.guard is not None else 0.0
     if (epoch, step) in st.reuse:  # rollout_s is the lake read, not a rollout
         record["reused_lake_rows"] = 1.0
+    if step == 0 and st.spec_history is not None:  # the epoch's history query, before its steps
+        record["spec/history_query_s"] = st.spec_query_s
     return record
 
 

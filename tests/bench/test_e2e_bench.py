@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e_analysis import compare, epoch_rows, parity, permutation_pvalue, step_split
+from bench.e2e_analysis import SPLIT, compare, epoch_rows, parity, permutation_pvalue, step_split
 from bench.e2e_bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
 from bench.e2e_report import build_report, format_text, write_report
 from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms
@@ -48,6 +48,22 @@ def test_step_split_dispatch_is_wall_minus_every_timed_part() -> None:
     # parts: 0.1+4+0.2+0.1+2+0.1+0.2+0.05+0.15 = 6.9 of a 7.0 s wall -> 0.1 s dispatch
     s = step_split(record(0, 0, 0, rollout=4.0))
     assert s["dispatch_s"] == pytest.approx(0.1) and s["wall_s"] == 7.0
+
+
+def test_per_worker_history_counts_the_query_once_and_each_steps_publishing() -> None:
+    # Records with per-worker bundles: the epoch's query (0.3 s, before the steps) and each step's
+    # publishing (history_s 0.05 s, inside the step) are the index; the rest of the split is unchanged.
+    r = run("rhymerl", 0, [4.0])
+    for rec in r["history"]:
+        rec.pop("spec/history_build_s", None)
+        rec["history_s"], rec["wall_s"] = 0.05, rec["wall_s"] + 0.05
+        rec["spec/history_build_s"] = 0.01  # cutting the bundles: inside plan_s, not counted again
+    r["history"][0]["spec/history_query_s"] = 0.3
+    r["epoch_wall_s"]["0"] = sum(x["wall_s"] for x in r["history"]) + 0.3 + 1.0
+    row = epoch_rows(r)[0]
+    assert row["index_s"] == pytest.approx(0.3 + 2 * 0.05) and row["flow_s"] == pytest.approx(1.0)
+    assert step_split(r["history"][1])["dispatch_s"] == pytest.approx(0.1)
+    assert sum(row[k] for k in SPLIT) == pytest.approx(row["wall_s"])
 
 
 def test_epoch_rows_flow_overhead_acceptance_bubble() -> None:
