@@ -10,7 +10,10 @@ once and the worker's `ray.get` maps it from the object store without a copy
 A request that migrates (`workers.stream._Driver.resume`) takes its prompt's history along:
 `WorkerHistory.carry` re-cuts the destination's bundle with that prompt added and publishes it
 before the request is resubmitted there. The destination is idle when a migration picks it (no open
-stream), so its drafter's reload loses no request's state. A worker restarted by the guard gets
+stream), so its drafter's reload loses no request's state; only when stragglers stopped together
+come back in separate events (`pipe.migrate_per_worker` > 1) does a later one's bundle reach a
+destination already running the first, whose drafting state then starts over (speed, not
+correctness: drafts are verified exactly). A worker restarted by the guard gets
 the bundle it held last (`WorkerGuard.share_history` keeps one per worker).
 """
 
