@@ -65,7 +65,7 @@ from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
+from rhymerl.histospec.step_budget import AcceptanceCalibration, StepCostModel, position_acceptance, trim_drafts
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
@@ -116,6 +116,7 @@ class _Request:
     budget: int
     n: int = 0  # tokens when last drafted for
     drafted: int = 0  # length of the draft proposed at that step
+    probs: tuple[float, ...] = ()  # that draft's estimated token probabilities (Draft.probs)
     sib: int = -1  # its sequence in the prompt's index (siblings), -1: none
     recent: int = -1  # its handle in the cross-prompt tree, -1: none
     step: int = 0
@@ -149,6 +150,7 @@ class BatchDrafter:
         self.states: dict[tuple[int, bytes], list[_Request]] = {}
         self.step = 0
         self.cost = StepCostModel()
+        self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self._step_tokens = 0  # tokens the engine processes in that step
@@ -182,6 +184,8 @@ class BatchDrafter:
                 accepted = min(len(sampled) - 1, req.drafted)
                 self.stats.record(req.drafted, accepted)
                 self.lifetime.record(req.drafted, accepted)
+                if req.drafted:
+                    self.calibration.record(req.probs[:req.drafted], accepted)
                 processed += 1 + req.drafted
                 continued = True
                 req.budget = self.rule.update(req.budget, req.drafted, accepted)
@@ -201,7 +205,7 @@ class BatchDrafter:
             budget = min(req.budget, self.k, self.max_model_len - req.n)
             ctx = token_ids_cpu[i, max(0, req.n - tail):req.n].tolist()
             draft = req.prompt.drafter.propose(ctx, budget) if budget > 0 else EMPTY
-            req.drafted = len(draft.tokens)
+            req.drafted, req.probs = len(draft.tokens), draft.probs
             out[i] = list(draft.tokens)
         if continued and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
@@ -225,9 +229,13 @@ class BatchDrafter:
         longest = max((len(d) for d in out), default=0)
         if coef is None or longest == 0:
             return
-        q = position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)
         rows = [i for i, _ in todo]
-        kept = trim_drafts([out[i] for i in rows], len(rows), len(rows), q, coef)
+        drafts = [out[i] for i in rows]
+        if self.calibration.tokens and all(len(req.probs) >= len(d) for (_, req), d in zip(todo, drafts)):
+            q = self.calibration.rows([req.probs for _, req in todo])
+        else:  # no estimate recorded yet: acceptance by position alone
+            q = [position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)] * len(rows)
+        kept = trim_drafts(drafts, len(rows), len(rows), q, coef)
         for (i, req), draft in zip(todo, kept):
             out[i] = draft
             req.drafted = len(draft)
