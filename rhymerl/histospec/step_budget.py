@@ -16,6 +16,15 @@ decreasing q while q * T > c1 * E (E expected tokens, T seconds of the step so f
 E / T; each request keeps a prefix of its draft. Trimming only shortens drafts, so the verifier,
 and therefore the sampled distribution, is untouched.
 
+The rollout's end. Throughput is not the whole story: a rollout ends when its last request does,
+and that request's steps cost the fixed `c0` each however few requests remain. A draft token of a
+request forecast to finish last shortens the rollout by up to a step (worth `c0` or more) for `c1`,
+while one of a request that will finish early anyway saves at most its own `c1` per step. So the
+requests whose forecast remaining length (their prompt's earlier responses, minus what they have
+written; a request past its forecast counts as longest) is at least `tail_fraction` of the batch's
+longest (`tail_rows`) keep their whole draft, and only the others go through the knapsack
+(DAS-style length-aware speculation, decided per step inside the engine).
+
 Where q comes from. Each draft token carries the drafter's own estimate that the draft is right up
 to it (`Draft.probs`: count shares along the walk). Those estimates rank tokens well but are not
 calibrated (a continuation seen in 3 of 3 histories is not accepted 100% of the time), so
@@ -28,7 +37,7 @@ before any estimate is recorded) would cut both alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
@@ -93,19 +102,22 @@ def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], l
 
 
 def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
-                q: Sequence[Sequence[float]], coef: tuple[float, float]) -> list[list[int]]:
+                q: Sequence[Sequence[float]], coef: tuple[float, float],
+                whole: Collection[int] = ()) -> list[list[int]]:
     """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
 
     `base_tokens`: tokens the step processes without any draft (running requests + prefill);
     `expected_base`: tokens it emits without drafts (one per decoding request); `q[i][j]`: the
     chance draft i's token j is accepted (nonincreasing in j; a row shorter than its draft cuts
-    it); `coef`: the step cost (c0, c1).
+    it); `coef`: the step cost (c0, c1); `whole`: rows kept whole (the tail's, see `tail_rows`),
+    counted in the step before the others are chosen.
     """
     c0, c1 = coef
-    items = sorted(((qi[j], j, i) for i, (d, qi) in enumerate(zip(drafts, q)) for j in range(min(len(d), len(qi)))),
-                   key=lambda t: (-t[0], t[1]))
-    keep = [0] * len(drafts)
-    emitted, seconds = expected_base, c0 + c1 * base_tokens
+    keep = [len(d) if i in whole else 0 for i, d in enumerate(drafts)]
+    emitted = expected_base + sum(sum(q[i][:keep[i]]) for i in whole)
+    seconds = c0 + c1 * (base_tokens + sum(keep))
+    items = sorted(((qi[j], j, i) for i, (d, qi) in enumerate(zip(drafts, q)) if i not in whole
+                    for j in range(min(len(d), len(qi)))), key=lambda t: (-t[0], t[1]))
     for p, j, i in items:
         if p * seconds <= c1 * emitted:
             break  # every later token has p no larger while emitted / seconds only grew
@@ -115,6 +127,19 @@ def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_ba
         emitted += p
         seconds += c1
     return [list(d[:k]) for d, k in zip(drafts, keep)]
+
+
+def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
+    """Rows forecast to finish last: remaining length >= `fraction` x the longest (None: no forecast,
+    never in the tail; a negative remaining, a request past its forecast, counts as the longest)."""
+    known = [r for r in remaining if r is not None]
+    if fraction <= 0 or not known:
+        return set()
+    longest = max(known)
+    if any(r < 0 for r in known):
+        longest = max(longest, 0.0)
+    cut = fraction * longest
+    return {i for i, r in enumerate(remaining) if r is not None and (r < 0 or r >= cut)}
 
 
 class AcceptanceCalibration:

@@ -65,7 +65,8 @@ from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.step_budget import AcceptanceCalibration, StepCostModel, position_acceptance, trim_drafts
+from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
+                                           trim_drafts)
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
@@ -105,6 +106,7 @@ class _Prompt:
     index: PromptIndex
     drafter: HistoSpecDrafter
     plen: int
+    forecast: int = 0  # its longest earlier response (tokens); 0: no history, no forecast
     last_step: int = 0
 
 
@@ -235,10 +237,16 @@ class BatchDrafter:
             q = self.calibration.rows([req.probs for _, req in todo])
         else:  # no estimate recorded yet: acceptance by position alone
             q = [position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)] * len(rows)
-        kept = trim_drafts(drafts, len(rows), len(rows), q, coef)
+        kept = trim_drafts(drafts, len(rows), len(rows), q, coef, self._tail(todo))
         for (i, req), draft in zip(todo, kept):
             out[i] = draft
             req.drafted = len(draft)
+
+    def _tail(self, todo: list) -> set[int]:
+        """Positions in `todo` of the requests forecast to finish last (step_budget.tail_rows)."""
+        remaining = [req.prompt.forecast - (req.n - req.prompt.plen)
+                     if req.prompt is not None and req.prompt.forecast else None for _, req in todo]
+        return tail_rows(remaining, self.spec.tail_fraction)
 
     def _start(self, row: np.ndarray, n: int) -> _Request:
         """State for a request seen for the first time: find its prompt, open its sibling sequence."""
@@ -270,7 +278,8 @@ class BatchDrafter:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-index")
                 self._pending.append(self._pool.submit(self._build, *job))
-        return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix))
+        forecast = int(lengths.max()) if len(lengths) else 0
+        return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix), forecast)
 
     def _build(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, prefix: np.ndarray) -> None:
         """Build a history and attach it to `index` (in the step or the background thread)."""

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from rhymerl.histospec.step_budget import (MIN_OBSERVATIONS, AcceptanceCalibration, StepCostModel,
-                                           position_acceptance, trim_drafts)
+                                           position_acceptance, tail_rows, trim_drafts)
 
 
 def test_cost_model_recovers_the_line_through_noisy_steps():
@@ -90,3 +90,19 @@ def test_calibration_maps_estimates_to_measured_acceptance():
 def test_calibration_trusts_the_estimate_where_nothing_was_seen():
     cal = AcceptanceCalibration()
     assert cal.rows([[0.97, 0.42]])[0] == pytest.approx([0.975, 0.425])
+
+
+def test_tail_rows_are_those_forecast_to_finish_last():
+    # Longest remaining 100: fraction 0.5 keeps >= 50; past its forecast (-3) counts as longest;
+    # no forecast (None) never; fraction 0 turns it off.
+    assert tail_rows([100, 60, 40, None, -3], 0.5) == {0, 1, 4}
+    assert tail_rows([100, 60, 40], 0.0) == set()
+    assert tail_rows([None, None], 0.5) == set()
+
+
+def test_tail_rows_keep_whole_drafts_the_knapsack_would_cut():
+    # c0 0, c1 1: the knapsack alone keeps nothing (q < 1), but row 0 is in the tail and keeps its
+    # draft (E 2 + 1.4 in T 4); row 1's 0.6 * 4 = 2.4 < 3.4 then does not pay.
+    q = [[0.9, 0.5], [0.6, 0.5]]
+    assert trim_drafts([[1, 2], [3, 4]], 2, 2, q, (0.0, 1.0)) == [[], []]
+    assert trim_drafts([[1, 2], [3, 4]], 2, 2, q, (0.0, 1.0), whole={0}) == [[1, 2], []]
