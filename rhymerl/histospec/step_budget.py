@@ -10,19 +10,38 @@ costs as much as a useful one and speculation can make a step slower than no spe
 
 `StepCostModel` fits `c0` and `c1` online from the engine's own step times (least squares with
 exponential forgetting, so it follows the batch as it shrinks). `trim_drafts` then solves the
-step's fractional knapsack: a draft token at position j is accepted with probability q[j]
-(measured by `SpecStats`, nonincreasing in j), so it adds q[j] expected tokens for c1 seconds.
-Taking tokens in decreasing q while q[j] * T > c1 * E (E expected tokens, T seconds of the step so
-far) maximises E / T; each request keeps a prefix of its draft. Trimming only shortens drafts, so
-the verifier, and therefore the sampled distribution, is untouched.
+step's fractional knapsack: draft token j of request i is accepted with probability q[i][j]
+(nonincreasing in j), so it adds q[i][j] expected tokens for c1 seconds. Taking tokens in
+decreasing q while q * T > c1 * E (E expected tokens, T seconds of the step so far) maximises
+E / T; each request keeps a prefix of its draft. Trimming only shortens drafts, so the verifier,
+and therefore the sampled distribution, is untouched.
+
+The rollout's end. Throughput is not the whole story: a rollout ends when its last request does,
+and that request's steps cost the fixed `c0` each however few requests remain. A draft token of a
+request forecast to finish last shortens the rollout by up to a step (worth `c0` or more) for `c1`,
+while one of a request that will finish early anyway saves at most its own `c1` per step. So the
+requests whose forecast remaining length (their prompt's earlier responses, minus what they have
+written; a request past its forecast counts as longest) is at least `tail_fraction` of the batch's
+longest (`tail_rows`) keep their whole draft, and only the others go through the knapsack
+(DAS-style length-aware speculation, decided per step inside the engine).
+
+Where q comes from. Each draft token carries the drafter's own estimate that the draft is right up
+to it (`Draft.probs`: count shares along the walk). Those estimates rank tokens well but are not
+calibrated (a continuation seen in 3 of 3 histories is not accepted 100% of the time), so
+`AcceptanceCalibration` maps them to measured acceptance: per bin of the estimate, the share of
+draft tokens the verifier accepted, kept monotone in the estimate. A confident draft then keeps
+its length while a doubtful one is cut, where a position-only q (`position_acceptance`, used
+before any estimate is recorded) would cut both alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
+CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
+CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
 
 
 @dataclass
@@ -83,18 +102,22 @@ def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], l
 
 
 def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
-                q: Sequence[float], coef: tuple[float, float]) -> list[list[int]]:
+                q: Sequence[Sequence[float]], coef: tuple[float, float],
+                whole: Collection[int] = ()) -> list[list[int]]:
     """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
 
     `base_tokens`: tokens the step processes without any draft (running requests + prefill);
-    `expected_base`: tokens it emits without drafts (one per decoding request); `q[j]`: acceptance
-    chance of a token at position j (nonincreasing); `coef`: the step cost (c0, c1).
+    `expected_base`: tokens it emits without drafts (one per decoding request); `q[i][j]`: the
+    chance draft i's token j is accepted (nonincreasing in j; a row shorter than its draft cuts
+    it); `coef`: the step cost (c0, c1); `whole`: rows kept whole (the tail's, see `tail_rows`),
+    counted in the step before the others are chosen.
     """
     c0, c1 = coef
-    items = sorted(((q[j], j, i) for i, d in enumerate(drafts) for j in range(min(len(d), len(q)))),
-                   key=lambda t: (-t[0], t[1]))
-    keep = [0] * len(drafts)
-    emitted, seconds = expected_base, c0 + c1 * base_tokens
+    keep = [len(d) if i in whole else 0 for i, d in enumerate(drafts)]
+    emitted = expected_base + sum(sum(q[i][:keep[i]]) for i in whole)
+    seconds = c0 + c1 * (base_tokens + sum(keep))
+    items = sorted(((qi[j], j, i) for i, (d, qi) in enumerate(zip(drafts, q)) if i not in whole
+                    for j in range(min(len(d), len(qi)))), key=lambda t: (-t[0], t[1]))
     for p, j, i in items:
         if p * seconds <= c1 * emitted:
             break  # every later token has p no larger while emitted / seconds only grew
@@ -104,3 +127,81 @@ def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_ba
         emitted += p
         seconds += c1
     return [list(d[:k]) for d, k in zip(drafts, keep)]
+
+
+def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
+    """Rows forecast to finish last: remaining length >= `fraction` x the longest (None: no forecast,
+    never in the tail; a negative remaining, a request past its forecast, counts as the longest)."""
+    known = [r for r in remaining if r is not None]
+    if fraction <= 0 or not known:
+        return set()
+    longest = max(known)
+    if any(r < 0 for r in known):
+        longest = max(longest, 0.0)
+    cut = fraction * longest
+    return {i for i, r in enumerate(remaining) if r is not None and (r < 0 or r >= cut)}
+
+
+class AcceptanceCalibration:
+    """Measured acceptance of draft tokens by the drafter's estimated probability (`Draft.probs`).
+
+    `record(probs, accepted)` counts one verified draft: its first `accepted` tokens were accepted.
+    `rows(drafts_probs)` maps each draft's estimates to calibrated chances, nonincreasing along the
+    draft. Bins hold `CALIBRATION_PRIOR` pseudo-tokens at their own estimate, and the table is made
+    nondecreasing in the estimate (pool-adjacent-violators), so sparse bins never reorder drafts.
+    """
+
+    def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
+        self.bins = bins
+        self.prior = prior
+        self.drafted = [0.0] * bins
+        self.accepted = [0.0] * bins
+        self.tokens = 0  # draft tokens recorded
+        self._table: list[float] | None = None
+
+    def _bin(self, p: float) -> int:
+        return min(self.bins - 1, max(0, int(p * self.bins)))
+
+    def record(self, probs: Sequence[float], accepted: int) -> None:
+        self.tokens += len(probs)
+        for j, p in enumerate(probs):
+            b = self._bin(p)
+            self.drafted[b] += 1.0
+            if j < accepted:
+                self.accepted[b] += 1.0
+        self._table = None
+
+    def table(self) -> list[float]:
+        """[b]: calibrated acceptance of a token whose estimate falls in bin b (nondecreasing in b)."""
+        if self._table is None:
+            raw = [(a + self.prior * (b + 0.5) / self.bins, d + self.prior)
+                   for b, (a, d) in enumerate(zip(self.accepted, self.drafted))]
+            self._table = _isotonic(raw)
+        return self._table
+
+    def rows(self, drafts_probs: Sequence[Sequence[float]]) -> list[list[float]]:
+        table = self.table()
+        out = []
+        for probs in drafts_probs:
+            row, low = [], 1.0
+            for p in probs:
+                low = min(low, table[self._bin(p)])
+                row.append(low)
+            out.append(row)
+        return out
+
+
+def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:
+    """Nondecreasing least-squares fit of the ratios a / w (weights w), by pooling adjacent violators."""
+    blocks: list[list[float]] = []  # [sum a, sum w, count]
+    for a, w in pairs:
+        blocks.append([a, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            a2, w2, n2 = blocks.pop()
+            blocks[-1][0] += a2
+            blocks[-1][1] += w2
+            blocks[-1][2] += n2
+    out: list[float] = []
+    for a, w, n in blocks:
+        out.extend([a / w] * int(n))
+    return out

@@ -72,8 +72,9 @@ class RecentTree:
             self.lengths[handle] += len(tokens)
 
     def speculate(self, context: Sequence[int], budget: int, max_spec_factor: float,
-                  min_token_prob: float) -> tuple[tuple[int, ...], int, float]:
-        """(tokens, match length, score) of the tree's best draft after `context` (its last `depth` tokens).
+                  min_token_prob: float) -> tuple[tuple[int, ...], int, float, tuple[float, ...]]:
+        """(tokens, match length, score, per-token probabilities) of the tree's best draft after
+        `context` (its last `depth` tokens).
 
         The library tries every match length, drafts greedily along the most frequent child while the
         product of the children's count shares stays >= `min_token_prob`, at most `budget` tokens and
@@ -82,9 +83,9 @@ class RecentTree:
         """
         context = [int(t) for t in context[-self.depth:]]
         if budget <= 0 or not context:
-            return (), 0, 0.0
+            return (), 0, 0.0, ()
         d = self.tree.speculate(context, budget, max_spec_factor or _NO_FACTOR, 0.0, min_token_prob, False)
-        return tuple(d.token_ids), int(d.match_len), float(d.score)
+        return tuple(d.token_ids), int(d.match_len), float(d.score), tuple(d.probs)
 
     def memory_bytes(self) -> int:
         """The library's estimate of the tree's memory."""

@@ -68,7 +68,8 @@ from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.step_budget import StepCostModel, position_acceptance, trim_drafts
+from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
+                                           trim_drafts)
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
@@ -108,6 +109,7 @@ class _Prompt:
     index: PromptIndex
     drafter: HistoSpecDrafter
     plen: int
+    forecast: int = 0  # its longest earlier response (tokens); 0: no history, no forecast
     last_step: int = 0
 
 
@@ -119,6 +121,7 @@ class _Request:
     budget: int
     n: int = 0  # tokens when last drafted for
     drafted: int = 0  # length of the draft proposed at that step
+    probs: tuple[float, ...] = ()  # that draft's estimated token probabilities (Draft.probs)
     sib: int = -1  # its sequence in the prompt's index (siblings), -1: none
     recent: int = -1  # its handle in the cross-prompt tree, -1: none
     step: int = 0
@@ -152,6 +155,7 @@ class BatchDrafter:
         self.states: dict[tuple[int, bytes], list[_Request]] = {}
         self.step = 0
         self.cost = StepCostModel()
+        self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self._step_tokens = 0  # tokens the engine processes in that step
@@ -185,6 +189,8 @@ class BatchDrafter:
                 accepted = min(len(sampled) - 1, req.drafted)
                 self.stats.record(req.drafted, accepted)
                 self.lifetime.record(req.drafted, accepted)
+                if req.drafted:
+                    self.calibration.record(req.probs[:req.drafted], accepted)
                 processed += 1 + req.drafted
                 continued = True
                 req.budget = self.rule.update(req.budget, req.drafted, accepted)
@@ -204,7 +210,7 @@ class BatchDrafter:
             budget = min(req.budget, self.k, self.max_model_len - req.n)
             ctx = token_ids_cpu[i, max(0, req.n - tail):req.n].tolist()
             draft = req.prompt.drafter.propose(ctx, budget) if budget > 0 else EMPTY
-            req.drafted = len(draft.tokens)
+            req.drafted, req.probs = len(draft.tokens), draft.probs
             out[i] = list(draft.tokens)
         if continued and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
@@ -228,12 +234,22 @@ class BatchDrafter:
         longest = max((len(d) for d in out), default=0)
         if coef is None or longest == 0:
             return
-        q = position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)
         rows = [i for i, _ in todo]
-        kept = trim_drafts([out[i] for i in rows], len(rows), len(rows), q, coef)
+        drafts = [out[i] for i in rows]
+        if self.calibration.tokens and all(len(req.probs) >= len(d) for (_, req), d in zip(todo, drafts)):
+            q = self.calibration.rows([req.probs for _, req in todo])
+        else:  # no estimate recorded yet: acceptance by position alone
+            q = [position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)] * len(rows)
+        kept = trim_drafts(drafts, len(rows), len(rows), q, coef, self._tail(todo))
         for (i, req), draft in zip(todo, kept):
             out[i] = draft
             req.drafted = len(draft)
+
+    def _tail(self, todo: list) -> set[int]:
+        """Positions in `todo` of the requests forecast to finish last (step_budget.tail_rows)."""
+        remaining = [req.prompt.forecast - (req.n - req.prompt.plen)
+                     if req.prompt is not None and req.prompt.forecast else None for _, req in todo]
+        return tail_rows(remaining, self.spec.tail_fraction)
 
     def _start(self, row: np.ndarray, n: int) -> _Request:
         """State for a request seen for the first time: find its prompt, open its sibling sequence."""
@@ -265,7 +281,8 @@ class BatchDrafter:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-index")
                 self._pending.append(self._pool.submit(self._build, *job))
-        return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix))
+        forecast = int(lengths.max()) if len(lengths) else 0
+        return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix), forecast)
 
     def _build(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, prefix: np.ndarray) -> None:
         """Build a history and attach it to `index` (in the step or the background thread)."""

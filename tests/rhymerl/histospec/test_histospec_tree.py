@@ -34,8 +34,8 @@ def test_recent_tree_caps_the_draft_at_factor_times_the_match():
     # (the library matches at most all but the context's first token).
     tree = RecentTree(capacity=4, depth=16)
     tree.start([1, 2, 3, 4, 5, 6, 7])
-    tokens, match, score = tree.speculate([0, 1, 2], 8, 1.5, 0.0)
-    assert (tokens, match, score) == ((3, 4, 5), 2, 3.0)
+    tokens, match, score, probs = tree.speculate([0, 1, 2], 8, 1.5, 0.0)
+    assert (tokens, match, score, probs) == ((3, 4, 5), 2, 3.0, (1.0, 1.0, 1.0))
 
 
 @needs_arctic
@@ -75,13 +75,15 @@ def test_the_longest_match_anchors_the_draft():
     assert HistoSpecDrafter(index).propose([9, 8, 3], 8).tokens == (7, 7)
 
 
-def test_draft_score_is_the_sum_of_estimated_token_probabilities():
+def test_draft_tokens_carry_estimated_probabilities_that_sum_to_the_score():
     # 3 occurrences agree on 5 then split 2:1 -> token 5 at 3/(3+PRIOR), token 6 at that x 2/3.
     index = SuffixIndex.build([[1, 5, 6], [1, 5, 6], [1, 5, 9]], min_match=1, max_match=2)
     _, codes = index.match([1])
-    tokens, score = follow(index, codes, 8, False)
+    tokens, probs = follow(index, codes, 8, False)
     p = 3 / (3 + PRIOR)
-    assert tokens == [5, 6] and score == pytest.approx(p + p * 2 / 3)
+    assert tokens == [5, 6] and probs == pytest.approx([p, p * 2 / 3])
+    draft = HistoSpecDrafter(index).propose([1], 8)
+    assert draft.probs == pytest.approx((p, p * 2 / 3)) and draft.score == pytest.approx(p + p * 2 / 3)
 
 
 @needs_arctic
