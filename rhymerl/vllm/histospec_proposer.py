@@ -17,7 +17,7 @@ request's prompt is added to its new worker's bundle before it arrives. The work
 in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits the
 variable and re-reads the file whenever it changes (one `os.stat` per step), so each step needs
 only a rewrite of that file: no worker queries the lake. A reload keeps the cross-prompt tree, the
-step cost model and the per-position acceptance.
+step cost model and the measured acceptance (per position and per estimated probability).
 
 Which prompt a row belongs to. The bundle lists the prompts; `PromptTable` keys each by the raw
 bytes of its token ids, grouped by prompt length, and matches a new row by trying the known lengths
@@ -363,12 +363,12 @@ class HistoSpecProposer:
     def _make(self, bundle: HistoryBundle | FlatBundle, stats: SpecStats | None = None) -> BatchDrafter:
         # A new bundle comes every step (each worker gets its step's prompts), so what the drafter
         # learnt about the engine outlives it: the recent responses, the step cost model and the
-        # acceptance per draft position (same engine, same settings).
+        # acceptance per draft position and per estimated probability (same engine, same settings).
         old = getattr(self, "_batch", None)
         batch = BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(),
                              old.recent if old is not None else None)
         if old is not None:
-            batch.cost, batch.lifetime = old.cost, old.lifetime
+            batch.cost, batch.lifetime, batch.calibration = old.cost, old.lifetime, old.calibration
         return batch
 
     def _reload_if_changed(self) -> None:
