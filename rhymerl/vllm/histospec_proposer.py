@@ -61,7 +61,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.batch import BatchIndexDrafter
+from rhymerl.histospec.drafter import Draft, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
@@ -132,6 +133,7 @@ class BatchDrafter:
     stats: SpecStats = field(default_factory=SpecStats)
     recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
     background: bool = True  # build large histories in a background thread (False: in the step)
+    batched: bool = True  # prompts' own drafts in one compiled call (False: the Python drafter per row)
 
     def __post_init__(self) -> None:
         if not isinstance(self.bundle, FlatBundle):
@@ -152,6 +154,7 @@ class BatchDrafter:
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self._step_tokens = 0  # tokens the engine processes in that step
+        self.own = BatchIndexDrafter(self.spec) if self.batched else None  # compiles (or loads) now
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -193,14 +196,15 @@ class BatchDrafter:
             claimed.setdefault(_key(row, n), []).append(req)
             todo.append((i, req))
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        tail = self.spec.context_tail
+        plan = []  # (row, request, budget) of the rows that draft
         for i, req in todo:  # ... then drafts, so siblings see this step's tokens
             if req.prompt is None:
                 continue
             req.prompt.last_step = self.step
             budget = min(req.budget, self.k, self.max_model_len - req.n)
-            ctx = token_ids_cpu[i, max(0, req.n - tail):req.n].tolist()
-            draft = req.prompt.drafter.propose(ctx, budget) if budget > 0 else EMPTY
+            if budget > 0:
+                plan.append((i, req, budget))
+        for (i, req, _), draft in zip(plan, self._drafts(plan, token_ids_cpu)):
             req.drafted = len(draft.tokens)
             out[i] = list(draft.tokens)
         if continued and self._stamp is not None:
@@ -212,6 +216,20 @@ class BatchDrafter:
         self._stamp = time.perf_counter()
         self.stats.drafter_seconds += self._stamp - t0
         return out
+
+    def _drafts(self, plan: list[tuple[int, _Request, int]], tokens: np.ndarray) -> list[Draft]:
+        """Each planned row's draft: `HistoSpecDrafter.propose` of its context, the prompts' own drafts
+        computed for all rows in one call (`BatchIndexDrafter`), the cross-prompt tree's per row."""
+        tail = self.spec.context_tail
+        if self.own is None:
+            return [req.prompt.drafter.propose(tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
+                    for i, req, budget in plan]
+        own = self.own.propose([req.prompt.index for _, req, _ in plan], [i for i, _, _ in plan],
+                               [req.n for _, req, _ in plan], [budget for _, _, budget in plan], tokens)
+        if self.recent is None:
+            return own
+        return [req.prompt.drafter.against_recent(d, tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
+                for (i, req, budget), d in zip(plan, own)]
 
     def _observe(self, processed: int, seconds: float) -> None:
         """Time the step that just ran, skipping outliers (a pause between generate calls)."""
@@ -308,6 +326,8 @@ class BatchDrafter:
         if self.step % 64 == 0:
             self.prompts = {k: p for k, p in self.prompts.items()
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
+            if self.own is not None:
+                self.own.slots.retain([p.index for p in self.prompts.values()])
 
 
 def _key(row: np.ndarray, n: int) -> tuple[int, bytes]:
