@@ -84,9 +84,16 @@ class BatchIndexDrafter:
     def propose(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
                 budgets: Sequence[int], tokens: np.ndarray) -> list[Draft]:
         """Per row r: the own draft of indexes[r] after tokens[row_ids[r], :nums[r]], <= budgets[r]."""
+        drafts, ns, scores = self.draft(indexes, row_ids, nums, budgets, tokens)
+        return [Draft(tuple(d), n, s) if d else EMPTY for d, n, s in zip(drafts, ns, scores)]
+
+    def draft(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
+              budgets: Sequence[int], tokens: np.ndarray) -> tuple[list[list[int]], list[int], list[float]]:
+        """`propose`'s drafts as plain lists (no object per row): tokens (empty: no draft), match
+        lengths and scores."""
         count = len(indexes)
         if not count:
-            return []
+            return [], [], []
         spec = self.spec
         memo: dict[int, int] = {}  # id(index) -> slot: rows of one prompt look it up once
         slots = np.fromiter((memo[id(ix)] if id(ix) in memo else memo.setdefault(id(ix), self.slots.slot(ix))
@@ -97,7 +104,7 @@ class BatchIndexDrafter:
         forced = np.full(count, -1, dtype=np.int64)
         flat_limits = np.zeros(count, dtype=np.int64)
         extras = _Extras(count)
-        sib = [r for r in range(count) if indexes[r].side.table]
+        sib = [r for r, ix in enumerate(indexes) if ix.side.table]
         if sib:  # siblings: the longer of both parts' matches decides which part's occurrences count
             nf = self._history_match(slots[sib], row_ids[sib], nums[sib], tokens)
             for r, n_flat in zip(sib, nf.tolist()):
@@ -113,10 +120,8 @@ class BatchIndexDrafter:
                           x_tok, x_len, x_code, x_rew, x_ptr, self.limit, spec.min_match, spec.max_match,
                           float(spec.max_spec_factor), spec.reward_weighted, float(spec.min_token_prob),
                           PRIOR, out, out_len, out_n, out_score)
-        drafts = []
-        for r, (size, n, score) in enumerate(zip(out_len.tolist(), out_n.tolist(), out_score.tolist())):
-            drafts.append(Draft(tuple(out[r, :size].tolist()), n, score) if size else EMPTY)
-        return drafts
+        drafts = [row[:size] for row, size in zip(out.tolist(), out_len.tolist())]
+        return drafts, out_n.tolist(), out_score.tolist()
 
     def _history_match(self, slots: np.ndarray, row_ids: np.ndarray, nums: np.ndarray,
                        tokens: np.ndarray) -> np.ndarray:

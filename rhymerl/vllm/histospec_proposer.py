@@ -62,7 +62,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rhymerl.histospec.batch import BatchIndexDrafter
-from rhymerl.histospec.drafter import Draft, HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.drafter import EMPTY, Draft, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
@@ -205,8 +205,8 @@ class BatchDrafter:
             if budget > 0:
                 plan.append((i, req, budget))
         for (i, req, _), draft in zip(plan, self._drafts(plan, token_ids_cpu)):
-            req.drafted = len(draft.tokens)
-            out[i] = list(draft.tokens)
+            req.drafted = len(draft)
+            out[i] = draft
         if continued and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
@@ -217,19 +217,20 @@ class BatchDrafter:
         self.stats.drafter_seconds += self._stamp - t0
         return out
 
-    def _drafts(self, plan: list[tuple[int, _Request, int]], tokens: np.ndarray) -> list[Draft]:
-        """Each planned row's draft: `HistoSpecDrafter.propose` of its context, the prompts' own drafts
-        computed for all rows in one call (`BatchIndexDrafter`), the cross-prompt tree's per row."""
+    def _drafts(self, plan: list[tuple[int, _Request, int]], tokens: np.ndarray) -> list[list[int]]:
+        """Each planned row's draft tokens: `HistoSpecDrafter.propose` of its context, the prompts' own
+        drafts computed for all rows in one call (`BatchIndexDrafter`), the cross-prompt tree's per row."""
         tail = self.spec.context_tail
         if self.own is None:
-            return [req.prompt.drafter.propose(tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
+            return [list(req.prompt.drafter.propose(tokens[i, max(0, req.n - tail):req.n].tolist(), budget).tokens)
                     for i, req, budget in plan]
-        own = self.own.propose([req.prompt.index for _, req, _ in plan], [i for i, _, _ in plan],
-                               [req.n for _, req, _ in plan], [budget for _, _, budget in plan], tokens)
+        own, ns, scores = self.own.draft([req.prompt.index for _, req, _ in plan], [i for i, _, _ in plan],
+                                         [req.n for _, req, _ in plan], [budget for _, _, budget in plan], tokens)
         if self.recent is None:
             return own
-        return [req.prompt.drafter.against_recent(d, tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
-                for (i, req, budget), d in zip(plan, own)]
+        return [list(req.prompt.drafter.against_recent(Draft(tuple(d), n, s) if d else EMPTY,
+                                                       tokens[i, max(0, req.n - tail):req.n].tolist(), budget).tokens)
+                for (i, req, budget), d, n, s in zip(plan, own, ns, scores)]
 
     def _observe(self, processed: int, seconds: float) -> None:
         """Time the step that just ran, skipping outliers (a pause between generate calls)."""
