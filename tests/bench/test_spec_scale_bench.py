@@ -30,9 +30,9 @@ def test_spec_scale_bench_quick_json(tmp_path):
     printed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
     result = json.loads(printed)
     assert json.loads(out.read_text()) == result
-    assert {"old", "new"} <= set(result["arms"])
+    assert {"old", "new_py", "new"} <= set(result["arms"])
     for b in result["builds"]:
-        for arm in result["arms"]:
+        for arm in set(result["arms"]) - {"new_py"}:  # new_py drafts from new's index: no build of its own
             assert b[arm]["bytes_per_token"] > 0 and b[arm]["build_tokens_per_s"] > 0
     for d in result["drafts"]:
         for arm in result["arms"]:

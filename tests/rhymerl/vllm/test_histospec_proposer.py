@@ -172,3 +172,55 @@ def test_request_key_is_its_length_and_tail():
     assert hp._key(row, 80) == hp._key(other, 80)
     assert hp._key(row, 80) != hp._key(row, 81)
     assert len(hp._key(row, 80)[1]) == hp.KEY_TAIL * row.itemsize
+
+
+def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):
+    """Per prompt a random base response; its history and live samples copies with `change` of tokens
+    replaced. (prompt tuples, their histories, the live rows' full responses)."""
+    heads, hists, live = [], [], []
+    for p in range(prompts):
+        base = rng.integers(0, vocab, length)
+        copies = np.repeat(base[None], history + samples, axis=0)
+        hit = rng.random(copies.shape) < change
+        copies[hit] = rng.integers(0, vocab, int(hit.sum()))
+        heads.append((1000 + p, 2000 + p))
+        hists.append(tuple(tuple(r) for r in copies[:history].tolist()))
+        live += [(len(heads) - 1, r) for r in copies[history:]]
+    return heads, hists, live
+
+
+def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
+    # Rule: the compiled batch path (BatchDrafter.batched) drafts exactly what the Python drafter drafts
+    # per row, step after step, with siblings, histories, the cross-prompt tree and rows moving.
+    from rhymerl.histospec.suffix import has_arctic_inference
+
+    rng = np.random.default_rng(0)
+    heads, hists, live = rhyming_rows(rng, prompts=3, samples=4, history=3, length=120)
+    rewards = [tuple(float(x) for x in rng.random(len(h)).round(1)) for h in hists]
+    bundle = HistoryBundle(tuple(PromptHistory(p, h, w) for p, h, w in zip(heads, hists, rewards)))
+    for reward_weighted in (False, True):
+        spec = SpecConfig(budget_rule="doubling", max_budget=8, cost_aware=False, reward_weighted=reward_weighted,
+                          recent_responses=8 if has_arctic_inference() else 0)
+        arms = [BatchDrafter(bundle, spec, k=8, max_model_len=200, batched=b) for b in (True, False)]
+        batch = FakeBatch([heads[k] + (int(r[0]),) for k, r in live], width=200)
+        order = np.arange(len(live))
+        sampled = [[int(r[0])] for _, r in live]
+        for _ in range(40):
+            outs = [bd.propose(sampled, batch.num, batch.tokens) for bd in arms]
+            assert outs[0] == outs[1]
+            drafted = sum(map(len, outs[0]))
+            sampled = []
+            for row, draft in enumerate(outs[0]):  # accept the draft's prefix the true response continues
+                resp = live[order[row]][1]
+                at = int(batch.num[row]) - 2
+                ok = 0
+                while ok < len(draft) and at + ok < len(resp) and draft[ok] == resp[at + ok]:
+                    ok += 1
+                new = [int(t) for t in resp[at:at + ok + 1]] or [7]
+                batch.append(row, new)
+                sampled.append(new)
+            if rng.random() < 0.3:  # requests move rows
+                perm = rng.permutation(len(live))
+                batch.tokens, batch.num, order = batch.tokens[perm], batch.num[perm], order[perm]
+                sampled = [sampled[j] for j in perm]
+        assert drafted > 0 and arms[0].stats.accepted == arms[1].stats.accepted > 0

@@ -1,0 +1,195 @@
+"""The prompt's own drafts for a whole engine batch in one compiled call (`BatchIndexDrafter`).
+
+`propose(indexes, row_ids, nums, budgets, tokens)` returns, for every row, exactly what
+`HistoSpecDrafter(index)._from_index(context, budget)` returns for that row's context (same tokens,
+match length and score): the history part runs in `rhymerl.histospec.kernel.draft_rows`, and a prompt
+with siblings adds their continuations, gathered here from its `SuffixIndex`, to the same call. The
+cross-prompt tree stays with the caller (`HistoSpecDrafter.against_recent`).
+
+Each attached `FlatIndex` gets a slot in numba typed lists of its arrays the first time a row reads
+it (no copy); `retain` frees the slots of indexes the caller dropped. Engine thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from numba import typed, types
+
+from rhymerl.histospec import kernel
+from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, PRIOR, Draft, SpecConfig
+from rhymerl.histospec.flat import FlatIndex, PromptIndex
+from rhymerl.histospec.index import STRIDE, _tail_keys
+
+_I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
+_U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
+
+
+class FlatSlots:
+    """The arrays of attached `FlatIndex`es as typed lists the kernel indexes by slot."""
+
+    def __init__(self) -> None:
+        self.texts, self.sas = typed.List.empty_list(_I32), typed.List.empty_list(_I32)
+        self.keys, self.starts = typed.List.empty_list(_U64), typed.List.empty_list(_I64)
+        self.rewards = typed.List.empty_list(_F64)
+        self._slot: dict[int, tuple[int, FlatIndex]] = {}  # id(flat) -> (slot, flat kept alive)
+        self._free: list[int] = []
+
+    def slot(self, index: PromptIndex) -> int:
+        """The slot of `index`'s history (-1: not attached yet)."""
+        flat = index.flat
+        if flat is None:
+            return -1
+        got = self._slot.get(id(flat))
+        if got is not None:
+            return got[0]
+        arrays = (np.ascontiguousarray(flat.text, np.int32), np.ascontiguousarray(flat.sa, np.int32),
+                  np.ascontiguousarray(flat.key, np.uint64), np.ascontiguousarray(flat.starts, np.int64),
+                  np.asarray(index.rewards[:index.base], dtype=np.float64))
+        lists = (self.texts, self.sas, self.keys, self.starts, self.rewards)
+        if self._free:
+            k = self._free.pop()
+            for lst, a in zip(lists, arrays):
+                lst[k] = a
+        else:
+            k = len(self.texts)
+            for lst, a in zip(lists, arrays):
+                lst.append(a)
+        self._slot[id(flat)] = (k, flat)
+        return k
+
+    def retain(self, indexes: Sequence[PromptIndex]) -> None:
+        """Free the slots of histories not among `indexes`' (their prompts were dropped)."""
+        live = {id(ix.flat) for ix in indexes if ix.flat is not None}
+        for fid in [f for f in self._slot if f not in live]:
+            k, _ = self._slot.pop(fid)
+            self._free.append(k)
+            for lst, dtype in ((self.texts, np.int32), (self.sas, np.int32), (self.keys, np.uint64),
+                               (self.starts, np.int64), (self.rewards, np.float64)):
+                lst[k] = np.zeros(0, dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+
+class BatchIndexDrafter:
+    """Drafts from the prompts' own indexes (history + siblings) for many rows per call."""
+
+    def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES) -> None:
+        self.spec, self.limit = spec, max_candidates
+        self.slots = FlatSlots()
+        self._warm()
+
+    def propose(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
+                budgets: Sequence[int], tokens: np.ndarray) -> list[Draft]:
+        """Per row r: the own draft of indexes[r] after tokens[row_ids[r], :nums[r]], <= budgets[r]."""
+        drafts, ns, scores, probs = self.draft(indexes, row_ids, nums, budgets, tokens)
+        return [Draft(tuple(d), n, s, tuple(p)) if d else EMPTY for d, n, s, p in zip(drafts, ns, scores, probs)]
+
+    def draft(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
+              budgets: Sequence[int], tokens: np.ndarray
+              ) -> tuple[list[list[int]], list[int], list[float], list[list[float]]]:
+        """`propose`'s drafts as plain lists (no object per row): tokens (empty: no draft), match
+        lengths, scores and the tokens' estimated probabilities."""
+        count = len(indexes)
+        if not count:
+            return [], [], [], []
+        spec = self.spec
+        memo: dict[int, int] = {}  # id(index) -> slot: rows of one prompt look it up once
+        slots = np.fromiter((memo[id(ix)] if id(ix) in memo else memo.setdefault(id(ix), self.slots.slot(ix))
+                             for ix in indexes), np.int64, count)
+        row_ids, nums = np.asarray(row_ids, np.int64), np.asarray(nums, np.int64)
+        budgets = np.asarray(budgets, np.int64)
+        width = max(1, int(budgets.max()))
+        forced = np.full(count, -1, dtype=np.int64)
+        flat_limits = np.zeros(count, dtype=np.int64)
+        extras = _Extras(count)
+        sib = [r for r, ix in enumerate(indexes) if ix.side.table]
+        if sib:  # siblings: the longer of both parts' matches decides which part's occurrences count
+            nf = self._history_match(slots[sib], row_ids[sib], nums[sib], tokens)
+            for r, n_flat in zip(sib, nf.tolist()):
+                self._add_siblings(r, indexes[r], tokens, int(row_ids[r]), int(nums[r]), int(budgets[r]),
+                                   n_flat, forced, flat_limits, extras)
+        x_tok, x_len, x_code, x_rew, x_ptr = extras.arrays(width)
+        out = np.zeros((count, width), dtype=np.int64)
+        out_len = np.zeros(count, dtype=np.int64)
+        out_n = np.zeros(count, dtype=np.int64)
+        out_score = np.zeros(count, dtype=np.float64)
+        out_prob = np.zeros((count, width), dtype=np.float64)
+        kernel.draft_rows(self.slots.texts, self.slots.sas, self.slots.keys, self.slots.starts,
+                          self.slots.rewards, slots, tokens, row_ids, nums, budgets, forced, flat_limits,
+                          x_tok, x_len, x_code, x_rew, x_ptr, self.limit, spec.min_match, spec.max_match,
+                          float(spec.max_spec_factor), spec.reward_weighted, float(spec.min_token_prob),
+                          PRIOR, out, out_len, out_n, out_score, out_prob)
+        sizes = out_len.tolist()
+        drafts = [row[:size] for row, size in zip(out.tolist(), sizes)]
+        probs = [row[:size] for row, size in zip(out_prob.tolist(), sizes)]
+        return drafts, out_n.tolist(), out_score.tolist(), probs
+
+    def _history_match(self, slots: np.ndarray, row_ids: np.ndarray, nums: np.ndarray,
+                       tokens: np.ndarray) -> np.ndarray:
+        """The history's match length per row (0: no history or no match)."""
+        out = np.zeros(len(slots), dtype=np.int64)
+        kernel.match_rows(self.slots.texts, self.slots.sas, self.slots.keys, slots, tokens, row_ids, nums,
+                          self.spec.min_match, self.spec.max_match, out)
+        return out
+
+    def _add_siblings(self, r: int, index: PromptIndex, tokens: np.ndarray, row: int, num: int,
+                      budget: int, n_flat: int, forced: np.ndarray, flat_limits: np.ndarray,
+                      extras: "_Extras") -> None:
+        """Row r's sibling occurrences, as `PromptIndex.recent_match` merges them with the history's."""
+        tail = tokens[row, max(0, num - self.spec.max_match):num].tolist()
+        keys = _tail_keys(tail)
+        # the history matched the whole tail: no sibling match is longer (the common case, no search)
+        n = n_flat if n_flat == len(keys) else max(index.side.longest(keys), n_flat)
+        forced[r] = n
+        if not n:
+            return
+        side = index.side.table.get(keys[n - 1], ())[-self.limit:]
+        flat_limits[r] = self.limit - len(side)
+        shift = index.base * STRIDE
+        conts = index.side.gather(side, budget)
+        weighted = self.spec.reward_weighted
+        for code, cont in zip(side, conts):
+            if cont:  # an occurrence at a sibling's end continues nothing (but counted in the limit)
+                extras.add(r, cont, code + shift, index.rewards[index.base + code // STRIDE] if weighted else 0.0)
+
+    def _warm(self) -> None:
+        """Compile (or load from numba's cache) the kernels now, not inside an engine step."""
+        index = PromptIndex.build(np.array([1, 2, 3, 1, 2, 4], np.int32), [3, 3], [1.0, 0.0],
+                                  min_match=self.spec.min_match, max_match=self.spec.max_match)
+        index.add([1, 2])
+        saved, self.slots = self.slots, FlatSlots()
+        try:
+            for dtype in (np.int32, np.int64):
+                self.propose([index, index], [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype))
+            self.slots.retain([])  # typed-list item assignment compiles too
+            self.slots.slot(index)
+        finally:
+            self.slots = saved
+
+
+class _Extras:
+    """Sibling continuations per row, flattened for the kernel (row r's: x_ptr[r]:x_ptr[r + 1])."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.items: list[tuple[int, list[int], int, float]] = []
+
+    def add(self, r: int, cont: list[int], code: int, reward: float) -> None:
+        self.items.append((r, cont, code, reward))
+
+    def arrays(self, width: int) -> tuple[np.ndarray, ...]:
+        count = len(self.items)
+        tok = np.zeros((count, width), dtype=np.int64)
+        length = np.zeros(count, dtype=np.int64)
+        code = np.zeros(count, dtype=np.int64)
+        reward = np.zeros(count, dtype=np.float64)
+        per_row = np.zeros(self.rows + 1, dtype=np.int64)
+        for e, (r, cont, c, w) in enumerate(self.items):  # added in row order
+            size = min(len(cont), width)
+            tok[e, :size] = cont[:size]
+            length[e], code[e], reward[e] = size, c, w
+            per_row[r + 1] += 1
+        return tok, length, code, reward, np.cumsum(per_row)

@@ -1,0 +1,85 @@
+"""The compiled batch drafter (`BatchIndexDrafter`) against the Python drafter it replaces in the
+engine step (`HistoSpecDrafter._from_index`, the oracle): same drafts, match lengths and scores."""
+
+import numpy as np
+import pytest
+
+from rhymerl.histospec.batch import BatchIndexDrafter, FlatSlots
+from rhymerl.histospec.drafter import EMPTY, SpecConfig
+from rhymerl.histospec.flat import FlatIndex, PromptIndex
+
+
+def rhyming(rng, vocab, length, count, change):
+    """`count` copies of one random sequence, each token replaced with probability `change`."""
+    base = rng.integers(0, vocab, length)
+    rows = np.repeat(base[None], count, axis=0)
+    hit = rng.random(rows.shape) < change
+    rows[hit] = rng.integers(0, vocab, int(hit.sum()))
+    return rows
+
+
+def random_case(rng):
+    """A spec, prompt indexes (history attached or not, siblings or not) and a batch of rows."""
+    vocab = int(rng.choice([3, 8, 1000]))
+    lo = int(rng.integers(1, 4))
+    spec = SpecConfig(min_match=lo, max_match=lo + int(rng.integers(0, 6)),
+                      max_spec_factor=float(rng.choice([0.0, 1.0, 2.0])),
+                      min_token_prob=float(rng.choice([0.0, 0.0, 0.2])),
+                      reward_weighted=bool(rng.integers(0, 2)), max_budget=16)
+    indexes, rows, nums = [], [], []
+    for _ in range(int(rng.integers(1, 4))):
+        prompt = rng.integers(0, vocab, int(rng.integers(1, 6)))
+        length, hist = int(rng.integers(4, 120)), int(rng.integers(0, 8))
+        siblings = rng.random() < 0.5
+        group = rhyming(rng, vocab, length, hist + 4, float(rng.choice([0.02, 0.1, 0.4])))
+        rewards = rng.random(hist).round(1)  # ties in reward sums happen
+        ix = PromptIndex(rewards, spec.min_match, spec.max_match, prompt)
+        if hist and rng.random() < 0.8:
+            ix.attach(FlatIndex.build(group[:hist].ravel(), [length] * hist, prompt,
+                                      min_match=spec.min_match, max_match=spec.max_match))
+        live = group[hist:]
+        for j, resp in enumerate(live):
+            at = int(rng.integers(1, length + 1))
+            if siblings and rng.random() < 0.6:  # a sibling, grown to a random point
+                sib = ix.add(resp[:int(rng.integers(0, length + 1))].tolist())
+                ix.set_reward(sib, round(float(rng.random()), 1))
+            row = np.zeros(130, dtype=np.int64)
+            row[:len(prompt)], row[len(prompt):len(prompt) + at] = prompt, resp[:at]
+            indexes.append(ix)
+            rows.append(row)
+            nums.append(len(prompt) + at)
+    return spec, indexes, np.stack(rows), nums
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_batch_drafts_equal_the_python_drafter(seed, dtype):
+    # Rule: for every row, the compiled path returns exactly HistoSpecDrafter._from_index's Draft.
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        spec, indexes, rows, nums = random_case(rng)
+        rows = rows.astype(dtype)
+        budgets = rng.integers(1, 17, len(nums)).tolist()
+        got = BatchIndexDrafter(spec).propose(indexes, range(len(nums)), nums, budgets, rows)
+        for ix, row, n, b, draft in zip(indexes, rows, nums, budgets, got):
+            want = spec.drafter(ix)._from_index(row[:n].tolist(), b)
+            assert draft == want
+
+
+def test_no_rows_and_rows_without_a_history_or_match():
+    spec = SpecConfig()
+    bd = BatchIndexDrafter(spec)
+    assert bd.propose([], [], [], [], np.zeros((0, 4), np.int32)) == []
+    ix = PromptIndex([0.0], 1, 7)  # history not attached yet, no siblings
+    assert bd.propose([ix], [0], [3], [4], np.array([[1, 2, 3]], np.int32)) == [EMPTY]
+
+
+def test_slots_are_shared_per_history_and_freed_when_dropped():
+    spec = SpecConfig()
+    a, b = (PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=7) for _ in range(2))
+    slots = FlatSlots()
+    assert (slots.slot(a), slots.slot(a), slots.slot(b)) == (0, 0, 1)
+    slots.retain([b])
+    assert len(slots) == 1 and slots.slot(a) == 0  # a's slot was freed, then reused
+    bd = BatchIndexDrafter(spec)
+    assert bd.propose([a], [0], [2], [4], np.array([[1, 2]], np.int32))[0].tokens == (3, 4)
