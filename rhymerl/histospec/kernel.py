@@ -18,9 +18,27 @@ history (siblings) are passed in `x_*` arrays, already gathered, appended after 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite.binding import ffi
 from numba import njit
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
+
+
+def _answer_dict_probes_plainly() -> None:
+    """Let vLLM's kernel registry scan a process that has loaded numba.
+
+    vLLM (CPU platform start-up, and RhymeRL's exact verifier) registers kernel overrides with
+    `vllm.triton_utils.dispatcher.register_kernels`, which walks every loaded module's globals and
+    calls `vars(value).get("kernel")` on each value that has a `__dict__`. llvmlite's library handle
+    (`llvmlite.binding.ffi.lib`) answers any attribute with a C-function wrapper, `__dict__`
+    included, so that scan crashed ("'_lib_fn_wrapper' object has no attribute 'get'") in every
+    engine process that had imported this module. An empty entry in the handle's function table
+    makes it answer `__dict__` with a plain empty dict, as an object with no attributes would.
+    """
+    ffi.lib._fntab.setdefault("__dict__", {})
+
+
+_answer_dict_probes_plainly()
 
 
 @njit(cache=True)
