@@ -129,6 +129,10 @@ class TrainConfig:
                                             "(less memory, ~1/3 more compute)")
     sync_bucket_mb: int = option(256, "weight sync trainer -> engines: MiB of weights per bucket (each bucket "
                                  "travels on its own while the next is gathered)", ">= 1")
+    sync_transport: Literal["object_store", "process_group"] = option(
+        "object_store", "how weights reach the engines: each bucket a Ray object the engines stage and load "
+        "at the end (object_store), or broadcast by the trainer's rank 0 over a process group with every "
+        "engine worker and loaded in place as it arrives (process_group: NCCL on GPUs, gloo on CPU)")
     cpu_offload: bool = option(False, "sharded trainer on GPUs: keep parameter shards, gradients and optimizer "
                                "state in CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
 
