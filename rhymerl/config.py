@@ -255,7 +255,8 @@ class RunConfig:
                "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
         # NCCL cannot put two ranks of one group on one GPU; a shared GPU syncs through Ray
         _check(self.train.sync_transport == "object_store" or not self.placement.share_gpu,
-               "train.sync_transport", "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
+               "train.sync_transport",
+               "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
 
     @property
     def steps_per_epoch(self) -> int:

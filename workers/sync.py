@@ -63,7 +63,8 @@ def _by_object_store(trainer, workers: list, guard, bucket_bytes: int) -> tuple[
     return moved, _on_each_worker(workers, lambda w: w.commit_weights.remote(), guard)
 
 
-def _by_process_group(trainer, workers: list, guard, bucket_bytes: int, ranks_per_engine: int) -> tuple[int, list[float]]:
+def _by_process_group(trainer, workers: list, guard, bucket_bytes: int,
+                      ranks_per_engine: int) -> tuple[int, list[float]]:
     try:
         return broadcast_weights(trainer, workers, bucket_bytes, ranks_per_engine)
     except ray.exceptions.RayError:
