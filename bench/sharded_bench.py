@@ -7,10 +7,10 @@ trainer of world size 1, then 2 (gloo on CPU, `workers.trainer_group`); each mea
 - rss_mb / peak_rss_mb per rank: resident memory after the steps, and its peak (the peak includes
   loading the whole model before sharding);
 - step_s: the second step's wall time;
-- sync_s_per_gb: the bucketed weight stream (`state_buckets`) into a sink actor through Ray's
-  object store, seconds per GB of weights;
+- sync_s_per_gb: the bucketed weight stream (`state_buckets`) through Ray's object store into two
+  sink actors (as into two engines), seconds per GB of weights;
 - pg_sync_s_per_gb: the same weights broadcast by rank 0 over a weight group (`workers.sync_group`,
-  `train.sync_transport = "process_group"`, gloo here) into two sink actors, as into two engines;
+  `train.sync_transport = "process_group"`, gloo here) into two sink actors;
 - ckpt_write_s / ckpt_read_s: a sharded checkpoint (torch.distributed.checkpoint) to a local folder.
 
     rhymerl bench sharded --json-out bench/out/sharded.json     (or python -m bench.sharded_bench)
@@ -101,13 +101,14 @@ def measure(model_dir: str, world: int, examples: list[TrainExample], bucket_mb:
     ray.get(trainer.train_step.remote(examples))
     step_s = time.perf_counter() - t0
     state_mb = [b / 2**20 for b in ray.get([r.held_bytes.remote() for r in ranks])]
-    sink, sinks = Sink.remote(), [GroupSink.remote() for _ in range(2)]
-    ray.get([a.ready.remote() for a in (sink, *sinks)])  # actor start-up is not the sync's time
+    sinks, group_sinks = [Sink.remote() for _ in range(2)], [GroupSink.remote() for _ in range(2)]
+    ray.get([a.ready.remote() for a in (*sinks, *group_sinks)])  # actor start-up is not the sync's time
     t0 = time.perf_counter()
-    moved = sum(ray.get([sink.stage.remote(ref) for ref in trainer.state_buckets.remote(bucket_mb * 2**20)]))
+    buckets = trainer.state_buckets.remote(bucket_mb * 2**20)
+    moved = sum(ray.get([s.stage.remote(ref) for s in sinks])[0] for ref in buckets)
     sync_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    broadcast_weights(trainer, sinks, bucket_mb * 2**20)
+    broadcast_weights(trainer, group_sinks, bucket_mb * 2**20)
     pg_sync_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as folder:
         t0 = time.perf_counter()
