@@ -7,8 +7,10 @@ trainer of world size 1, then 2 (gloo on CPU, `workers.trainer_group`); each mea
 - rss_mb / peak_rss_mb per rank: resident memory after the steps, and its peak (the peak includes
   loading the whole model before sharding);
 - step_s: the second step's wall time;
-- sync_s_per_gb: the bucketed weight stream (`state_buckets`) into a sink actor through Ray's
-  object store, seconds per GB of weights;
+- sync_s_per_gb: the bucketed weight stream (`state_buckets`) through Ray's object store into two
+  sink actors (as into two engines), seconds per GB of weights;
+- pg_sync_s_per_gb: the same weights broadcast by rank 0 over a weight group (`workers.sync_group`,
+  `train.sync_transport = "process_group"`, gloo here) into two sink actors;
 - ckpt_write_s / ckpt_read_s: a sharded checkpoint (torch.distributed.checkpoint) to a local folder.
 
     rhymerl bench sharded --json-out bench/out/sharded.json     (or python -m bench.sharded_bench)
@@ -30,6 +32,7 @@ import transformers
 from rhymerl.config import RunConfig, TrainConfig
 from rhymerl.trainer import TrainExample
 from workers.actors import Placement
+from workers.sync_group import broadcast_weights
 from workers.trainer_group import launch_trainer, stop_trainer
 
 ON_CPU = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
@@ -61,6 +64,25 @@ class Sink:
     def stage(self, bucket: dict) -> int:
         return sum(t.numel() * t.element_size() for t in bucket.values())
 
+    def ready(self) -> bool:
+        return True
+
+
+@ray.remote(num_cpus=0)
+class GroupSink:
+    """Joins a weight group as an engine worker would (`rhymerl.weight_group`); counts the bytes."""
+
+    def receive_weights(self, address, first_rank: int) -> int:
+        from rhymerl.weight_group import open_group
+
+        group = open_group(address, first_rank)
+        got = sum(t.numel() * t.element_size() for _, t in group.receive())
+        group.close()
+        return got
+
+    def ready(self) -> bool:
+        return True
+
 
 def _memory(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of a local process in MB."""
@@ -79,10 +101,15 @@ def measure(model_dir: str, world: int, examples: list[TrainExample], bucket_mb:
     ray.get(trainer.train_step.remote(examples))
     step_s = time.perf_counter() - t0
     state_mb = [b / 2**20 for b in ray.get([r.held_bytes.remote() for r in ranks])]
-    sink = Sink.remote()
+    sinks, group_sinks = [Sink.remote() for _ in range(2)], [GroupSink.remote() for _ in range(2)]
+    ray.get([a.ready.remote() for a in (*sinks, *group_sinks)])  # actor start-up is not the sync's time
     t0 = time.perf_counter()
-    moved = sum(ray.get([sink.stage.remote(ref) for ref in trainer.state_buckets.remote(bucket_mb * 2**20)]))
+    buckets = trainer.state_buckets.remote(bucket_mb * 2**20)
+    moved = sum(ray.get([s.stage.remote(ref) for s in sinks])[0] for ref in buckets)
     sync_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    broadcast_weights(trainer, group_sinks, bucket_mb * 2**20)
+    pg_sync_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as folder:
         t0 = time.perf_counter()
         ray.get(trainer.save_checkpoint.remote(folder, {}))
@@ -96,6 +123,7 @@ def measure(model_dir: str, world: int, examples: list[TrainExample], bucket_mb:
     return {"world_size": world, "start_s": start_s, "step_s": step_s, "state_mb_per_rank": state_mb,
             "rss_mb": [m[0] for m in memory], "peak_rss_mb": [m[1] for m in memory],
             "sync_gb": moved / 1e9, "sync_s": sync_s, "sync_s_per_gb": sync_s / (moved / 1e9),
+            "pg_sync_s": pg_sync_s, "pg_sync_s_per_gb": pg_sync_s / (moved / 1e9),
             "ckpt_mb": ckpt_mb, "ckpt_write_s": write_s, "ckpt_read_s": read_s}
 
 

@@ -129,6 +129,10 @@ class TrainConfig:
                                             "(less memory, ~1/3 more compute)")
     sync_bucket_mb: int = option(256, "weight sync trainer -> engines: MiB of weights per bucket (each bucket "
                                  "travels on its own while the next is gathered)", ">= 1")
+    sync_transport: Literal["object_store", "process_group"] = option(
+        "object_store", "how weights reach the engines: each bucket a Ray object the engines stage and load "
+        "at the end (object_store), or broadcast by the trainer's rank 0 over a process group with every "
+        "engine worker and loaded in place as it arrives (process_group: NCCL on GPUs, gloo on CPU)")
     cpu_offload: bool = option(False, "sharded trainer on GPUs: keep parameter shards, gradients and optimizer "
                                "state in CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
 
@@ -249,6 +253,10 @@ class RunConfig:
                "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
         _check(self.train.world_size == 1 or not self.placement.share_gpu, "train.world_size",
                "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
+        # NCCL cannot put two ranks of one group on one GPU; a shared GPU syncs through Ray
+        _check(self.train.sync_transport == "object_store" or not self.placement.share_gpu,
+               "train.sync_transport",
+               "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
 
     @property
     def steps_per_epoch(self) -> int:

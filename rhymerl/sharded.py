@@ -153,12 +153,12 @@ class ShardedTrainer(Trainer):
         raise NotImplementedError("the sharded trainer computes log-probs inside train_step only")
 
     @torch.no_grad()
-    def engine_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """(HF name, whole CPU tensor) per parameter and buffer, gathered one at a time: every
-        rank gets each; only one whole tensor beyond the shards is alive at a time per rank."""
+    def engine_tensors(self, device: str | torch.device = "cpu") -> Iterable[tuple[str, torch.Tensor]]:
+        """(HF name, whole tensor on `device`) per parameter and buffer, gathered one at a time:
+        every rank gets each; only one whole tensor beyond the shards is alive at a time per rank."""
         for name, tensor in self.model.state_dict().items():
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            yield name, full.detach().to("cpu", copy=True).contiguous()
+            yield name, full.detach().to(device, copy=True).contiguous()
 
     @torch.no_grad()
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:

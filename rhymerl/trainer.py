@@ -308,11 +308,12 @@ class Trainer:
         return out
 
     @torch.no_grad()
-    def engine_tensors(self) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, detached contiguous CPU copy) one at a time: what a bucketed weight sync
-        sends (`rhymerl.weight_sync`), without a whole-model copy alive at once."""
+    def engine_tensors(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor]]:
+        """(HF name, detached contiguous copy on `device`) one at a time: what a bucketed weight
+        sync sends (`rhymerl.weight_sync`), without a whole-model copy alive at once. The
+        process-group sync over NCCL asks for the GPU (no round trip through host memory)."""
         for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach().to("cpu", copy=True).contiguous()
+            yield name, tensor.detach().to(device, copy=True).contiguous()
 
     def save(self, out_dir: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
         """Write a loadable HF directory: safetensors weights, config, and the source tokenizer

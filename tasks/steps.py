@@ -100,6 +100,7 @@ def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
 
 @task(name="weight-sync", cache_policy=NO_CACHE)
 def sync_task(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32,
-              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES, transport: str = "object_store",
+              ranks_per_engine: int = 1) -> dict:
     """`workers.sync.sync_weights` as a step of the flow (see there for the checks)."""
-    return sync_weights(trainer, workers, guard, engine_dtype, probe_len, bucket_bytes)
+    return sync_weights(trainer, workers, guard, engine_dtype, probe_len, bucket_bytes, transport, ranks_per_engine)

@@ -19,6 +19,7 @@ import ray
 from rhymerl.config import RunConfig
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings
 from rhymerl.records import Prompt, Request, Sample
+from workers.sync_group import WeightSender
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,13 @@ class RolloutWorker:
             self.engine.commit_weights()
             return self.engine.weights_fingerprint()
 
+    def receive_weights(self, address, first_rank: int) -> float:
+        """Load what the trainer broadcasts over the weight group at `address` (a
+        `rhymerl.weight_group.GroupAddress`; `workers.sync_group`); the fingerprint afterwards."""
+        with self._engine_lock:
+            self.engine.receive_weights(address.host, address.port, address.world_size, address.backend, first_rank)
+            return self.engine.weights_fingerprint()
+
     def weights_fingerprint(self) -> float:
         with self._engine_lock:
             return self.engine.weights_fingerprint()
@@ -209,7 +217,7 @@ class ShardedCheckpoints:
 
 
 @ray.remote
-class TrainerWorker(ShardedCheckpoints):
+class TrainerWorker(ShardedCheckpoints, WeightSender):
     """Holds the torch policy and optimizer; one GRPO update per step."""
 
     def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:

@@ -1,9 +1,13 @@
 """Weight sync: the trainer's weights into every engine in place, and the proof that they arrived.
 
-After each optimizer step the trainer's weights go to every rollout worker through Ray's object
-store, in buckets (`rhymerl.weight_sync`), and each engine loads them without restarting. Then every engine is checked against the
-trainer two ways: the parameter sum both compute (`weights_fingerprint`) and the log-probs of a
-fixed probe sequence, which depend on every weight and on how the engine computes with them.
+After each optimizer step the trainer's weights go to every rollout worker in buckets
+(`rhymerl.weight_sync`) and each engine loads them without restarting, by one of two transports
+(`train.sync_transport`): through Ray's object store (`object_store`, the default: each bucket a
+Ray object that every engine stages, loaded at the commit), or by broadcast over a process group
+of the trainer's rank 0 and every engine worker (`process_group`, for GPUs: `workers.sync_group`).
+Then every engine is checked against the trainer two ways: the parameter sum both compute
+(`weights_fingerprint`) and the log-probs of a fixed probe sequence, which depend on every weight
+and on how the engine computes with them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 import ray
 
 from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
+from workers.sync_group import broadcast_weights
 
 FINGERPRINT_RTOL = 1e-6  # engine and trainer sum the same weights in a different order
 # Largest |engine - trainer| probe log-prob accepted, by engine dtype: float32 kernels agree to
@@ -45,23 +50,47 @@ def _on_each_worker(workers: list, call, guard) -> list:
 def sync_settings(cfg) -> dict:
     """`sync_task`'s checks for a run config: the engines' dtype and a probe that fits the engine."""
     return {"engine_dtype": cfg.model.dtype, "probe_len": min(32, cfg.model.max_model_len - 1),
-            "bucket_bytes": cfg.train.sync_bucket_mb * 2**20}
+            "bucket_bytes": cfg.train.sync_bucket_mb * 2**20, "transport": cfg.train.sync_transport,
+            "ranks_per_engine": cfg.rollout.tensor_parallel_size}
 
 
-def sync_weights(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
-    """Send the trainer's new weights to every engine in place (no engine restart), then check
-    every engine against the trainer: the parameter sums both store alike (`weights_fingerprint`)
-    and the log-probs of a fixed probe sequence, which depend on every weight. A mismatch raises
-    `WeightsMismatch` naming the worker. With `guard` (`workers.guard.WorkerGuard`), a worker that
-    dies during the sync is restarted and resynced as in a rollout."""
-    t0 = time.perf_counter()
+def _by_object_store(trainer, workers: list, guard, bucket_bytes: int) -> tuple[int, list[float]]:
     # Buckets stream out of the trainer as it gathers them; each engine stages every bucket, then
     # loads them all at once. No process holds the weights in one Python object on the way.
     moved = 0
     for bucket in trainer.state_buckets.remote(bucket_bytes):
         moved += _on_each_worker(workers, lambda w: w.stage_weights.remote(bucket), guard)[0]
-    prints = _on_each_worker(workers, lambda w: w.commit_weights.remote(), guard)
+    return moved, _on_each_worker(workers, lambda w: w.commit_weights.remote(), guard)
+
+
+def _by_process_group(trainer, workers: list, guard, bucket_bytes: int,
+                      ranks_per_engine: int) -> tuple[int, list[float]]:
+    try:
+        return broadcast_weights(trainer, workers, bucket_bytes, ranks_per_engine)
+    except ray.exceptions.RayError:
+        if guard is None:
+            raise
+        # A member died mid-broadcast and the group with it; the other engines may hold part of
+        # the new weights. Restarted engines are resynced, then every engine gets all the weights
+        # through the object store (a dead trainer raises there, for the trainer's recovery).
+        guard.ensure_current()
+        return _by_object_store(trainer, workers, guard, bucket_bytes)
+
+
+def sync_weights(trainer, workers: list, guard=None, engine_dtype: str = "float32", probe_len: int = 32,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, transport: str = "object_store",
+                 ranks_per_engine: int = 1) -> dict:
+    """Send the trainer's new weights to every engine in place (no engine restart) by `transport`
+    (see the module), then check every engine against the trainer: the parameter sums both store
+    alike (`weights_fingerprint`) and the log-probs of a fixed probe sequence, which depend on
+    every weight. A mismatch raises `WeightsMismatch` naming the worker. With `guard`
+    (`workers.guard.WorkerGuard`), a worker that dies during the sync is restarted and resynced
+    as in a rollout. `ranks_per_engine`: worker processes per engine (tensor parallelism)."""
+    t0 = time.perf_counter()
+    if transport == "process_group":
+        moved, prints = _by_process_group(trainer, workers, guard, bucket_bytes, ranks_per_engine)
+    else:
+        moved, prints = _by_object_store(trainer, workers, guard, bucket_bytes)
     moved_s = time.perf_counter() - t0
     trainer_print = ray.get(trainer.weights_fingerprint.remote())
     ids, trainer_probe = ray.get(trainer.probe.remote(probe_len))

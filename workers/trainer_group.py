@@ -19,10 +19,11 @@ import ray
 
 from rhymerl.config import RunConfig
 from workers.actors import Placement, ShardedCheckpoints, TrainerWorker, placement_for
+from workers.sync_group import WeightSender
 
 
 @ray.remote
-class TrainerRank(ShardedCheckpoints):
+class TrainerRank(ShardedCheckpoints, WeightSender):
     """One rank: a `rhymerl.sharded.ShardedTrainer`, built by `setup` once every rank exists."""
 
     def __init__(self, rank: int) -> None:
@@ -116,7 +117,7 @@ class TrainerGroup:
 
     METHODS = ("train_step", "state_for_engine", "state_buckets", "policy_version", "held_bytes",
                "weights_fingerprint", "probe", "save_checkpoint", "load_checkpoint", "warm_start_checkpoint",
-               "save", "info")
+               "save", "info", "weight_rendezvous", "broadcast_weights")
 
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks

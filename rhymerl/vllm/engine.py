@@ -207,6 +207,19 @@ class VllmEngine:
     def commit_weights(self) -> None:
         """Load the staged weights in place; afterwards the engine computes with them only."""
         self.llm.collective_rpc("rhymerl_commit_weights")
+        self._forget_old_weights()
+
+    def receive_weights(self, host: str, port: int, world_size: int, backend: str, first_rank: int) -> int:
+        """Every worker of this engine joins the weight group at host:port (ranks `first_rank`,
+        `first_rank` + 1, ... by tensor-parallel rank) and loads what rank 0 broadcasts, in place
+        as it arrives (`rhymerl.weight_group`); returns how many tensors a worker received.
+        Blocks until the sender's end marker: the sender must run concurrently."""
+        counts = self.llm.collective_rpc("rhymerl_receive_weights",
+                                         args=(host, port, world_size, backend, first_rank))
+        self._forget_old_weights()
+        return int(counts[0])
+
+    def _forget_old_weights(self) -> None:
         # The prefix cache holds prompt KV computed by the old weights, and prompts return every
         # epoch: reusing it would sample the next step partly from the previous policy (off-policy).
         if not self.llm.reset_prefix_cache():

@@ -21,6 +21,7 @@ from safetensors.torch import load as load_safetensors
 
 from rhymerl.vllm.spec_guard import GuardReport, self_check, vllm_version
 from rhymerl.vllm.spec_verify import KERNELS
+from rhymerl.weight_group import GroupAddress, open_group
 
 # Parameters that hold the same values in the engine as in the Hugging Face model. vLLM fuses
 # q/k/v and gate/up, and on CPU repacks every linear layer's weight into its own kernel layout
@@ -95,6 +96,34 @@ class WeightSyncExtension:
         if staged:
             self.model_runner.reload_weights(weights_iterator=iter(staged.items()))
         return len(staged)
+
+    def rhymerl_receive_weights(self, host: str, port: int, world_size: int, backend: str,
+                                first_rank: int) -> int:
+        """Join the weight group at host:port as rank `first_rank` + this worker's rank in its
+        engine, and load the weights rank 0 broadcasts in place as they arrive; returns how many
+        tensors came (`rhymerl.weight_group`: the process-group sync).
+
+        The received tensors feed vLLM's layerwise reload as one iterator: each layer is
+        processed and copied into its kernel tensors once all its parts have arrived, so no full
+        copy of the weights is staged. Arguments are plain values: vLLM's RPC serializer."""
+        address = GroupAddress(host, port, world_size, backend)
+        group = open_group(address, first_rank + getattr(self, "rank", 0))
+        count = 0
+
+        def received():
+            nonlocal count
+            for named in group.receive():
+                count += 1
+                yield named
+
+        stream = received()
+        try:
+            self.model_runner.reload_weights(weights_iterator=stream)
+            for _ in stream:  # a loader that stopped early must not leave the sender waiting
+                pass
+        finally:
+            group.close()
+        return count
 
     def rhymerl_weights_fingerprint(self) -> float:
         """`weights_fingerprint` of the engine's model (comparable with the trainer's)."""

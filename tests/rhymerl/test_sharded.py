@@ -160,6 +160,9 @@ def test_activation_checkpointing_changes_no_update(model_dir: str) -> None:
     ({"train": {"world_size": 5}, "rollout": {"prompts_per_step": 4}}, "train.world_size.*at most 4 prompt groups"),
     ({"train": {"world_size": 2}, "placement": {"share_gpu": True}, "rollout": {"num_workers": 1,
       "gpu_memory_utilization": 0.4}}, "must be 1 with placement.share_gpu"),
+    ({"train": {"sync_transport": "process_group"}, "placement": {"share_gpu": True}, "rollout": {"num_workers": 1,
+      "gpu_memory_utilization": 0.4}}, "sync_transport.*must be object_store with placement.share_gpu"),
+    ({"train": {"sync_transport": "nccl"}}, "train.sync_transport.*allowed values"),
 ])
 def test_bad_world_size_is_a_config_error(overrides: dict, message: str) -> None:
     from rhymerl.config import config_from_dict

@@ -86,6 +86,11 @@ class FakeEngine:
         staged, self.staged = getattr(self, "staged", {}), {}
         return self.load_weights(staged) if staged else 1.0  # a restarted engine has nothing staged
 
+    def receive_weights(self, address, first_rank):
+        """The process-group sync's receive, without a group (workers/sync_group.py opens one)."""
+        self.first_rank = first_rank
+        return self.load_weights({"w": 2.0})
+
     def probe(self, ids):
         return [-self.weights * i for i in ids[1:]]
 
@@ -101,6 +106,12 @@ class FakeTrainerActor:
 
     def state_buckets(self, bucket_bytes):
         yield {"w": 2.0}
+
+    def weight_rendezvous(self):
+        return "127.0.0.1", 29999, "gloo"
+
+    def broadcast_weights(self, address, bucket_bytes):
+        return 8
 
     def weights_fingerprint(self):
         return 1.0
@@ -127,6 +138,19 @@ class ResyncGuard:
                 time.sleep(0.1)
         ray.get(self.workers[w].load_weights.remote(self.trainer.state_for_engine.remote()))
         self.recovered.append(w)
+
+    def ensure_current(self):
+        """What `WorkerGuard.ensure_current` does, for fakes: every worker whose process is not
+        the one in `pids` (restarted) gets the trainer's weights."""
+        import ray
+
+        for w, pid in enumerate(self.pids):
+            try:
+                alive = ray.get(self.workers[w].info.remote(), timeout=30)["pid"] == pid
+            except ray.exceptions.RayActorError:
+                alive = False
+            if not alive:
+                self.recover(w, None)
 
 
 @pytest.fixture(scope="module")
@@ -169,4 +193,31 @@ def test_a_worker_dying_in_the_sync_is_recovered(ray_fakes, tmp_path):
                ray_fakes.remote(FakeEngine).options(max_restarts=1).remote(die_flag=str(flag))]
     guard = ResyncGuard(workers, trainer)
     out = sync_task.fn(trainer, workers, guard=guard, probe_len=8)
+    assert guard.recovered == [1] and out["probe_max_diff"] == 0.0
+
+
+def test_process_group_sync_checks_every_engine(ray_fakes):
+    # the broadcast transport: every engine joins (ranks 1 and 2 after the trainer's 0), and is
+    # checked by fingerprint and probe like the object store's
+    from tasks.steps import sync_task
+
+    trainer = ray_fakes.remote(FakeTrainerActor).remote()
+    workers = [ray_fakes.remote(FakeEngine).remote() for _ in range(2)]
+    out = sync_task.fn(trainer, workers, probe_len=8, transport="process_group")
+    assert out["probe_max_diff"] == 0.0 and out["sync_gb"] == 8e-9
+
+
+def test_a_worker_dying_in_a_process_group_sync_is_recovered(ray_fakes, tmp_path):
+    # Rule: the group dies with a member; the dead engine is restarted and resynced, then every
+    # engine gets the weights again through the object store and is checked.
+    from tasks.steps import sync_task
+
+    flag = tmp_path / "die"
+    flag.write_text("")
+    trainer = ray_fakes.remote(FakeTrainerActor).remote()
+    workers = [ray_fakes.remote(FakeEngine).remote(),
+               ray_fakes.remote(FakeEngine).options(max_restarts=1).remote(die_flag=str(flag))]
+    guard = ResyncGuard(workers, trainer)
+    guard.pids = [ray_fakes.get(w.info.remote())["pid"] for w in workers]
+    out = sync_task.fn(trainer, workers, guard=guard, probe_len=8, transport="process_group")
     assert guard.recovered == [1] and out["probe_max_diff"] == 0.0

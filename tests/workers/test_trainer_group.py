@@ -20,11 +20,35 @@ from rhymerl.trainer import Trainer
 from rhymerl.vllm.worker_ext import weights_fingerprint
 from storage.checkpoints import CheckpointStore
 from workers.actors import Placement
+from workers.sync_group import broadcast_weights
 from workers.trainer_group import TrainerGroup, launch_trainer, stop_trainer
 from sharded_helpers import BATCH, tiny_qwen2
 
 CFG = RunConfig(train=TrainConfig(lr=1e-2, kl_coef=0.1, micro_batch_size=2, world_size=2))
 ON_CPU = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
+
+
+@ray.remote
+class SinkEngine:
+    """An engine stand-in for the process-group sync: a Hugging Face model in a Ray actor that
+    joins the weight group and copies each received tensor into its parameter in place."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    def receive_weights(self, address, first_rank: int) -> float:
+        from rhymerl.weight_group import open_group
+
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        group = open_group(address, first_rank, timeout_s=60)
+        with torch.no_grad():
+            for name, tensor in group.receive():
+                params[name].copy_(tensor)
+        group.close()
+        return weights_fingerprint(self.model.named_parameters())
+
+    def state(self) -> dict:
+        return {k: v.clone() for k, v in self.model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +104,18 @@ def test_group_checkpoint_round_trip(group: TrainerGroup, tmp_path: Path) -> Non
     after = ray.get(group.state_for_engine.remote())
     for name, tensor in before.items():
         assert torch.equal(after[name], tensor), name
+
+
+def test_group_broadcasts_weights_to_every_engine(model_dir: str, group: TrainerGroup) -> None:
+    # rank 0 sends over a gloo weight group while rank 1 gathers with it; two engines receive
+    ray.get(group.train_step.remote(BATCH))  # weights the engines' initial model does not have
+    sinks = [SinkEngine.remote(model_dir) for _ in range(2)]
+    sent, prints = broadcast_weights(group, sinks, bucket_bytes=4096)
+    state = ray.get(group.state_for_engine.remote())
+    assert sent >= sum(t.numel() * t.element_size() for t in state.values())
+    trainer_print = ray.get(group.weights_fingerprint.remote())
+    assert all(math.isclose(p, trainer_print, rel_tol=1e-6) for p in prints) and len(prints) == 2
+    for sink in sinks:
+        got = ray.get(sink.state.remote())
+        for name, tensor in state.items():
+            assert torch.equal(got[name], tensor), name

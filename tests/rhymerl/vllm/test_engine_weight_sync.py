@@ -76,3 +76,45 @@ def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
         assert max(abs(a - b) for a, b in zip(stale, want)) > 0.05
     finally:
         shutdown_llm(engine.llm)
+
+
+def test_weights_broadcast_over_a_process_group_load_in_place(tmp_path):
+    """The process-group sync's engine side on CPU (gloo): this test process is the trainer's
+    rank 0, the engine's worker process joins as rank 1 and loads the buckets as they arrive."""
+    import threading
+
+    from rhymerl.sharded import free_port
+    from rhymerl.vllm.worker_ext import weights_fingerprint
+    from rhymerl.weight_group import GroupAddress, open_group
+
+    model = _tiny_model(tmp_path)
+    ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
+    prompt = Prompt(prompt_id_of(ids), 0, "", ids, "")
+    greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
+    engine = VllmEngine(EngineSettings(str(tmp_path), max_model_len=512))
+    try:
+        before = engine.generate([prompt], greedy)[0].token_ids  # fills the prefix cache
+        with torch.no_grad():  # a different policy, and different norm sums for the fingerprint
+            for name, param in model.named_parameters():
+                param.mul_(1.5 if ("mlp" in name or "self_attn" in name) else 1.25)
+        expected = _hf_greedy(model, ids, 4)
+        assert expected != before, "the update must change the greedy continuation to be a test"
+        address = GroupAddress("127.0.0.1", free_port(), world_size=2)
+        received: list[int] = []
+        engine_side = threading.Thread(target=lambda: received.append(
+            engine.receive_weights(address.host, address.port, address.world_size, address.backend, 1)))
+        engine_side.start()
+        group = open_group(address, rank=0, timeout_s=120)
+        sent = group.send(bucketed(iter(model.state_dict().items()), bucket_bytes=4096))
+        group.close()
+        engine_side.join(timeout=120)
+        assert received == [len(model.state_dict())] and sent > 0
+        assert engine.generate([prompt], greedy)[0].token_ids == expected
+        assert engine.weights_fingerprint() == pytest.approx(weights_fingerprint(model.named_parameters()), rel=1e-6)
+        probe = list(ids[:32])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([probe])).logits[0, :-1].float(), -1)
+        want = logp.gather(1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
+        assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
+    finally:
+        shutdown_llm(engine.llm)
