@@ -36,8 +36,11 @@ before any estimate is recorded) would cut both alike.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Collection, Sequence
+
+import numpy as np
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
@@ -102,31 +105,36 @@ def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], l
 
 
 def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
-                q: Sequence[Sequence[float]], coef: tuple[float, float],
+                q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, float],
                 whole: Collection[int] = ()) -> list[list[int]]:
     """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
 
     `base_tokens`: tokens the step processes without any draft (running requests + prefill);
-    `expected_base`: tokens it emits without drafts (one per decoding request); `q[i][j]`: the
-    chance draft i's token j is accepted (nonincreasing in j; a row shorter than its draft cuts
-    it); `coef`: the step cost (c0, c1); `whole`: rows kept whole (the tail's, see `tail_rows`),
-    counted in the step before the others are chosen.
+    `expected_base`: tokens it emits without drafts (one per decoding request); `q[i, j]`: the
+    chance draft i's token j is accepted (R x W, nonincreasing in j; a draft longer than W is
+    cut at W); `coef`: the step cost (c0, c1); `whole`: rows kept whole (the tail's, see
+    `tail_rows`), counted in the step before the others are chosen. Vectorised: one sort of the
+    step's draft tokens (~4K at 256 requests) instead of a Python loop over them.
     """
     c0, c1 = coef
-    keep = [len(d) if i in whole else 0 for i, d in enumerate(drafts)]
-    emitted = expected_base + sum(sum(q[i][:keep[i]]) for i in whole)
-    seconds = c0 + c1 * (base_tokens + sum(keep))
-    items = sorted(((qi[j], j, i) for i, (d, qi) in enumerate(zip(drafts, q)) if i not in whole
-                    for j in range(min(len(d), len(qi)))), key=lambda t: (-t[0], t[1]))
-    for p, j, i in items:
-        if p * seconds <= c1 * emitted:
-            break  # every later token has p no larger while emitted / seconds only grew
-        if j != keep[i]:
-            continue  # not the next token of its draft (ties at equal p): leave for prefix order
-        keep[i] = j + 1
-        emitted += p
-        seconds += c1
-    return [list(d[:k]) for d, k in zip(drafts, keep)]
+    q = np.asarray(q, dtype=np.float64).reshape(len(drafts), -1)
+    width = q.shape[1]
+    lengths = np.fromiter((min(len(d), width) for d in drafts), np.int64, len(drafts))
+    valid = np.arange(width)[None, :] < lengths[:, None]
+    in_tail = np.zeros(len(drafts), dtype=bool)
+    in_tail[list(whole)] = True
+    keep = np.where(in_tail, lengths, 0)
+    emitted = expected_base + float(q[in_tail[:, None] & valid].sum())
+    seconds = c0 + c1 * (base_tokens + float(keep.sum()))
+    rows, cols = np.nonzero(valid & ~in_tail[:, None])
+    p = q[rows, cols]
+    order = np.lexsort((cols, -p))  # decreasing chance, a draft's earlier token first on ties
+    p, rows = p[order], rows[order]
+    before = emitted + np.cumsum(p) - p  # tokens expected before each candidate is added
+    pays = p * (seconds + c1 * np.arange(p.size)) > c1 * before
+    taken = int(np.argmin(pays)) if not pays.all() else p.size  # every later token has p no larger
+    keep += np.bincount(rows[:taken], minlength=len(drafts))
+    return [list(d[:k]) for d, k in zip(drafts, keep.tolist())]
 
 
 def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
@@ -145,8 +153,8 @@ def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
 class AcceptanceCalibration:
     """Measured acceptance of draft tokens by the drafter's estimated probability (`Draft.probs`).
 
-    `record(probs, accepted)` counts one verified draft: its first `accepted` tokens were accepted.
-    `rows(drafts_probs)` maps each draft's estimates to calibrated chances, nonincreasing along the
+    `record(probs, accepted)` counts verified drafts: draft i's first `accepted[i]` tokens were
+    accepted. `rows(probs)` maps estimates (R x W) to calibrated chances, nonincreasing along each
     draft. Bins hold `CALIBRATION_PRIOR` pseudo-tokens at their own estimate, and the table is made
     nondecreasing in the estimate (pool-adjacent-violators), so sparse bins never reorder drafts.
     """
@@ -154,41 +162,39 @@ class AcceptanceCalibration:
     def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
         self.bins = bins
         self.prior = prior
-        self.drafted = [0.0] * bins
-        self.accepted = [0.0] * bins
+        self.drafted = np.zeros(bins)
+        self.accepted = np.zeros(bins)
         self.tokens = 0  # draft tokens recorded
-        self._table: list[float] | None = None
+        self._table: np.ndarray | None = None
 
-    def _bin(self, p: float) -> int:
-        return min(self.bins - 1, max(0, int(p * self.bins)))
+    def _bin(self, p: np.ndarray) -> np.ndarray:
+        return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
 
-    def record(self, probs: Sequence[float], accepted: int) -> None:
-        self.tokens += len(probs)
-        for j, p in enumerate(probs):
-            b = self._bin(p)
-            self.drafted[b] += 1.0
-            if j < accepted:
-                self.accepted[b] += 1.0
+    def record(self, probs: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
+        lengths = np.fromiter(map(len, probs), np.int64, len(probs))
+        total = int(lengths.sum())
+        if not total:
+            return
+        flat = np.fromiter(itertools.chain.from_iterable(probs), np.float64, total)
+        position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        hit = position < np.repeat(np.asarray(accepted, np.int64), lengths)
+        b = self._bin(flat)
+        self.drafted += np.bincount(b, minlength=self.bins)
+        self.accepted += np.bincount(b[hit], minlength=self.bins)
+        self.tokens += total
         self._table = None
 
-    def table(self) -> list[float]:
+    def table(self) -> np.ndarray:
         """[b]: calibrated acceptance of a token whose estimate falls in bin b (nondecreasing in b)."""
         if self._table is None:
-            raw = [(a + self.prior * (b + 0.5) / self.bins, d + self.prior)
-                   for b, (a, d) in enumerate(zip(self.accepted, self.drafted))]
-            self._table = _isotonic(raw)
+            centre = (np.arange(self.bins) + 0.5) / self.bins
+            self._table = np.array(_isotonic(list(zip(self.accepted + self.prior * centre,
+                                                      self.drafted + self.prior))))
         return self._table
 
-    def rows(self, drafts_probs: Sequence[Sequence[float]]) -> list[list[float]]:
-        table = self.table()
-        out = []
-        for probs in drafts_probs:
-            row, low = [], 1.0
-            for p in probs:
-                low = min(low, table[self._bin(p)])
-                row.append(low)
-            out.append(row)
-        return out
+    def rows(self, probs: np.ndarray) -> np.ndarray:
+        """Calibrated chances for estimates `probs` (R x W), made nonincreasing along each row."""
+        return np.minimum.accumulate(self.table()[self._bin(np.asarray(probs, np.float64))], axis=1)
 
 
 def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:

@@ -185,6 +185,7 @@ class BatchDrafter:
                                      token_ids_cpu.dtype)
         claimed: dict[tuple[int, bytes], list[_Request]] = {}
         todo = []
+        verified, hits = [], []  # the estimates of the drafts verified in the step that ran, their accepted
         for i, sampled in enumerate(sampled_token_ids):  # first every request's new tokens ...
             if not sampled:
                 continue
@@ -199,7 +200,8 @@ class BatchDrafter:
                 self.stats.record(req.drafted, accepted)
                 self.lifetime.record(req.drafted, accepted)
                 if req.drafted:
-                    self.calibration.record(req.probs[:req.drafted], accepted)
+                    verified.append(req.probs[:req.drafted])
+                    hits.append(accepted)
                 processed += 1 + req.drafted
                 continued = True
                 req.budget = self.rule.update(req.budget, req.drafted, accepted)
@@ -210,6 +212,7 @@ class BatchDrafter:
             req.n, req.step, req.drafted = n, self.step, 0
             claimed.setdefault(_key(row, n), []).append(req)
             todo.append((i, req))
+        self.calibration.record(verified, hits)
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         plan = []  # (row, request, budget) of the rows that draft
         for i, req in todo:  # ... then drafts, so siblings see this step's tokens
@@ -268,9 +271,13 @@ class BatchDrafter:
         rows = [i for i, _ in todo]
         drafts = [out[i] for i in rows]
         if self.calibration.tokens and all(len(req.probs) >= len(d) for (_, req), d in zip(todo, drafts)):
-            q = self.calibration.rows([req.probs for _, req in todo])
+            probs = np.zeros((len(rows), longest))
+            for r, ((_, req), d) in enumerate(zip(todo, drafts)):
+                probs[r, :len(d)] = req.probs[:len(d)]
+            q = self.calibration.rows(probs)
         else:  # no estimate recorded yet: acceptance by position alone
-            q = [position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest)] * len(rows)
+            q = np.tile(position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest),
+                        (len(rows), 1))
         kept = trim_drafts(drafts, len(rows), len(rows), q, coef, self._tail(todo))
         for (i, req), draft in zip(todo, kept):
             out[i] = draft

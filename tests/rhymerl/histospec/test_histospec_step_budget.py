@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from rhymerl.histospec.step_budget import (MIN_OBSERVATIONS, AcceptanceCalibration, StepCostModel,
@@ -78,18 +79,17 @@ def test_calibration_maps_estimates_to_measured_acceptance():
     # table pools the two (monotone in the estimate) and a draft's chances never rise along it.
     cal = AcceptanceCalibration(bins=20, prior=0.0001)
     for _ in range(100):
-        cal.record([0.95, 0.95, 0.95, 0.95], accepted=1)
-        cal.record([0.55], accepted=1)
-    table = cal.table()
+        cal.record([[0.95, 0.95, 0.95, 0.95], [0.55]], accepted=[1, 1])
+    table = cal.table().tolist()
     assert table == sorted(table)
     assert table[19] == pytest.approx(table[11], rel=1e-3)
     assert table[19] == pytest.approx((100 + 100) / (400 + 100), rel=1e-3)
-    assert cal.rows([[0.95, 0.55, 0.95]]) == [[table[19], table[11], table[11]]]
+    assert cal.rows([[0.95, 0.55, 0.95]]).tolist() == [[table[19], table[11], table[11]]]
 
 
 def test_calibration_trusts_the_estimate_where_nothing_was_seen():
     cal = AcceptanceCalibration()
-    assert cal.rows([[0.97, 0.42]])[0] == pytest.approx([0.975, 0.425])
+    assert cal.rows([[0.97, 0.42]])[0].tolist() == pytest.approx([0.975, 0.425])
 
 
 def test_tail_rows_are_those_forecast_to_finish_last():
@@ -106,3 +106,26 @@ def test_tail_rows_keep_whole_drafts_the_knapsack_would_cut():
     q = [[0.9, 0.5], [0.6, 0.5]]
     assert trim_drafts([[1, 2], [3, 4]], 2, 2, q, (0.0, 1.0)) == [[], []]
     assert trim_drafts([[1, 2], [3, 4]], 2, 2, q, (0.0, 1.0), whole={0}) == [[1, 2], []]
+
+
+def test_trim_matches_the_greedy_token_by_token_rule():
+    # The vectorised trim equals the knapsack taken one token at a time (random drafts, q
+    # nonincreasing per draft, random costs; ties resolved to a draft's earlier token).
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows = int(rng.integers(1, 12))
+        lengths = rng.integers(0, 6, rows)
+        drafts = [[7] * int(n) for n in lengths]
+        q = np.minimum.accumulate(np.round(rng.random((rows, 5)), 1), axis=1)
+        coef = (float(rng.random()), float(rng.random()) * 0.2 + 1e-3)
+        whole = set(np.flatnonzero(rng.random(rows) < 0.2).tolist())
+        keep = [len(d) if i in whole else 0 for i, d in enumerate(drafts)]
+        emitted = rows + sum(q[i, :keep[i]].sum() for i in whole)
+        seconds = coef[0] + coef[1] * (rows + sum(keep))
+        items = sorted(((q[i, j], j, i) for i in range(rows) if i not in whole
+                        for j in range(min(len(drafts[i]), 5))), key=lambda t: (-t[0], t[1]))
+        for p, j, i in items:
+            if p * seconds <= coef[1] * emitted:
+                break
+            keep[i], emitted, seconds = j + 1, emitted + p, seconds + coef[1]
+        assert [len(d) for d in trim_drafts(drafts, rows, rows, q, coef, whole)] == keep
