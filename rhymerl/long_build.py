@@ -9,9 +9,10 @@ on its own so the short ones do not wait for the longest. It is cached beside th
 
 `build_settings_for(dataset)` is the one place that says which built-in recipe a run uses.
 
-Measured: not yet to the end. On 2026-12-03, on the shared 2-core machine (load average 11-30), 126 of
-the 300 steps took 20 min, smoothed loss 5.63 -> 1.38 and still falling (docs/benchmarks.md); the
-estimate for an idle machine is 8-10 min.
+Measured (2026-12-03, shared 2-core machine, load average 10-30 falling to ~3): 300 steps in 15 min 20 s
+(~2 s per step at the end: ~10 min idle), smoothed loss 5.63 -> 0.59 and still falling fast; sampled
+answers have the format (0.94) but none is right in any length bucket. More steps are needed before
+RL has a signal (docs/benchmarks.md).
 """
 
 from __future__ import annotations
