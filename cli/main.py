@@ -181,9 +181,10 @@ def _banner(cfg, run_id: str, log_file: Path, verbose: bool) -> str:
 
 
 def cmd_model_build(args: argparse.Namespace) -> int:
+    from rhymerl.long_build import build_settings_for
     from rhymerl.model_build import ensure_builtin_model
 
-    path = ensure_builtin_model(Path(args.cache_dir))
+    path = ensure_builtin_model(Path(args.cache_dir), spec=build_settings_for(args.dataset))
     print(f"built-in model ready: {path}")
     return 0
 
@@ -233,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     msub = model.add_subparsers(dest="model_command", required=True)
     build = msub.add_parser("build", help="build (or reuse the cached) built-in model")
     build.add_argument("--cache-dir", default=".cache/rhymerl", help="where built models are cached")
+    build.add_argument("--dataset", default="builtin", choices=("builtin", "builtin-long"),
+                       help="whose model: the built-in task's (default) or the long-tail task's "
+                            "(configs/long-tail.toml)")
     build.set_defaults(func=cmd_model_build)
 
     register_lake(sub)

@@ -50,8 +50,9 @@ class ModelConfig:
 class DataConfig:
     """Training prompts: the built-in task or a GSM8K-format file (JSONL or Parquet)."""
 
-    dataset: str = option("builtin", '"builtin" (the built-in task) or a GSM8K-format .jsonl / .parquet: '
-                          'question, answer ending in "#### <number>"')
+    dataset: str = option("builtin", '"builtin" (the built-in task), "builtin-long" (its long-tail variant: '
+                          'configs/long-tail.toml) or a GSM8K-format .jsonl / .parquet: question, answer '
+                          'ending in "#### <number>"')
     num_prompts: int = option(128, "prompts per epoch: the first N after a seeded shuffle", ">= 1")
     prompt_template: str = option("{question}\n", "how a question becomes a prompt", "must contain {question}")
     seed: int = option(0, "seed of the shuffle that picks the prompts")

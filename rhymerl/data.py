@@ -29,6 +29,7 @@ from rhymerl.reward import extract_answer
 log = logging.getLogger(__name__)
 
 _FIELDS = ("question", "answer")
+BUILTIN_DATASETS = ("builtin", "builtin-long")  # data.dataset values that name a built-in task
 
 
 class DatasetError(ValueError):
@@ -41,13 +42,18 @@ class DatasetError(ValueError):
 def load_problems(cfg: DataConfig) -> list[Problem]:
     """The first `cfg.num_prompts` problems after a `random.Random(cfg.seed)` shuffle of the rows.
 
-    `cfg.dataset == "builtin"` delegates to `rhymerl.builtin_problems.builtin_problems`; otherwise it
-    is a path to a `.jsonl` or `.parquet` file (see the module docstring for the format).
+    `cfg.dataset == "builtin"` delegates to `rhymerl.builtin_problems.builtin_problems`, "builtin-long"
+    (the long-tail task) to `rhymerl.long_problems.long_problems`; otherwise it is a path to a
+    `.jsonl` or `.parquet` file (see the module docstring for the format).
     """
     if cfg.dataset == "builtin":
         from rhymerl.builtin_problems import builtin_problems  # lazy: optional sibling module
 
         return builtin_problems(num=cfg.num_prompts, seed=cfg.seed)
+    if cfg.dataset == "builtin-long":
+        from rhymerl.long_problems import long_problems
+
+        return long_problems(num=cfg.num_prompts, seed=cfg.seed)
     path = Path(cfg.dataset)
     problems = read_problem_file(path)
     if len(problems) < cfg.num_prompts:
@@ -82,9 +88,9 @@ def dataset_errors(cfg: DataConfig, limit: int = 20) -> list[str]:
     """Every problem of `cfg`'s dataset, one message per bad row (file and line), without raising.
 
     At most `limit` messages, then one saying how many more; [] when the dataset loads as
-    `load_problems` would load it. The built-in task has no file and is always fine.
+    `load_problems` would load it. The built-in tasks have no file and are always fine.
     """
-    if cfg.dataset == "builtin":
+    if cfg.dataset in BUILTIN_DATASETS:
         return []
     path = Path(cfg.dataset)
     errors: list[str] = []
@@ -118,7 +124,7 @@ def _checked_rows(path: Path) -> Iterator[Problem | DatasetError]:
     if not path.is_file():
         raise DatasetError(
             f"dataset file {path} does not exist; set data.dataset to an existing .jsonl or "
-            ".parquet file, or to 'builtin'"
+            ".parquet file, or to 'builtin' or 'builtin-long'"
         )
     suffix = path.suffix.lower()
     if suffix == ".jsonl":

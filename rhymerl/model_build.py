@@ -130,6 +130,24 @@ class BuildSettings:
     def problems(self) -> ProblemSettings:
         return ProblemSettings(self.min_terms, self.max_terms, self.max_operand)
 
+    # The task-specific parts of the recipe, overridden by `rhymerl.long_build.LongBuildSettings`.
+    # Methods, not fields, so the fingerprint (and the cached default model) stays as it was.
+    cache_prefix = "builtin"  # the cache folder is <cache_prefix>-<fingerprint[:8]>
+    sft_chunks = 1  # each SFT batch is split into this many micro-batches of similar length
+
+    def draw_problem(self, rng: random.Random, index: int) -> Problem:
+        """One fresh SFT problem drawn from `rng`."""
+        return make_problem(index, [rng.randint(0, self.max_operand)
+                                    for _ in range(rng.randint(self.min_terms, self.max_terms))])
+
+    def eval_groups(self) -> list[list[Problem]]:
+        """The evaluation's fresh problems, in groups sampled together (one group: all of them)."""
+        return [builtin_problems(self.eval_problems, seed=self.seed + 1_000_003, spec=self.problems)]
+
+    def bucket(self, problem: Problem) -> tuple[str, int | str]:
+        """(name, key) of the evaluation bucket `problem` is reported in."""
+        return "terms", len(parse_terms(problem.question))
+
     def fingerprint(self) -> str:
         """Stable sha256 hex of the recipe (same on every process and machine)."""
         blob = json.dumps({"format": _FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -185,9 +203,28 @@ def sft_problems(spec: BuildSettings) -> Iterator[list[Problem]]:
     """
     rng = random.Random(spec.seed)
     while True:
-        yield [make_problem(i, [rng.randint(0, spec.max_operand)
-                                for _ in range(rng.randint(spec.min_terms, spec.max_terms))])
-               for i in range(spec.batch_size)]
+        yield [spec.draw_problem(rng, i) for i in range(spec.batch_size)]
+
+
+def _sft_backward(model, tokenizer, problems: list[Problem], chunks: int) -> float:
+    """Accumulate the gradient of the batch's mean token loss; returns that loss.
+
+    With chunks > 1 the batch is sorted by length and cut into `chunks` micro-batches, so a few
+    long solutions do not pad every short one to their length; the loss is still the whole batch's.
+    """
+    if chunks > 1:
+        problems = sorted(problems, key=lambda p: len(p.question) + len(p.solution))
+    size = -(-len(problems) // chunks)
+    parts = [sft_batch(problems[i:i + size], tokenizer) for i in range(0, len(problems), size)]
+    total = sum(mask.sum() for _, _, mask in parts)
+    loss_sum = 0.0
+    for inputs, targets, mask in parts:
+        logits = model(input_ids=inputs).logits  # (B, T, V)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        loss = (nll * mask).sum() / total
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
 
 
 def train_sft(model, tokenizer, spec: BuildSettings, progress: bool = True) -> list[float]:
@@ -204,20 +241,15 @@ def train_sft(model, tokenizer, spec: BuildSettings, progress: bool = True) -> l
     model.train()
     t0 = time.perf_counter()
     for step, problems in zip(range(spec.steps), sft_problems(spec)):
-        inputs, targets, mask = sft_batch(problems, tokenizer)
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, spec)
-        logits = model(input_ids=inputs).logits  # (B, T, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-        loss = (nll * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        losses.append(_sft_backward(model, tokenizer, problems, spec.sft_chunks))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
         smooth = losses[-1] if step == 0 else 0.9 * smooth + 0.1 * losses[-1]
         done = step == spec.steps - 1 or (step >= spec.warmup_steps and smooth <= spec.stop_loss)
-        if progress and (step % 50 == 0 or done):
+        if progress and (step % 25 == 0 or done):
             print(f"[rhymerl build] step {step + 1}/{spec.steps} loss {smooth:.4f} "
                   f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
         if done:
@@ -258,20 +290,24 @@ def final_answer(text: str) -> str | None:
 
 def evaluate(model, tokenizer, spec: BuildSettings, temperature: float = 1.0, seed: int = 7) -> dict:
     """Accuracy, format rate and mean response length (chars) on fresh problems, by term count."""
-    problems = builtin_problems(spec.eval_problems, seed=spec.seed + 1_000_003, spec=spec.problems)
-    texts = sample_responses(model, tokenizer, [p.question for p in problems],
-                             spec.eval_max_tokens, temperature, seed)
+    problems, texts = [], []
+    for group in spec.eval_groups():
+        problems += group
+        texts += sample_responses(model, tokenizer, [p.question for p in group],
+                                  spec.eval_max_tokens, temperature, seed)
     correct = [final_answer(t) == p.answer for p, t in zip(problems, texts)]
-    by_terms: dict[int, list[bool]] = {}
+    by_bucket: dict[int | str, list[bool]] = {}
     for p, ok in zip(problems, correct):
-        by_terms.setdefault(len(parse_terms(p.question)), []).append(ok)
+        by_bucket.setdefault(spec.bucket(p)[1], []).append(ok)
+    name = spec.bucket(problems[0])[0]
     return {
         "temperature": temperature,
         "accuracy": sum(correct) / len(problems),
         "format_rate": sum(final_answer(t) is not None for t in texts) / len(problems),
         "exact_solution_rate": sum(t == p.solution for p, t in zip(problems, texts)) / len(problems),
         "mean_response_chars": sum(len(t) for t in texts) / len(texts),
-        "accuracy_by_terms": {k: sum(v) / len(v) for k, v in sorted(by_terms.items())},
+        f"accuracy_by_{name}": {k: sum(v) / len(v) for k, v in sorted(by_bucket.items())},
+        f"count_by_{name}": {k: len(v) for k, v in sorted(by_bucket.items())},
     }
 
 
@@ -356,7 +392,7 @@ def ensure_builtin_model(cache_dir: Path = Path(".cache/rhymerl"), spec: BuildSe
     cannot, such as a shared network folder: the first rename wins and the others discard theirs.
     """
     cache_dir = Path(cache_dir)
-    out_dir = cache_dir / f"builtin-{spec.fingerprint()[:8]}"
+    out_dir = cache_dir / f"{spec.cache_prefix}-{spec.fingerprint()[:8]}"
     if (out_dir / BUILD_INFO).is_file():
         return out_dir
     cache_dir.mkdir(parents=True, exist_ok=True)

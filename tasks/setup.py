@@ -21,6 +21,7 @@ from rhymerl.data import load_problems, render_prompts
 from rhymerl.vllm.engine import EngineSettings
 from rhymerl.histospec.history import counted_by_vllm
 from rhymerl.vllm.speculation import engine_speculation
+from rhymerl.long_build import build_settings_for
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir
 from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
@@ -53,11 +54,12 @@ class Tracking:
 
 @task(name="prepare-model", cache_policy=NO_CACHE)
 def prepare_model_task(cfg: RunConfig) -> str:
-    """The policy's HF directory: the user's checkpoint (validated) or the built-in model."""
+    """The policy's HF directory: the user's checkpoint (validated) or the built-in model of the
+    run's task (the long-tail task has its own)."""
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
         return str(Path(cfg.model.path).absolute())
-    return str(ensure_builtin_model().absolute())
+    return str(ensure_builtin_model(spec=build_settings_for(cfg.data.dataset)).absolute())
 
 
 @task(name="prepare-prompts", cache_policy=NO_CACHE)

@@ -116,6 +116,18 @@ def test_builtin_dataset_delegates_to_builtin_task():
     assert all(score(p.solution, p.answer).correct for p in problems)
 
 
+def test_builtin_long_dataset_delegates_to_the_long_tail_task():
+    # Rule: "builtin-long" is the long-tail task's problems (seeded like "builtin"), with no file to check.
+    from rhymerl.data import dataset_errors
+    from rhymerl.long_problems import long_problems
+
+    cfg = DataConfig(dataset="builtin-long", num_prompts=7, seed=2)
+    problems = load_problems(cfg)
+    assert problems == long_problems(7, seed=2)
+    assert all(score(p.solution, p.answer).correct for p in problems)
+    assert dataset_errors(cfg) == []
+
+
 # ---------------------------------------------------------------- loading errors
 
 

@@ -1,0 +1,59 @@
+"""The long-tail task's built-in model recipe: its own cache folder, length-sorted SFT, bucketed evaluation."""
+
+import json
+from dataclasses import replace
+
+import torch
+
+from rhymerl import model_build
+from rhymerl.long_build import LENGTH_EDGES, LongBuildSettings, build_settings_for
+from rhymerl.long_problems import parse_long_question
+from rhymerl.model_build import BUILD_INFO, BuildSettings, build_tokenizer, ensure_builtin_model, sft_problems
+
+# A one-layer model, a few steps, a tiny evaluation: a few seconds on 2 cores.
+TINY_LONG = replace(LongBuildSettings(), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                    intermediate_size=64, steps=2, batch_size=4, warmup_steps=1, max_steps=20,
+                    eval_problems=1, eval_max_tokens=4)
+
+
+def test_the_default_recipe_and_its_cache_folder_are_unchanged():
+    # Rule: adding the long recipe leaves `make run`'s cached model (builtin-9e5a9cfe) where it was.
+    assert BuildSettings().fingerprint()[:8] == "9e5a9cfe"
+    assert build_settings_for("builtin") == BuildSettings() and build_settings_for("x.jsonl") == BuildSettings()
+
+
+def test_the_long_recipe_has_its_own_fingerprint_and_folder(tmp_path):
+    # Rule: the long model is cached beside the default one, under its own name and hash.
+    spec = build_settings_for("builtin-long")
+    assert isinstance(spec, LongBuildSettings) and spec.fingerprint() != BuildSettings().fingerprint()
+    assert replace(spec, median_steps=17).fingerprint() != spec.fingerprint()
+    path = ensure_builtin_model(tmp_path, TINY_LONG, progress=False)
+    assert path.name == f"builtin-long-{TINY_LONG.fingerprint()[:8]}"
+    info = json.loads((path / BUILD_INFO).read_text())
+    assert info["spec"]["median_steps"] == 18 and info["steps_run"] == 2
+    # One bucket per length edge, each with its problems, however badly a 2-step model answers.
+    assert [int(k) for k in info["eval"]["count_by_length"]] == list(LENGTH_EDGES)
+
+
+def test_sft_draws_long_problems_and_sorted_chunks_keep_the_batch_loss():
+    # Rule: SFT batches are the long task's; cutting a batch into length-sorted chunks changes the
+    # padding, not the loss or its gradient (the sum over all tokens / their count).
+    spec = replace(TINY_LONG, batch_size=8)
+    batch = next(sft_problems(spec))
+    assert all(parse_long_question(p.question) for p in batch)
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = _tiny_model(spec, tok)
+    grads = []
+    for chunks in (1, 4):
+        model.zero_grad()
+        loss = model_build._sft_backward(model, tok, batch, chunks)
+        grads.append((loss, [p.grad.clone() for p in model.parameters()]))
+    assert abs(grads[0][0] - grads[1][0]) < 1e-5
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def _tiny_model(spec, tok):
+    from transformers import Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(model_build._model_config(spec, tok)).float()
