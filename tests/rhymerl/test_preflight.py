@@ -48,7 +48,7 @@ def test_dataset_errors_list_every_bad_line_up_to_a_limit(tmp_path):
     assert errors[20].endswith("5 more bad rows not shown")
     assert dataset_errors(DataConfig(dataset=str(tmp_path / "nope.jsonl"))) == [
         f"dataset file {tmp_path / 'nope.jsonl'} does not exist; set data.dataset to an existing .jsonl or "
-        ".parquet file, or to 'builtin'"]
+        ".parquet file, or to 'builtin' or 'builtin-long'"]
 
 
 def test_tcp_probe_and_local_stores(tmp_path):
