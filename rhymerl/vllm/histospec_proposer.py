@@ -186,19 +186,22 @@ class BatchDrafter:
         claimed: dict[tuple[int, bytes], list[_Request]] = {}
         todo = []
         verified, hits = [], []  # the estimates of the drafts verified in the step that ran, their accepted
-        for i, sampled in enumerate(sampled_token_ids):  # first every request's new tokens ...
-            if not sampled:
-                continue
-            n, row = int(num_tokens_no_spec[i]), token_ids_cpu[i]
-            bucket = self.states.get(_key(row, n - len(sampled)))
+        drafted, accepted_all = [], []  # every continuing request's draft and accepted lengths
+        live = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
+        ends = np.asarray(num_tokens_no_spec, np.int64)[live]
+        before = ends - np.fromiter((len(sampled_token_ids[i]) for i in live), np.int64, len(live))
+        old_keys, new_keys = _keys(token_ids_cpu, live, before), _keys(token_ids_cpu, live, ends)
+        for i, n, old_key, new_key in zip(live, ends.tolist(), old_keys, new_keys):  # first every
+            sampled, row = sampled_token_ids[i], token_ids_cpu[i]  # request's new tokens ...
+            bucket = self.states.get(old_key)
             req = bucket.pop() if bucket else None
             if req is None:
                 req = self._start(row, n)
                 processed += n - len(sampled)  # its prefill (cached prompt blocks counted too)
             else:
                 accepted = min(len(sampled) - 1, req.drafted)
-                self.stats.record(req.drafted, accepted)
-                self.lifetime.record(req.drafted, accepted)
+                drafted.append(req.drafted)
+                accepted_all.append(accepted)
                 if req.drafted:
                     verified.append(req.probs[:req.drafted])
                     hits.append(accepted)
@@ -210,8 +213,10 @@ class BatchDrafter:
                 if req.recent >= 0:
                     self.recent.extend(req.recent, sampled)
             req.n, req.step, req.drafted = n, self.step, 0
-            claimed.setdefault(_key(row, n), []).append(req)
+            claimed.setdefault(new_key, []).append(req)
             todo.append((i, req))
+        self.stats.record_many(drafted, accepted_all)
+        self.lifetime.record_many(drafted, accepted_all)
         self.calibration.record(verified, hits)
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         plan = []  # (row, request, budget) of the rows that draft
@@ -370,9 +375,15 @@ class BatchDrafter:
                 self.own.slots.retain([p.index for p in self.prompts.values()])
 
 
-def _key(row: np.ndarray, n: int) -> tuple[int, bytes]:
-    """A request's state key when it holds `n` tokens: n and its last KEY_TAIL token bytes."""
-    return n, row[max(0, n - KEY_TAIL):n].tobytes()
+def _keys(tokens: np.ndarray, rows: Sequence[int], ends: np.ndarray) -> list[tuple[int, bytes]]:
+    """State keys of requests in `rows` holding `ends` tokens: (n, the bytes of its last KEY_TAIL
+    tokens; positions before 0 read token 0), for all rows in one gather."""
+    if not len(rows):
+        return []
+    cols = np.maximum(ends[:, None] - KEY_TAIL + np.arange(KEY_TAIL), 0)
+    tails = np.ascontiguousarray(tokens[np.asarray(rows)[:, None], cols])
+    blobs = tails.view(np.dtype((np.void, tails.dtype.itemsize * KEY_TAIL))).ravel().tolist()
+    return list(zip(ends.tolist(), blobs))
 
 
 class HistoSpecProposer:

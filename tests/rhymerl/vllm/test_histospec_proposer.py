@@ -163,15 +163,16 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
 
 
 def test_request_key_is_its_length_and_tail():
-    # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole row.
+    # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole
+    # row; all rows' keys come from one gather.
     import rhymerl.vllm.histospec_proposer as hp
 
-    row = np.arange(100, dtype=np.int32)
-    other = row.copy()
-    other[:50] = 0
-    assert hp._key(row, 80) == hp._key(other, 80)
-    assert hp._key(row, 80) != hp._key(row, 81)
-    assert len(hp._key(row, 80)[1]) == hp.KEY_TAIL * row.itemsize
+    rows = np.stack([np.arange(100, dtype=np.int32)] * 2)
+    rows[1, :50] = 0
+    (k0, k1), (k2,) = hp._keys(rows, [0, 1], np.array([80, 80])), hp._keys(rows, [0], np.array([81]))
+    assert k0 == k1 != k2
+    assert k0 == (80, rows[0, 80 - hp.KEY_TAIL:80].tobytes())
+    assert hp._keys(rows, [0], np.array([3]))[0] == (3, rows[0, [0] * (hp.KEY_TAIL - 3) + [0, 1, 2]].tobytes())
 
 
 def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):
