@@ -2,6 +2,7 @@
 
     rhymerl bench spec [--json] [--json-out FILE] [--prompts 64] [--n 8] [--max-tokens 160]
                        [--repeats 2] [--max-num-seqs 0] [--arms plain,ngram,histospec,siblings,suffix]
+                       [--variant NAME=key=value,key=value ...]
 
 One process, one engine at a time (each arm starts its own vLLM engine on the built-in model):
 
@@ -18,9 +19,14 @@ One process, one engine at a time (each arm starts its own vLLM engine on the bu
    row says which verifier ran. Without arctic-inference the default arms leave suffix out (a note
    says so; `make setup` builds it).
 
-Figures per arm: wall seconds (median of repeats), tokens/s, mean accepted tokens per
-verification step (counting the bonus token; 1.0 without speculation), draft acceptance rate,
-drafter seconds as a share of the wall time, and the wall-time speed-up over (a).
+`--variant NAME=key=value,...` adds an arm with those `spec.*` settings (values in TOML, e.g.
+`--variant tight=min_token_prob=0.1,max_spec_factor=1.0`), to compare settings in one run.
+
+Figures per arm: wall seconds (median of repeats), the CPU seconds of this process and its engine
+processes over the same calls (median; less sensitive than the wall time to other jobs on a shared
+machine), tokens/s, mean accepted tokens per verification step (counting the bonus token; 1.0
+without speculation), draft acceptance rate, drafter seconds as a share of the wall time, and the
+wall-time speed-up over (a).
 
 The policy does not move between the history and the timed samples here (a real run's policy
 takes one epoch of updates in between), so acceptance is at the optimistic end of what a run
@@ -36,10 +42,14 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
+
 from rhymerl.config import DataConfig
+from rhymerl.errors import ConfigError
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.stats import SpecStats
@@ -65,6 +75,7 @@ class ArmResult:
     arm: str
     verifier: str
     wall_s: float
+    cpu_s: float  # CPU seconds of this process and its children (the engine's) per timed call
     tokens: int
     tokens_per_s: float
     mean_accepted_length: float
@@ -104,12 +115,13 @@ def run_arm(name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling
     if spec.enabled and spec.method == "suffix":
         engine.generate(prompts, sampling)  # its own epoch 0 fills its cache (not timed)
     engine.spec_stats()  # drop the warm-up's counters
-    walls, stats, tokens = [], SpecStats(), 0
+    walls, cpus, stats, tokens = [], [], SpecStats(), 0
     for _ in range(repeats):
         publish()  # a fresh history each repeat: siblings of an earlier repeat must not leak in
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_seconds(), time.perf_counter()
         samples = engine.generate(prompts, sampling)
         walls.append(time.perf_counter() - t0)
+        cpus.append(_cpu_seconds() - c0)
         tokens += sum(len(s.token_ids) for s in samples)
         got = engine.spec_stats()
         if got is not None:
@@ -117,12 +129,44 @@ def run_arm(name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling
     wall = statistics.median(walls)
     total_wall = sum(walls)
     result = ArmResult(
-        arm=name, verifier=engine.speculation.verifier, wall_s=wall, tokens=tokens // repeats,
+        arm=name, verifier=engine.speculation.verifier, wall_s=wall, cpu_s=statistics.median(cpus),
+        tokens=tokens // repeats,
         tokens_per_s=tokens / total_wall,
         mean_accepted_length=stats.mean_accepted_length if stats.steps else 1.0,
         acceptance_rate=stats.acceptance_rate, drafter_share=stats.drafter_seconds / total_wall,
         walls=tuple(round(w, 3) for w in walls), note=engine.speculation.message)
     return result, engine
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and every live child (the engine's processes)."""
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # a child that just exited
+            continue
+        total += t.user + t.system
+    return total
+
+
+def parse_variant(text: str) -> tuple[str, SpecConfig]:
+    """`NAME=key=value,key=value` -> (NAME, SpecConfig with those settings); values are TOML."""
+    name, _, settings = text.partition("=")
+    if not name or not settings:
+        raise ValueError(f"--variant {text!r}: expected NAME=key=value[,key=value...]")
+    fields = {}
+    for item in settings.split(","):
+        key, _, value = item.partition("=")
+        try:
+            fields[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"--variant {name}: value of {key!r} is not TOML ({exc}); e.g. 0.1, true, \"fixed\"")
+    try:
+        return name, SpecConfig(**fields)
+    except TypeError as exc:
+        raise ValueError(f"--variant {name}: {exc}; keys are spec.* settings (docs/configuration.md)") from None
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -146,7 +190,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     results: list[ArmResult] = []
     for name in args.arms:
         t = time.perf_counter()
-        result, engine = run_arm(name, ARMS[name], base, prompts, sampling, history, args.repeats,
+        result, engine = run_arm(name, args.specs[name], base, prompts, sampling, history, args.repeats,
                                  bundle_path, keep_engine=plain if name == "plain" else None)
         if engine is not plain:
             shutdown_llm(engine.llm)
@@ -174,7 +218,7 @@ def _machine() -> str:
 
 
 def format_report(report: dict) -> str:
-    cols = ("arm", "verifier", "wall_s", "tokens_per_s", "mean_accepted_length", "acceptance_rate",
+    cols = ("arm", "verifier", "wall_s", "cpu_s", "tokens_per_s", "mean_accepted_length", "acceptance_rate",
             "drafter_share", "speedup")
     rows = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in report["arms"]]
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
@@ -201,6 +245,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", type=lambda s: s.split(","), default=None,
                    help=f"comma-separated subset of {','.join(ARMS)} (default: all; suffix only where "
                         "arctic-inference is installed)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=key=value,...",
+                   help="an extra arm with these spec.* settings (TOML values), e.g. "
+                        "tight=min_token_prob=0.1,max_spec_factor=1.0; repeatable")
     return p
 
 
@@ -210,11 +257,20 @@ def main(argv: list[str] | None = None) -> int:
         args.arms = [a for a in ARMS if a != "suffix" or has_arctic_inference()]
         if "suffix" not in args.arms:
             print(f"rhymerl bench spec: note: arm suffix skipped: {INSTALL_HINT}", file=sys.stderr)
-    unknown = [a for a in args.arms if a not in ARMS]
-    if unknown:
-        print(f"rhymerl bench spec: unknown arm(s) {unknown}; choose from {', '.join(ARMS)}", file=sys.stderr)
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except (ValueError, ConfigError) as exc:
+        print(f"rhymerl bench spec: {exc}", file=sys.stderr)
         return 2
-    if "suffix" in args.arms and not has_arctic_inference():
+    args.specs = {**ARMS, **variants}
+    args.arms += [v for v in variants if v not in args.arms]
+    unknown = [a for a in args.arms if a not in args.specs]
+    if unknown:
+        print(f"rhymerl bench spec: unknown arm(s) {unknown}; choose from {', '.join(ARMS)} or add one "
+              "with --variant", file=sys.stderr)
+        return 2
+    if any(args.specs[a].needs_arctic_inference and args.specs[a].method == "suffix" for a in args.arms) \
+            and not has_arctic_inference():
         print(f"rhymerl bench spec: arm suffix: {INSTALL_HINT}", file=sys.stderr)
         return 2
     report = run_bench(args)

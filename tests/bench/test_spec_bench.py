@@ -1,0 +1,21 @@
+"""`rhymerl bench spec`'s command line: extra arms from spec.* settings, and bad ones refused fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.spec_bench import main, parse_variant
+
+
+def test_a_variant_is_an_arm_with_those_settings():
+    name, spec = parse_variant("tight=min_token_prob=0.1,max_spec_factor=1.0,budget_rule=\"fixed\"")
+    assert name == "tight" and (spec.min_token_prob, spec.max_spec_factor, spec.budget_rule) == (0.1, 1.0, "fixed")
+
+
+@pytest.mark.parametrize("text, says", [("tight", "expected NAME=key=value"),
+                                        ("x=min_token_prob=oops", "not TOML"),
+                                        ("x=no_such_key=1", "spec.* settings"),
+                                        ("x=min_token_prob=2.0", "spec.min_token_prob")])
+def test_bad_variants_exit_2_naming_the_problem(text, says, capsys):
+    assert main(["--variant", text]) == 2
+    assert says in capsys.readouterr().err
