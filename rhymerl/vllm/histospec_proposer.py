@@ -19,13 +19,9 @@ variable and re-reads the file whenever it changes (one `os.stat` per step), so 
 only a rewrite of that file: no worker queries the lake. A reload keeps the cross-prompt tree, the
 step cost model and the measured acceptance (per position and per estimated probability).
 
-Which prompt a row belongs to. The bundle lists the prompts; `PromptTable` keys each by the raw
-bytes of its token ids, grouped by prompt length, and matches a new row by trying the known lengths
-longest first (`row[:L].tobytes()` and one dict lookup per length). `rhymerl.records.prompt_id_of`
-hashes the same ids, so ids agree across the system. A prompt that is a strict prefix of another
-may be taken for the longer one when the response happens to continue with the rest of it: drafts
-are only proposals, so this can cost speed, never correctness. Rows whose prompt is not in the
-bundle get no drafts.
+Which prompt a row belongs to: `rhymerl.histospec.rows.PromptTable` (a row's prompt by the raw
+bytes of its first tokens, ids agreeing with `rhymerl.records.prompt_id_of`; rows whose prompt is
+not in the bundle get no drafts).
 
 Cross-prompt tree. Every request's tokens also join the drafter's `RecentTree` (the engine's last
 `spec.recent_responses` responses of every prompt); a request drafts from it when that draft scores
@@ -33,10 +29,9 @@ higher than its prompt's own (`HistoSpecDrafter`). The tree outlives a new epoch
 
 Which request a row is. vLLM moves requests between rows as others finish, so per-request state
 (budget, last draft, sibling sequence) is keyed by the request's length and its last `KEY_TAIL`
-tokens at the last step: next step its first `num_tokens - len(sampled)` tokens are exactly those,
-wherever its row now is. The key costs O(1) whatever the context length (hashing the whole row
-cost ~1 us per 1K tokens). Two requests with the same length and the same last `KEY_TAIL` tokens
-may swap states (siblings near-identical so far): that can cost draft quality, never correctness.
+tokens at the last step (`rows.request_keys`, O(1) whatever the context length): next step its first
+`num_tokens - len(sampled)` tokens are exactly those, wherever its row now is. Two requests with the
+same length and tail may swap states: that can cost draft quality, never correctness.
 
 When a prompt's index is built. The first request of a prompt opens its `PromptIndex` with its
 siblings only; the history part (`FlatIndex`) is built by a background thread (numpy releases the
@@ -77,36 +72,14 @@ from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
+from rhymerl.histospec.rows import KEY_TAIL, PromptTable, request_keys
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
-KEY_TAIL = 16  # tokens of a request's tail in its state key (with its length)
 INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
-
-
-class PromptTable:
-    """Which known prompt a token row starts with (longest known prompt first)."""
-
-    def __init__(self, prompts: Sequence[Sequence[int]], dtype: Any = np.int32) -> None:
-        self.dtype = np.dtype(dtype)
-        self.by_len: dict[int, dict[bytes, int]] = {}
-        for k, p in enumerate(prompts):
-            self.by_len.setdefault(len(p), {})[np.asarray(p, dtype=self.dtype).tobytes()] = k
-        self.lengths = sorted(self.by_len, reverse=True)
-
-    def lookup(self, row: np.ndarray, n: int) -> int | None:
-        """Index of the prompt that `row[:n]` starts with, if any; needs n > prompt length."""
-        if row.dtype != self.dtype:
-            row = row.astype(self.dtype)
-        for length in self.lengths:
-            if length < n:
-                k = self.by_len[length].get(row[:length].tobytes())
-                if k is not None:
-                    return k
-        return None
 
 
 @dataclass
@@ -190,7 +163,7 @@ class BatchDrafter:
         live = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
         ends = np.asarray(num_tokens_no_spec, np.int64)[live]
         before = ends - np.fromiter((len(sampled_token_ids[i]) for i in live), np.int64, len(live))
-        old_keys, new_keys = _keys(token_ids_cpu, live, before), _keys(token_ids_cpu, live, ends)
+        old_keys, new_keys = request_keys(token_ids_cpu, live, before), request_keys(token_ids_cpu, live, ends)
         for i, n, old_key, new_key in zip(live, ends.tolist(), old_keys, new_keys):  # first every
             sampled, row = sampled_token_ids[i], token_ids_cpu[i]  # request's new tokens ...
             bucket = self.states.get(old_key)
@@ -240,7 +213,8 @@ class BatchDrafter:
         self.stats.drafter_seconds += self._stamp - t0
         return out
 
-    def _drafts(self, plan: list[tuple[int, _Request, int]], tokens: np.ndarray) -> list[tuple[list[int], Sequence[float]]]:
+    def _drafts(self, plan: list[tuple[int, _Request, int]],
+                tokens: np.ndarray) -> list[tuple[list[int], Sequence[float]]]:
         """Each planned row's (draft tokens, their estimated probabilities): `HistoSpecDrafter.propose`
         of its context, the prompts' own drafts computed for all rows in one call
         (`BatchIndexDrafter`), the cross-prompt tree's per row."""
@@ -373,17 +347,6 @@ class BatchDrafter:
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
             if self.own is not None:
                 self.own.slots.retain([p.index for p in self.prompts.values()])
-
-
-def _keys(tokens: np.ndarray, rows: Sequence[int], ends: np.ndarray) -> list[tuple[int, bytes]]:
-    """State keys of requests in `rows` holding `ends` tokens: (n, the bytes of its last KEY_TAIL
-    tokens; positions before 0 read token 0), for all rows in one gather."""
-    if not len(rows):
-        return []
-    cols = np.maximum(ends[:, None] - KEY_TAIL + np.arange(KEY_TAIL), 0)
-    tails = np.ascontiguousarray(tokens[np.asarray(rows)[:, None], cols])
-    blobs = tails.view(np.dtype((np.void, tails.dtype.itemsize * KEY_TAIL))).ravel().tolist()
-    return list(zip(ends.tolist(), blobs))
 
 
 class HistoSpecProposer:

@@ -10,8 +10,9 @@ import torch
 from rhymerl import model_build
 from rhymerl.builtin_problems import make_problem, parse_terms
 from rhymerl.model_build import (BUILD_INFO, BuildSettings, build_model, build_tokenizer,
-                                 ensure_builtin_model, final_answer, sft_batch, sft_problems,
+                                 ensure_builtin_model, sft_batch, sft_problems,
                                  validate_model_dir)
+from rhymerl.model_eval import final_answer
 
 # A few seconds on 2 CPU cores: a one-layer model, a handful of steps, a tiny evaluation.
 TINY = BuildSettings(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,

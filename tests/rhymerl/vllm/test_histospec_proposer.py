@@ -165,14 +165,14 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
 def test_request_key_is_its_length_and_tail():
     # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole
     # row; all rows' keys come from one gather.
-    import rhymerl.vllm.histospec_proposer as hp
+    import rhymerl.histospec.rows as hp
 
     rows = np.stack([np.arange(100, dtype=np.int32)] * 2)
     rows[1, :50] = 0
-    (k0, k1), (k2,) = hp._keys(rows, [0, 1], np.array([80, 80])), hp._keys(rows, [0], np.array([81]))
+    (k0, k1), (k2,) = hp.request_keys(rows, [0, 1], np.array([80, 80])), hp.request_keys(rows, [0], np.array([81]))
     assert k0 == k1 != k2
     assert k0 == (80, rows[0, 80 - hp.KEY_TAIL:80].tobytes())
-    assert hp._keys(rows, [0], np.array([3]))[0] == (3, rows[0, [0] * (hp.KEY_TAIL - 3) + [0, 1, 2]].tobytes())
+    assert hp.request_keys(rows, [0], np.array([3]))[0] == (3, rows[0, [0] * (hp.KEY_TAIL - 3) + [0, 1, 2]].tobytes())
 
 
 def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):
