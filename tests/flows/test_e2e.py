@@ -52,8 +52,9 @@ def test_two_epoch_run(prefect_harness, tiny_model, s3_url, tmp_path, monkeypatc
     assert len(client.get_metric_history(run.info.run_id, "spec/mean_accepted_length")) == 4
     per_epoch = client.get_metric_history(run.info.run_id, "epoch/spec_accepted_len")
     assert sorted(m.step for m in per_epoch) == [0, 1] and all(m.value >= 1.0 for m in per_epoch)
+    # Each step's workers receive only that step's prompts: none has history in epoch 0, all do in 1.
     with_history = client.get_metric_history(run.info.run_id, "spec/history_prompts_with_history")
-    assert [m.value for m in sorted(with_history, key=lambda m: m.step)] == [0, prompts]
+    assert [m.value for m in sorted(with_history, key=lambda m: m.step)] == [0, 0, per_step, per_step]
     spec_rows = lake.sql("SELECT spec_method, spec_steps, spec_tokens, spec_accepted FROM steps").to_pylist()
     row = lake.sql("SELECT sum(length) - count(*) AS d, count(*) AS r FROM rollouts").to_pylist()[0]
     decoded, responses = int(row["d"]), int(row["r"])
