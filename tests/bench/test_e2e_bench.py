@@ -170,7 +170,9 @@ def _started(setup: str) -> subprocess.Popen:
 
 def test_stop_interrupts_then_terminates_then_kills() -> None:
     # SIGINT: KeyboardInterrupt, the finally block runs, then Python exits by SIGINT (-2)
-    polite = _started("import time")
+    # (explicit handler: a child started from a background shell inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: a real run then gets SIGTERM after the grace)
+    polite = _started("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)")
     _stop(polite, grace_s=30)
     assert polite.returncode == -2 and polite.stdout.read().strip() == "cleaned up"
     deaf = _started("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
