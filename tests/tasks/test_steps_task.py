@@ -181,21 +181,6 @@ def test_sync_checks_every_engine_by_probe(ray_fakes):
         sync_task.fn(trainer, stale, probe_len=8)
 
 
-def test_a_worker_dying_in_the_sync_is_recovered(ray_fakes, tmp_path):
-    # Rule: a worker that dies during the weight sync goes through the rollout's recovery (restart,
-    # then the trainer's weights) and is checked like the others.
-    from tasks.steps import sync_task
-
-    flag = tmp_path / "die"
-    flag.write_text("")
-    trainer = ray_fakes.remote(FakeTrainerActor).remote()
-    workers = [ray_fakes.remote(FakeEngine).remote(),
-               ray_fakes.remote(FakeEngine).options(max_restarts=1).remote(die_flag=str(flag))]
-    guard = ResyncGuard(workers, trainer)
-    out = sync_task.fn(trainer, workers, guard=guard, probe_len=8)
-    assert guard.recovered == [1] and out["probe_max_diff"] == 0.0
-
-
 def test_process_group_sync_checks_every_engine(ray_fakes):
     # the broadcast transport: every engine joins (ranks 1 and 2 after the trainer's 0), and is
     # checked by fingerprint and probe like the object store's
@@ -207,9 +192,12 @@ def test_process_group_sync_checks_every_engine(ray_fakes):
     assert out["probe_max_diff"] == 0.0 and out["sync_gb"] == 8e-9
 
 
-def test_a_worker_dying_in_a_process_group_sync_is_recovered(ray_fakes, tmp_path):
-    # Rule: the group dies with a member; the dead engine is restarted and resynced, then every
-    # engine gets the weights again through the object store and is checked.
+@pytest.mark.parametrize("transport", ["object_store", "process_group"])
+def test_a_worker_dying_in_the_sync_is_recovered(ray_fakes, tmp_path, transport):
+    # Rule: a worker that dies during the weight sync goes through the rollout's recovery (restart,
+    # then the trainer's weights) and is checked like the others. Over a process group the group
+    # dies with its member: the dead engine is restarted and resynced, then every engine gets the
+    # weights again through the object store and is checked.
     from tasks.steps import sync_task
 
     flag = tmp_path / "die"
@@ -219,5 +207,5 @@ def test_a_worker_dying_in_a_process_group_sync_is_recovered(ray_fakes, tmp_path
                ray_fakes.remote(FakeEngine).options(max_restarts=1).remote(die_flag=str(flag))]
     guard = ResyncGuard(workers, trainer)
     guard.pids = [ray_fakes.get(w.info.remote())["pid"] for w in workers]
-    out = sync_task.fn(trainer, workers, guard=guard, probe_len=8, transport="process_group")
+    out = sync_task.fn(trainer, workers, guard=guard, probe_len=8, transport=transport)
     assert guard.recovered == [1] and out["probe_max_diff"] == 0.0
