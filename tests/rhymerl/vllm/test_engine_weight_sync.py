@@ -43,14 +43,28 @@ def _hf_greedy(model, ids: tuple[int, ...], n: int) -> tuple[int, ...]:
     return tuple(out[0, len(ids):].tolist())
 
 
-def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
+GREEDY = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
+
+
+def _model_and_engine(tmp_path):
+    """The tiny model saved in `tmp_path`, a prompt for it, and an engine serving it."""
     model = _tiny_model(tmp_path)
     ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
-    prompt = Prompt(prompt_id_of(ids), 0, "", ids, "")
-    greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
-    engine = VllmEngine(EngineSettings(str(tmp_path), max_model_len=512))
+    return model, ids, Prompt(prompt_id_of(ids), 0, "", ids, ""), VllmEngine(EngineSettings(str(tmp_path),
+                                                                                            max_model_len=512))
+
+
+def _probe_logprobs(model, probe: list[int]) -> list[float]:
+    """The model's log-prob of each probe token after the ones before it (what a synced engine returns)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([probe])).logits[0, :-1].float(), -1)
+    return logp.gather(1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
+
+
+def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
+    model, ids, prompt, engine = _model_and_engine(tmp_path)
     try:
-        before = engine.generate([prompt], greedy)[0].token_ids  # fills the prefix cache
+        before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache
         assert before == _hf_greedy(model, ids, 4)
         with torch.no_grad():  # a different policy: every attention and MLP weight scaled
             for name, param in model.named_parameters():
@@ -63,15 +77,13 @@ def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
         # in many small buckets, as a bucketed sync sends them: staged, then loaded at once
         for bucket in bucketed(iter(model.state_dict().items()), bucket_bytes=4096):
             engine.stage_weights(bucket.items())
-        assert engine.generate([prompt], greedy)[0].token_ids == before  # staged is not loaded
+        assert engine.generate([prompt], GREEDY)[0].token_ids == before  # staged is not loaded
         engine.commit_weights()
-        assert engine.generate([prompt], greedy)[0].token_ids == expected
+        assert engine.generate([prompt], GREEDY)[0].token_ids == expected
         # Rule (sync check): the probe's log-probs, a function of every weight, are the new
         # model's after the update, and were far from them before it (norm/embedding sums are
         # unchanged by this update: only a probe sees it).
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([probe])).logits[0, :-1].float(), -1)
-        want = logp.gather(1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
+        want = _probe_logprobs(model, probe)
         assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
         assert max(abs(a - b) for a, b in zip(stale, want)) > 0.05
     finally:
@@ -87,13 +99,9 @@ def test_weights_broadcast_over_a_process_group_load_in_place(tmp_path):
     from rhymerl.vllm.worker_ext import weights_fingerprint
     from rhymerl.weight_group import GroupAddress, open_group
 
-    model = _tiny_model(tmp_path)
-    ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
-    prompt = Prompt(prompt_id_of(ids), 0, "", ids, "")
-    greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
-    engine = VllmEngine(EngineSettings(str(tmp_path), max_model_len=512))
+    model, ids, prompt, engine = _model_and_engine(tmp_path)
     try:
-        before = engine.generate([prompt], greedy)[0].token_ids  # fills the prefix cache
+        before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache
         with torch.no_grad():  # a different policy, and different norm sums for the fingerprint
             for name, param in model.named_parameters():
                 param.mul_(1.5 if ("mlp" in name or "self_attn" in name) else 1.25)
@@ -109,12 +117,10 @@ def test_weights_broadcast_over_a_process_group_load_in_place(tmp_path):
         group.close()
         engine_side.join(timeout=120)
         assert received == [len(model.state_dict())] and sent > 0
-        assert engine.generate([prompt], greedy)[0].token_ids == expected
+        assert engine.generate([prompt], GREEDY)[0].token_ids == expected
         assert engine.weights_fingerprint() == pytest.approx(weights_fingerprint(model.named_parameters()), rel=1e-6)
         probe = list(ids[:32])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([probe])).logits[0, :-1].float(), -1)
-        want = logp.gather(1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
+        want = _probe_logprobs(model, probe)
         assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
     finally:
         shutdown_llm(engine.llm)
