@@ -72,7 +72,7 @@ from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
-from rhymerl.histospec.rows import KEY_TAIL, PromptTable, request_keys
+from rhymerl.histospec.rows import PromptTable, request_keys
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
