@@ -20,7 +20,8 @@ from numba import typed, types
 from rhymerl.histospec import kernel
 from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, PRIOR, Draft, SpecConfig
 from rhymerl.histospec.flat import FlatIndex, PromptIndex
-from rhymerl.histospec.index import STRIDE, _tail_keys
+from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.side import sibling_rows
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
@@ -104,14 +105,25 @@ class BatchIndexDrafter:
         width = max(1, int(budgets.max()))
         forced = np.full(count, -1, dtype=np.int64)
         flat_limits = np.zeros(count, dtype=np.int64)
-        extras = _Extras(count)
-        sib = [r for r, ix in enumerate(indexes) if ix.side.table]
+        x_lo, x_hi = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+        sib = [r for r, ix in enumerate(indexes) if ix.side.occurrences]
+        x_tok = np.empty((len(sib) * self.limit, width), dtype=np.int64)
+        x_len = np.empty(len(sib) * self.limit, dtype=np.int64)
+        x_code, x_rew = np.empty_like(x_len), np.empty(len(sib) * self.limit, dtype=np.float64)
         if sib:  # siblings: the longer of both parts' matches decides which part's occurrences count
             nf = self._history_match(slots[sib], row_ids[sib], nums[sib], tokens)
-            for r, n_flat in zip(sib, nf.tolist()):
-                self._add_siblings(r, indexes[r], tokens, int(row_ids[r]), int(nums[r]), int(budgets[r]),
-                                   n_flat, forced, flat_limits, extras)
-        x_tok, x_len, x_code, x_rew, x_ptr = extras.arrays(width)
+            groups: dict[int, list[int]] = {}  # id(index) -> positions in `sib`: one call per prompt
+            for j, r in enumerate(sib):
+                groups.setdefault(id(indexes[r]), []).append(j)
+            fill = np.zeros(1, dtype=np.int64)
+            sib = np.asarray(sib, dtype=np.int64)
+            for js in groups.values():
+                side, js = indexes[int(sib[js[0]])].side, np.asarray(js, dtype=np.int64)
+                shift = indexes[int(sib[js[0]])].base * STRIDE
+                sibling_rows(side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards,
+                             sib[js], nf[js], tokens, row_ids, nums, budgets, spec.min_match, spec.max_match,
+                             self.limit, shift, spec.reward_weighted, forced, flat_limits, x_tok, x_len, x_code,
+                             x_rew, x_lo, x_hi, fill)
         out = np.zeros((count, width), dtype=np.int64)
         out_len = np.zeros(count, dtype=np.int64)
         out_n = np.zeros(count, dtype=np.int64)
@@ -119,7 +131,7 @@ class BatchIndexDrafter:
         out_prob = np.zeros((count, width), dtype=np.float64)
         kernel.draft_rows(self.slots.texts, self.slots.sas, self.slots.keys, self.slots.starts,
                           self.slots.rewards, slots, tokens, row_ids, nums, budgets, forced, flat_limits,
-                          x_tok, x_len, x_code, x_rew, x_ptr, self.limit, spec.min_match, spec.max_match,
+                          x_tok, x_len, x_code, x_rew, x_lo, x_hi, self.limit, spec.min_match, spec.max_match,
                           float(spec.max_spec_factor), spec.reward_weighted, float(spec.min_token_prob),
                           PRIOR, out, out_len, out_n, out_score, out_prob)
         sizes = out_len.tolist()
@@ -135,26 +147,6 @@ class BatchIndexDrafter:
                           self.spec.min_match, self.spec.max_match, out)
         return out
 
-    def _add_siblings(self, r: int, index: PromptIndex, tokens: np.ndarray, row: int, num: int,
-                      budget: int, n_flat: int, forced: np.ndarray, flat_limits: np.ndarray,
-                      extras: "_Extras") -> None:
-        """Row r's sibling occurrences, as `PromptIndex.recent_match` merges them with the history's."""
-        tail = tokens[row, max(0, num - self.spec.max_match):num].tolist()
-        keys = _tail_keys(tail)
-        # the history matched the whole tail: no sibling match is longer (the common case, no search)
-        n = n_flat if n_flat == len(keys) else max(index.side.longest(keys), n_flat)
-        forced[r] = n
-        if not n:
-            return
-        side = index.side.table.get(keys[n - 1], ())[-self.limit:]
-        flat_limits[r] = self.limit - len(side)
-        shift = index.base * STRIDE
-        conts = index.side.gather(side, budget)
-        weighted = self.spec.reward_weighted
-        for code, cont in zip(side, conts):
-            if cont:  # an occurrence at a sibling's end continues nothing (but counted in the limit)
-                extras.add(r, cont, code + shift, index.rewards[index.base + code // STRIDE] if weighted else 0.0)
-
     def _warm(self) -> None:
         """Compile (or load from numba's cache) the kernels now, not inside an engine step."""
         index = PromptIndex.build(np.array([1, 2, 3, 1, 2, 4], np.int32), [3, 3], [1.0, 0.0],
@@ -168,28 +160,3 @@ class BatchIndexDrafter:
             self.slots.slot(index)
         finally:
             self.slots = saved
-
-
-class _Extras:
-    """Sibling continuations per row, flattened for the kernel (row r's: x_ptr[r]:x_ptr[r + 1])."""
-
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
-        self.items: list[tuple[int, list[int], int, float]] = []
-
-    def add(self, r: int, cont: list[int], code: int, reward: float) -> None:
-        self.items.append((r, cont, code, reward))
-
-    def arrays(self, width: int) -> tuple[np.ndarray, ...]:
-        count = len(self.items)
-        tok = np.zeros((count, width), dtype=np.int64)
-        length = np.zeros(count, dtype=np.int64)
-        code = np.zeros(count, dtype=np.int64)
-        reward = np.zeros(count, dtype=np.float64)
-        per_row = np.zeros(self.rows + 1, dtype=np.int64)
-        for e, (r, cont, c, w) in enumerate(self.items):  # added in row order
-            size = min(len(cont), width)
-            tok[e, :size] = cont[:size]
-            length[e], code[e], reward[e] = size, c, w
-            per_row[r + 1] += 1
-        return tok, length, code, reward, np.cumsum(per_row)

@@ -79,7 +79,7 @@ class HistoSpecDrafter:
     def __init__(self, index: Index, reward_weighted: bool = False,
                  max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
                  max_spec_factor: float = 0.0, recent: RecentTree | None = None,
-                 recent_spec_factor: float = 0.0) -> None:
+                 recent_spec_factor: float = 0.0, recent_gate: float = 1.0) -> None:
         self.index = index
         self.reward_weighted = reward_weighted
         self.max_candidates = max_candidates
@@ -87,6 +87,7 @@ class HistoSpecDrafter:
         self.max_spec_factor = max_spec_factor
         self.recent = recent
         self.recent_spec_factor = recent_spec_factor
+        self.recent_gate = recent_gate
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
@@ -96,7 +97,7 @@ class HistoSpecDrafter:
     def against_recent(self, own: Draft, context: Sequence[int], budget: int) -> Draft:
         """The better of `own` (the prompt's index's draft for `context`) and the cross-prompt tree's."""
         best = own
-        if self.recent is not None:
+        if self.recent is not None and asks_tree(own.score, budget, self.recent_gate):
             other = Draft(*self.recent.speculate(context, budget, self.recent_spec_factor, self.min_token_prob))
             if other.score > best.score:
                 best = other
@@ -112,6 +113,12 @@ class HistoSpecDrafter:
                 return EMPTY
         tokens, probs = follow(self.index, codes, budget, self.reward_weighted, self.min_token_prob)
         return Draft(tuple(tokens), n, sum(probs), tuple(probs)) if tokens else EMPTY
+
+
+def asks_tree(own_score: float, budget: int, gate: float) -> bool:
+    """Whether a request whose own draft scores `own_score` asks the cross-prompt tree (see
+    `SpecConfig.recent_gate`): its own draft expects fewer than gate x budget accepted tokens."""
+    return own_score < gate * budget
 
 
 def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: bool,
@@ -245,6 +252,14 @@ class SpecConfig:
     # (5.22 / 5.19 overall, 47% / 43% of draft tokens accepted); 4 reaches issue 17's 2.5 in epoch 0.
     recent_spec_factor: float = option(4.0, "max_spec_factor of drafts from the cross-prompt tree (the library "
                                        "caps its drafts at this many times the matched length); 0 = off", ">= 0")
+    # A tree query costs ~5 us of C++ per request per step (Arctic Inference, 24-token context), more
+    # than all the rest of a request's drafting; a confident own draft leaves the tree little to win.
+    # Replay of a default run (2026-12-03), tokens per verification overall / epoch 0: gate 1 (always)
+    # 5.186 / 2.504; 0.5 5.195 / 2.504; 0.35 5.223 / 2.504; 0.3 5.228 / 2.504; 0.25 5.292 / 2.502;
+    # 0.2 5.247 / 2.483; 0.1 4.956 / 2.278 (the tree's higher score does not always mean more accepted).
+    recent_gate: float = option(0.3, "ask the cross-prompt tree only for requests whose own draft's score (its "
+                                "expected accepted tokens) is below this share of their budget; 1 = always "
+                                "(a score never reaches the budget)", "0..1")
     # vLLM's stock depth. Replay of a default run (2026-12-03): 24 / 32 / 64 gave 5.186 / 5.187 / 5.187 tokens
     # per verification; a token appended or a draft costs work per level, so the shallowest is the default.
     tree_depth: int = option(24, "the cross-prompt tree's depth: longest context match plus draft", "2..1024")
@@ -306,6 +321,7 @@ class SpecConfig:
         check(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", "must be in 0..1")
         check(self.max_spec_factor >= 0.0, "max_spec_factor", "must be >= 0 (0: off)")
         check(self.recent_spec_factor >= 0.0, "recent_spec_factor", "must be >= 0 (0: off)")
+        check(0.0 <= self.recent_gate <= 1.0, "recent_gate", "must be in 0..1 (1: always)")
         check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
@@ -330,7 +346,7 @@ class SpecConfig:
         """A HistoSpec drafter over `index` (and `recent`, if given) with this config's drafting rules."""
         return HistoSpecDrafter(index, self.reward_weighted, min_token_prob=self.min_token_prob,
                                 max_spec_factor=self.max_spec_factor, recent=recent,
-                                recent_spec_factor=self.recent_spec_factor)
+                                recent_spec_factor=self.recent_spec_factor, recent_gate=self.recent_gate)
 
     @property
     def needs_arctic_inference(self) -> bool:

@@ -1,5 +1,6 @@
 """A prompt's history as flat numpy arrays: the read-only part of its index (`FlatIndex`), and
-`PromptIndex`, which puts it beside a small dynamic `SuffixIndex` for the siblings as they grow.
+`PromptIndex`, which puts it beside a small dynamic n-gram table for the siblings as they grow
+(`rhymerl.histospec.side.SideIndex`).
 
 Why a reversed-context suffix array
 -----------------------------------
@@ -13,7 +14,7 @@ sorted array answers every match length, so the index costs per indexed token 4 
 `searchsorted`), 12 bytes beyond the tokens themselves (`text`, int32), against ~400 for one dict entry
 per n-gram. It is built by prefix doubling (log2 D rounds of rank, combine, sort, all in numpy, which
 releases the GIL while sorting: a background thread builds it while the engine steps). It cannot grow,
-so siblings go to a `SuffixIndex` beside it (`PromptIndex`); a sibling step touches only that.
+so siblings go to a `SideIndex` beside it (`PromptIndex`); a sibling step touches only that.
 
 Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (-1) and the whole
 followed by D more; a pad equals no token, so a match never crosses a sequence start and a
@@ -27,7 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from rhymerl.histospec.index import STRIDE, SuffixIndex, _tail_keys
+from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.side import SideIndex
 
 PAD = -1  # before, between and after sequences in `text`: equals no token
 
@@ -176,7 +178,7 @@ class FlatIndex:
 
 class PromptIndex:
     """A prompt's index: its history (`FlatIndex`, attached when built, possibly by another thread)
-    beside its siblings (a dynamic `SuffixIndex`), answering as one `SuffixIndex` over the history
+    beside its siblings (a dynamic `SideIndex`), answering as one `SuffixIndex` over the history
     followed by the siblings would: sequence ids 0..H-1 are the history's, H.. the siblings'.
 
     Until `attach` the history is absent and drafts come from the siblings alone (the engine never
@@ -188,7 +190,7 @@ class PromptIndex:
 
     def __init__(self, history_rewards: Sequence[float] = (), min_match: int = 1, max_match: int = 7,
                  prefix: Sequence[int] = (), flat: FlatIndex | None = None) -> None:
-        self.side = SuffixIndex(min_match, max_match, prefix)
+        self.side = SideIndex(min_match, max_match, prefix)
         self.min_match, self.max_match = min_match, max_match
         self.base = len(history_rewards)  # H: the history's sequences
         self.rewards: list[float] = [float(r) for r in history_rewards]  # per sequence id; read-only
@@ -226,6 +228,13 @@ class PromptIndex:
             raise ValueError(f"sequence {seq_id} is history (ids below {self.base} are read-only)")
         self.side.extend(seq_id - self.base, tokens)
 
+    def extend_many(self, seq_ids: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> None:
+        """Append flat[offsets[j]:offsets[j + 1]] to sibling seq_ids[j] for every j (one call)."""
+        seq_ids = np.asarray(seq_ids, np.int64)
+        if len(seq_ids) and seq_ids.min() < self.base:
+            raise ValueError(f"sequences {seq_ids.tolist()}: ids below {self.base} are history (read-only)")
+        self.side.extend_many(seq_ids - self.base, flat, offsets)
+
     def set_reward(self, seq_id: int, reward: float) -> None:
         self.rewards[seq_id] = float(reward)
         if seq_id >= self.base:
@@ -238,8 +247,7 @@ class PromptIndex:
         a token after it in either part, and the `limit` most recent of its occurrences, oldest first;
         (0, []) when none did. Siblings' occurrences may sit at a sequence's end."""
         tail = context[-self.max_match:]
-        keys = _tail_keys(tail) if self.side.table else []
-        n_side = self.side.longest(keys) if keys else 0
+        n_side = self.side.longest(tail) if self.side.occurrences and len(tail) else 0
         flat = self.flat
         n_flat, codes = flat.recent_match(tail, limit) if flat is not None else (0, [])
         n = max(n_side, n_flat)
@@ -247,7 +255,7 @@ class PromptIndex:
             return 0, []
         if n_flat < n:
             codes = []
-        side = self.side.table.get(keys[n - 1], ())[-limit:] if keys else ()
+        side = self.side.recent(tail, n, limit)
         shift = self.base * STRIDE
         codes = codes + [c + shift for c in side]
         return n, codes[-limit:]

@@ -205,21 +205,21 @@ def _seq_of(starts, code):
 
 @njit(cache=True)
 def draft_rows(texts, sas, keys, starts, seq_rewards, slots, rows, row_ids, nums, budgets, forced, flat_limits,
-               x_tok, x_len, x_code, x_rew, x_ptr, limit, min_match, max_match, max_spec_factor,
+               x_tok, x_len, x_code, x_rew, x_lo, x_hi, limit, min_match, max_match, max_spec_factor,
                reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
     none), at most budgets[r] tokens, from the `limit` most recent occurrences of the longest tail.
 
     forced[r] -1: the history alone decides. Else a row with siblings: the match length is forced[r]
     (the longer of the history's and the siblings'), the history adds its flat_limits[r] most recent
-    occurrences if it matched that long, and the siblings' continuations are x_*[x_ptr[r]:x_ptr[r+1]].
+    occurrences if it matched that long, and the siblings' continuations are x_*[x_lo[r]:x_hi[r]].
     Writes out[r, :out_len[r]], out_n[r] (match length; 0: empty draft), out_score[r] and the tokens'
     probabilities out_prob[r, :out_len[r]].
     """
     q = np.empty(max_match, dtype=np.int64)
     width, most = out.shape[1], limit
     for r in range(slots.shape[0]):
-        most = max(most, limit + x_ptr[r + 1] - x_ptr[r])
+        most = max(most, limit + x_hi[r] - x_lo[r])
     conts = np.empty((most, width), dtype=np.int64)  # one row's candidates: reused by every row
     lens = np.empty(most, dtype=np.int64)
     codes = np.empty(most, dtype=np.int64)
@@ -236,7 +236,7 @@ def draft_rows(texts, sas, keys, starts, seq_rewards, slots, rows, row_ids, nums
         n, flim = nf, limit
         if forced[r] >= 0:
             n, flim = forced[r], flat_limits[r] if nf == forced[r] else 0
-        x0, x1 = x_ptr[r], x_ptr[r + 1]
+        x0, x1 = x_lo[r], x_hi[r]
         k = min(hi - lo, flim) if nf == n else 0
         if n == 0 or k + x1 - x0 == 0:
             continue

@@ -31,7 +31,7 @@ from rhymerl.histospec.drafter import Drafter, NgramDrafter, SpecConfig
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.suffix import SuffixArm
-from rhymerl.histospec.tree import RecentTree
+from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,7 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
     else:
         rule, tail = FixedBudget(config.max_budget), None  # vLLM's n-gram method has no adaptive budget
     pos = [0] * len(rows)
+    held = [0] * len(rows)  # tokens of each response in the recent tree
     budget = [rule.initial] * len(rows)
     active = [k for k, row in enumerate(rows) if len(row[1]) > 0]
     while active:
@@ -155,8 +156,9 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
             pos[k] = p + accepted + 1
             if sib >= 0:
                 index.extend(sib, resp[p:pos[k]])
-            if handle >= 0:
-                recent.extend(handle, resp[p:pos[k]])
+            if handle >= 0 and pos[k] - held[k] >= TREE_CHUNK:
+                recent.extend(handle, resp[held[k]:pos[k]])  # in chunks, as the engine does
+                held[k] = pos[k]
             if pos[k] < len(resp):
                 still.append(k)
         active = still

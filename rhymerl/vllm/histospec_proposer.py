@@ -66,14 +66,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from rhymerl.histospec.batch import BatchIndexDrafter
-from rhymerl.histospec.drafter import EMPTY, Draft, HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.budget import FixedBudget
+from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
 from rhymerl.histospec.rows import PromptTable, request_keys
-from rhymerl.histospec.tree import RecentTree
+from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
 from rhymerl.vllm.speculation import drafter_settings
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
@@ -104,6 +105,7 @@ class _Request:
     probs: tuple[float, ...] = ()  # that draft's estimated token probabilities (Draft.probs)
     sib: int = -1  # its sequence in the prompt's index (siblings), -1: none
     recent: int = -1  # its handle in the cross-prompt tree, -1: none
+    tree_n: int = 0  # tokens of its row the tree holds (appended in chunks of TREE_CHUNK)
     step: int = 0
 
 
@@ -156,7 +158,10 @@ class BatchDrafter:
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
                                      token_ids_cpu.dtype)
+        fixed = isinstance(self.rule, FixedBudget)  # its update is the identity: skip the call per request
+        rows32 = token_ids_cpu if token_ids_cpu.dtype == np.int32 else token_ids_cpu.astype(np.int32)  # the tree's
         claimed: dict[tuple[int, bytes], list[_Request]] = {}
+        grow: dict[int, tuple] = {}  # id(prompt) -> (its index, sibling ids, their new tokens, ends)
         todo = []
         verified, hits = [], []  # the estimates of the drafts verified in the step that ran, their accepted
         drafted, accepted_all = [], []  # every continuing request's draft and accepted lengths
@@ -180,14 +185,22 @@ class BatchDrafter:
                     hits.append(accepted)
                 processed += 1 + req.drafted
                 continued = True
-                req.budget = self.rule.update(req.budget, req.drafted, accepted)
+                if not fixed:
+                    req.budget = self.rule.update(req.budget, req.drafted, accepted)
                 if req.sib >= 0:
-                    req.prompt.index.extend(req.sib, sampled)
-                if req.recent >= 0:
-                    self.recent.extend(req.recent, sampled)
+                    grow.setdefault(id(req.prompt), (req.prompt.index, [], [], [0]))
+                    _, ids, flat, ends = grow[id(req.prompt)]
+                    ids.append(req.sib)
+                    flat.extend(sampled)
+                    ends.append(len(flat))
+                if req.recent >= 0 and n - req.tree_n >= TREE_CHUNK:
+                    self.recent.extend_array(req.recent, rows32[i, req.tree_n:n])
+                    req.tree_n = n
             req.n, req.step, req.drafted = n, self.step, 0
             claimed.setdefault(new_key, []).append(req)
             todo.append((i, req))
+        for index, ids, flat, ends in grow.values():  # each prompt's siblings grow in one call
+            index.extend_many(np.asarray(ids, np.int64), np.asarray(flat, np.int32), np.asarray(ends, np.int64))
         self.stats.record_many(drafted, accepted_all)
         self.lifetime.record_many(drafted, accepted_all)
         self.calibration.record(verified, hits)
@@ -228,11 +241,18 @@ class BatchDrafter:
                                                 tokens)
         if self.recent is None:
             return list(zip(own, probs))
-        out = []
-        for (i, req, budget), d, n, s, p in zip(plan, own, ns, scores, probs):
-            best = req.prompt.drafter.against_recent(Draft(tuple(d), n, s, tuple(p)) if d else EMPTY,
-                                                     tokens[i, max(0, req.n - tail):req.n].tolist(), budget)
-            out.append((list(best.tokens), best.probs))
+        # HistoSpecDrafter.against_recent per row, on views of the token rows (no list per row)
+        rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
+        tree, depth, out = self.recent, self.recent.depth, []
+        factor, floor, gate = self.spec.recent_spec_factor, self.spec.min_token_prob, self.spec.recent_gate
+        for (i, req, budget), d, s, p in zip(plan, own, scores, probs):
+            other = None
+            if req.n and asks_tree(s, budget, gate):
+                other = tree.speculate_array(rows32[i, max(0, req.n - depth):req.n], budget, factor, floor)
+            if other is not None and other.score > s:  # ties go to the prompt's own
+                out.append((list(other.token_ids), tuple(other.probs)))
+            else:
+                out.append((d, p))
         return out
 
     def _observe(self, processed: int, seconds: float) -> None:
@@ -280,7 +300,7 @@ class BatchDrafter:
         if self.spec.siblings:
             req.sib = prompt.index.add(row[prompt.plen:n].tolist())
         if self.recent is not None:
-            req.recent = self.recent.start(row[prompt.plen:n].tolist())
+            req.recent, req.tree_n = self.recent.start(row[prompt.plen:n].tolist()), n
         return req
 
     def _open(self, k: int) -> _Prompt:

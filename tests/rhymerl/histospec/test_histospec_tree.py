@@ -110,3 +110,41 @@ def test_replay_drafts_epoch_zero_from_an_earlier_step_of_another_prompt():
     off = replay(records, SpecConfig(recent_responses=0)).per_epoch[0]
     assert off.accepted == 0
     assert on.accepted > 10
+
+
+@needs_arctic
+def test_array_calls_equal_the_list_calls():
+    # Rule: the engine's zero-copy path (int32 views) drafts what the list path drafts, after the
+    # same tokens went in either way.
+    rng = np.random.default_rng(3)
+    a, b = RecentTree(capacity=8, depth=24), RecentTree(capacity=8, depth=24)
+    base = rng.integers(0, 20, 300)
+    for _ in range(5):
+        resp = base.copy()
+        hit = rng.random(300) < 0.1
+        resp[hit] = rng.integers(0, 20, int(hit.sum()))
+        ha, hb = a.start(resp[:10].tolist()), b.start(resp[:10].tolist())
+        for lo in range(10, 300, 37):
+            a.extend(ha, resp[lo:lo + 37].tolist())
+            b.extend_array(hb, resp[lo:lo + 37].astype(np.int32))
+    for at in range(5, 300, 11):
+        ctx = base[:at]
+        want = a.speculate(ctx.tolist(), 12, 2.0, 0.1)
+        got = b.speculate_array(ctx.astype(np.int32), 12, 2.0, 0.1)
+        assert (tuple(got.token_ids), int(got.match_len), float(got.score), tuple(got.probs)) == want
+
+
+@needs_arctic
+def test_a_confident_own_draft_does_not_ask_the_tree():
+    # recent_gate: the tree is asked only while the own draft's score is below gate x budget; a tree
+    # draft that would outscore it is then never seen (gate 0: never asked, gate 1: always).
+    own = SuffixIndex.build([[1, 2, 3, 4, 5]] * 6, min_match=1, max_match=4)
+    recent = RecentTree(capacity=8, depth=16)
+    recent.start([1, 2, 8, 8, 8, 8, 8, 8])
+    recent.start([1, 2, 8, 8, 8, 8, 8, 8])
+    score = 3 * 6 / (6 + PRIOR)  # 2.25: the own draft's expected accepted length
+    for gate, winner in ((1.0, (8, 8, 8, 8)), (score / 8 + 0.01, (8, 8, 8, 8)), (score / 8, (3, 4, 5)),
+                         (0.0, (3, 4, 5))):
+        drafter = HistoSpecDrafter(own, max_spec_factor=2.0, recent=recent, recent_spec_factor=2.0,
+                                   recent_gate=gate)
+        assert drafter.propose([0, 1, 2], 8).tokens == winner, gate  # the tree matches [1, 2]: 4 tokens, score 4

@@ -63,7 +63,8 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
     prompt = (50, 51, 52)
     bundle = HistoryBundle((PromptHistory(prompt),))
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8)
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8,
+                      recent_responses=0)  # siblings only (the cross-prompt tree lags by < TREE_CHUNK)
     bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1, 2, 3, 4), prompt + (9,), (7, 7, 7, 7)])
     out = bd.propose([[4], [9], [7]], batch.num, batch.tokens)

@@ -1,0 +1,344 @@
+"""The siblings' part of a prompt's index, in arrays a compiled step reads and grows (`SideIndex`).
+
+A prompt's samples of the current step (its siblings) grow by a few tokens every engine step, so
+they cannot live in the read-only suffix array of its history (`rhymerl.histospec.flat`). They live
+here: the same n-gram occurrence table as `rhymerl.histospec.index.SuffixIndex` (every n-gram of
+`min_match..max_match` tokens, keyed by the same 64-bit hash, listing where it ended as
+`seq_id * STRIDE + position` codes in insertion order), answering the same questions with the same
+answers, but stored as flat arrays instead of a dict of Python lists:
+
+- the sequences: one int32 row per sibling (prompt tail + response), doubled when one outgrows it;
+- the table: open addressing (linear probing, at most half full), each key's slot pointing at its
+  newest occurrence; every occurrence points at the one before it with the same key, so a key's
+  occurrences are a chain, newest first (its `limit` most recent are its first `limit` links).
+
+Why: at 256 requests per engine step the dict table cost ~25 us per request per step in Python (the
+keys of the growing tails, the appends, the longest-match loop): more than the whole step may spend
+drafting (issue 17). Here growing all of a prompt's siblings by a step is one compiled call, and the
+batch drafter gathers a prompt's rows' sibling continuations in another (`rhymerl.histospec.batch`).
+Memory: 16 bytes per occurrence (code, link) x (max_match - min_match + 1) n-grams per token, plus
+the table (<= 32 bytes per distinct n-gram) and 4 bytes per token; siblings are one step's responses.
+`tests/rhymerl/histospec/test_histospec_side.py` checks it against `SuffixIndex`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from numba import njit
+
+from rhymerl.histospec.index import _MUL, _SEED, STRIDE
+
+_U_SEED, _U_MUL, _U_ONE = np.uint64(_SEED), np.uint64(_MUL), np.uint64(1)
+_U_MIX, _U_32 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(32)
+NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
+
+
+@njit(cache=True)
+def _home(key, mask):
+    """The table slot a key's probe starts at."""
+    return np.int64(((key * _U_MIX) >> _U_32) & np.uint64(mask))
+
+
+@njit(cache=True)
+def _find(hkey, hhead, key):
+    """The newest occurrence of `key` (-1: none)."""
+    mask = hkey.shape[0] - 1
+    i = _home(key, mask)
+    while hhead[i] != -1:
+        if hkey[i] == key:
+            return hhead[i]
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True)
+def _insert(hkey, hhead, ocode, oprev, state, key, code):
+    """File occurrence `code` under `key` (capacity ensured by the caller)."""
+    mask = hkey.shape[0] - 1
+    o = state[NOCC]
+    ocode[o], oprev[o] = code, -1
+    state[NOCC] = o + 1
+    i = _home(key, mask)
+    while hhead[i] != -1:
+        if hkey[i] == key:
+            oprev[o], hhead[i] = hhead[i], o
+            return
+        i = (i + 1) & mask
+    hkey[i], hhead[i] = key, o
+    state[NKEYS] += 1
+
+
+@njit(cache=True)
+def _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, first_end, lo, hi):
+    """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
+    first_end..lens[seq] (`SuffixIndex._index_range`)."""
+    base = seq * STRIDE
+    for end in range(first_end, lens[seq] + 1):
+        key = _U_SEED
+        for n in range(1, min(hi, end) + 1):
+            key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
+            if n >= lo:
+                _insert(hkey, hhead, ocode, oprev, state, key, base + end)
+
+
+@njit(cache=True)
+def _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs, flat, offsets, lo, hi):
+    """Append flat[offsets[j]:offsets[j + 1]] to sequence seqs[j] for every j, indexing the new
+    n-grams (`SuffixIndex.extend`, one sequence after another)."""
+    for j in range(seqs.shape[0]):
+        seq, a, b = seqs[j], offsets[j], offsets[j + 1]
+        start = lens[seq]
+        tok[seq, start:start + b - a] = flat[a:b]
+        lens[seq] = start + b - a
+        _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+
+
+@njit(cache=True)
+def _rehash(hkey, hhead, ocode, oprev, new_key, new_head):
+    """Move every key into a larger table (chains are untouched: they live in the occurrences)."""
+    mask = new_key.shape[0] - 1
+    for i in range(hkey.shape[0]):
+        if hhead[i] != -1:
+            j = _home(hkey[i], mask)
+            while new_head[j] != -1:
+                j = (j + 1) & mask
+            new_key[j], new_head[j] = hkey[i], hhead[i]
+
+
+@njit(cache=True)
+def tail_keys(q, nq, out):
+    """out[n - 1]: the key of the last n tokens for n = 1..nq, the tail reversed in q (q[j]: j + 1
+    back), as `rhymerl.histospec.index._tail_keys`."""
+    key = _U_SEED
+    for n in range(nq):
+        key = key * _U_MUL + np.uint64(q[n] + 1)
+        out[n] = key
+
+
+@njit(cache=True)
+def longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo):
+    """The longest n (lo..nq) whose key keys[n - 1] occurred with a token after it; 0 if none
+    (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing)."""
+    for n in range(nq, lo - 1, -1):
+        o = _find(hkey, hhead, keys[n - 1])
+        while o != -1:
+            code = ocode[o]
+            if code % STRIDE < lens[code // STRIDE]:
+                return n
+            o = oprev[o]
+    return 0
+
+
+@njit(cache=True)
+def recent(hkey, hhead, ocode, oprev, key, limit, out):
+    """The `limit` most recent occurrences of `key` into out[:count], oldest first; count."""
+    o, count = _find(hkey, hhead, key), 0
+    while o != -1 and count < limit:
+        out[count] = ocode[o]
+        count += 1
+        o = oprev[o]
+    out[:count] = out[:count][::-1].copy()
+    return count
+
+
+class SideIndex:
+    """Occurrences of every n-gram (min_match..max_match) in one prompt's growing sequences.
+
+    Sequence ids count from 0 in insertion order (later = more recent); each sequence starts with
+    `prefix` (the prompt's last tokens, at most max_match). Same answers as `SuffixIndex`.
+    """
+
+    def __init__(self, min_match: int = 1, max_match: int = 7, prefix: Sequence[int] = ()) -> None:
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, "
+                             f"max_match={max_match}")
+        self.min_match, self.max_match = min_match, max_match
+        self.prefix = np.asarray([int(t) for t in prefix][-max_match:], dtype=np.int32)
+        self.state = np.zeros(3, dtype=np.int64)  # NSEQ, NOCC, NKEYS
+        self.tok = np.zeros((4, 64), dtype=np.int32)
+        self.lens = np.zeros(4, dtype=np.int64)
+        self.rewards = np.zeros(4, dtype=np.float64)
+        self.hkey = np.zeros(64, dtype=np.uint64)
+        self.hhead = np.full(64, -1, dtype=np.int64)
+        self.ocode = np.zeros(64, dtype=np.int64)
+        self.oprev = np.zeros(64, dtype=np.int64)
+
+    # ------------------------------------------------------------------ growing
+
+    def add(self, tokens: Sequence[int] = (), reward: float = 0.0) -> int:
+        """Start a new sequence (prefix + `tokens`) and return its id."""
+        seq = int(self.state[NSEQ])
+        if seq >= STRIDE:
+            raise ValueError("index holds too many sequences; build a fresh one per step")
+        self._room(seq + 1, len(self.prefix), len(self.prefix))
+        self.state[NSEQ] = seq + 1
+        self.rewards[seq] = float(reward)
+        self.lens[seq] = len(self.prefix)
+        self.tok[seq, :len(self.prefix)] = self.prefix
+        _index_range(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq, 1,
+                     self.min_match, self.max_match)  # n-grams inside the prefix itself
+        self.extend(seq, tokens)
+        return seq
+
+    def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Append `tokens` to sequence `seq_id` (a sibling that generated more tokens)."""
+        flat = np.asarray(tokens, dtype=np.int32).ravel()
+        self.extend_many(np.array([seq_id], np.int64), flat, np.array([0, len(flat)], np.int64))
+
+    def extend_many(self, seq_ids: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> None:
+        """Append flat[offsets[j]:offsets[j + 1]] to sequence seq_ids[j], for every j in order."""
+        seq_ids = np.asarray(seq_ids, np.int64)
+        if not len(seq_ids):
+            return
+        if seq_ids.min() < 0 or seq_ids.max() >= self.state[NSEQ]:
+            raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
+        offsets = np.asarray(offsets, np.int64)
+        counts = np.diff(offsets)
+        grown = self.lens[:len(self.lens)].copy()
+        np.add.at(grown, seq_ids, counts)
+        if grown.max() >= STRIDE:
+            raise ValueError(f"a sequence is longer than {STRIDE - 1} tokens")
+        self._room(int(self.state[NSEQ]), int(grown.max()), int(counts.sum()))
+        _append(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
+                np.asarray(flat, np.int32), offsets, self.min_match, self.max_match)
+
+    def set_reward(self, seq_id: int, reward: float) -> None:
+        """Record the reward of a finished sibling so reward-weighted drafting can use it."""
+        self.rewards[seq_id] = float(reward)
+
+    def _room(self, seqs: int, length: int, new_tokens: int) -> None:
+        """Grow the arrays (by doubling) for `seqs` sequences, one of `length` tokens, and
+        `new_tokens` more indexed tokens."""
+        rows, cols = self.tok.shape
+        if seqs > rows or length > cols:
+            tok = np.zeros((max(rows, _pow2(seqs)), max(cols, _pow2(length))), dtype=np.int32)
+            tok[:rows, :cols] = self.tok
+            self.tok = tok
+            for name in ("lens", "rewards"):
+                old = getattr(self, name)
+                if len(old) < tok.shape[0]:
+                    grown = np.zeros(tok.shape[0], dtype=old.dtype)
+                    grown[:len(old)] = old
+                    setattr(self, name, grown)
+        more = new_tokens * (self.max_match - self.min_match + 1)
+        need = int(self.state[NOCC]) + more
+        if need > len(self.ocode):
+            size = _pow2(need)
+            for name in ("ocode", "oprev"):
+                grown = np.zeros(size, dtype=np.int64)
+                grown[:len(getattr(self, name))] = getattr(self, name)
+                setattr(self, name, grown)
+        keys = int(self.state[NKEYS]) + more
+        if 2 * keys > len(self.hkey):
+            size = _pow2(2 * keys)
+            new_key, new_head = np.zeros(size, dtype=np.uint64), np.full(size, -1, dtype=np.int64)
+            _rehash(self.hkey, self.hhead, self.ocode, self.oprev, new_key, new_head)
+            self.hkey, self.hhead = new_key, new_head
+
+    # ------------------------------------------------------------------ querying
+
+    def _keys(self, tail: Sequence[int]) -> tuple[np.ndarray, int]:
+        q = np.asarray(tail[-self.max_match:], dtype=np.int64)[::-1].copy()
+        keys = np.zeros(max(1, len(q)), dtype=np.uint64)
+        tail_keys(q, len(q), keys)
+        return keys, len(q)
+
+    def longest(self, tail: Sequence[int]) -> int:
+        """The longest n (min_match..max_match) such that the last n tokens of `tail` occurred with a
+        token after them; 0 when none did."""
+        if not self.state[NOCC]:
+            return 0
+        keys, nq = self._keys(tail)
+        return int(longest(self.lens, self.hkey, self.hhead, self.ocode, self.oprev, keys, nq, self.min_match))
+
+    def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
+        """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
+        (some may sit at a sequence's end)."""
+        if not self.state[NOCC] or n <= 0:
+            return []
+        keys, _ = self._keys(tail)
+        out = np.zeros(max(1, min(limit, int(self.state[NOCC]))), dtype=np.int64)
+        count = recent(self.hkey, self.hhead, self.ocode, self.oprev, keys[n - 1], len(out), out)
+        return out[:count].tolist()
+
+    def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
+        """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""
+        out = []
+        for c in codes:
+            seq, pos = divmod(int(c), STRIDE)
+            out.append(self.tok[seq, pos:min(pos + budget, int(self.lens[seq]))].tolist())
+        return out
+
+    def sequence(self, seq_id: int) -> list[int]:
+        """Sequence `seq_id`'s tokens (prefix included)."""
+        return self.tok[seq_id, :self.lens[seq_id]].tolist()
+
+    @property
+    def occurrences(self) -> int:
+        """Occurrences filed (0: nothing to match)."""
+        return int(self.state[NOCC])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held, prefixes included."""
+        return int(self.lens[:self.state[NSEQ]].sum())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays."""
+        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.hkey, self.hhead, self.ocode,
+                                      self.oprev))
+
+    def __len__(self) -> int:
+        return int(self.state[NSEQ])
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= max(n, 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@njit(cache=True)
+def sibling_rows(tok, lens, hkey, hhead, ocode, oprev, rewards, sel, n_flat, rows, row_ids, nums, budgets,
+                 lo, hi, limit, shift, weighted, forced, flat_limits, x_tok, x_len, x_code, x_rew, x_lo, x_hi,
+                 fill):
+    """For the batch rows `sel` of one prompt (history matches n_flat[j] for row sel[j]): what
+    `PromptIndex.recent_match` takes from the siblings, for `rhymerl.histospec.kernel.draft_rows`.
+
+    Row r = sel[j]: forced[r] = the match length (the longer of the history's and the siblings'),
+    flat_limits[r] = how many of the history's occurrences may join (`limit` minus the siblings'),
+    and its siblings' continuations (at most budgets[r] tokens, codes shifted past the history's,
+    rewards if `weighted`) appended at x_*[fill[0]:], their range x_lo[r]:x_hi[r].
+    """
+    q = np.empty(hi, dtype=np.int64)
+    keys = np.empty(hi, dtype=np.uint64)
+    codes = np.empty(limit, dtype=np.int64)
+    width = x_tok.shape[1]
+    for j in range(sel.shape[0]):
+        r = sel[j]
+        num = nums[r]
+        nq = min(num, hi)
+        for t in range(nq):
+            q[t] = rows[row_ids[r], num - 1 - t]
+        tail_keys(q, nq, keys)
+        n = n_flat[j]
+        if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
+            n = max(longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo), n)
+        forced[r] = n
+        x_lo[r] = x_hi[r] = fill[0]
+        if n == 0:
+            continue
+        count = recent(hkey, hhead, ocode, oprev, keys[n - 1], limit, codes)
+        flat_limits[r] = limit - count
+        for c in range(count):
+            seq, pos = codes[c] // STRIDE, codes[c] % STRIDE
+            size = min(budgets[r], lens[seq] - pos, width)
+            if size > 0:  # an occurrence at a sibling's end continues nothing (but counts in the limit)
+                x = fill[0]
+                x_tok[x, :size] = tok[seq, pos:pos + size]
+                x_len[x], x_code[x] = size, codes[c] + shift
+                x_rew[x] = rewards[seq] if weighted else 0.0
+                fill[0] = x + 1
+        x_hi[r] = fill[0]

@@ -1,0 +1,92 @@
+"""rhymerl/histospec/side.py: the siblings' array table answers as the dict `SuffixIndex` does."""
+
+import numpy as np
+import pytest
+
+from rhymerl.histospec.index import SuffixIndex, _tail_keys
+from rhymerl.histospec.side import SideIndex
+
+
+def grow_both(rng, lo, hi, vocab):
+    """The same random siblings (started, then grown a few tokens at a time, some in one batch
+    call) in a SideIndex and a SuffixIndex."""
+    prefix = rng.integers(0, vocab, int(rng.integers(0, 9))).tolist()
+    side, ref = SideIndex(lo, hi, prefix), SuffixIndex(lo, hi, prefix)
+    base = rng.integers(0, vocab, 300)
+    seqs = []
+    for _ in range(int(rng.integers(1, 20))):
+        if not seqs or rng.random() < 0.2:
+            first = base[:int(rng.integers(0, 5))].tolist()
+            assert side.add(first) == ref.add(first)
+            seqs.append(len(first))
+            continue
+        ids = rng.choice(len(seqs), int(rng.integers(1, len(seqs) + 1)), replace=False)
+        chunks = []
+        for s in ids:
+            size = int(rng.integers(0, 40))
+            chunk = base[seqs[s]:seqs[s] + size].copy()
+            hit = rng.random(len(chunk)) < 0.1
+            chunk[hit] = rng.integers(0, vocab, int(hit.sum()))
+            chunks.append(chunk)
+            seqs[s] += len(chunk)
+            ref.extend(int(s), chunk.tolist())
+        offsets = np.cumsum([0] + [len(c) for c in chunks])
+        side.extend_many(ids, np.concatenate(chunks) if chunks else np.zeros(0), offsets)
+    return side, ref, base
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_side_index_answers_as_the_dict_index(seed):
+    # Rule: same sequences, same longest match, same most recent occurrences (oldest first), same
+    # continuations, for random tails (from the shared base, so most match) and random limits.
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        lo = int(rng.integers(1, 4))
+        hi = lo + int(rng.integers(0, 6))
+        vocab = int(rng.choice([2, 5, 50]))
+        side, ref, base = grow_both(rng, lo, hi, vocab)
+        assert len(side) == len(ref.sequences)
+        assert [side.sequence(s) for s in range(len(side))] == ref.sequences
+        assert side.num_tokens == sum(map(len, ref.sequences))
+        for _ in range(30):
+            at = int(rng.integers(1, 200))
+            tail = base[max(0, at - int(rng.integers(1, 12))):at].tolist()
+            if rng.random() < 0.3:
+                tail[-1] = int(rng.integers(0, vocab))
+            keys = _tail_keys(tail[-hi:])
+            n = side.longest(tail)
+            assert n == ref.longest(keys)
+            for m in {n, len(keys), lo}:
+                if lo <= m <= len(keys):
+                    limit = int(rng.integers(1, 40))
+                    codes = side.recent(tail, m, limit)
+                    assert codes == ref.table.get(keys[m - 1], [])[-limit:]
+                    assert side.gather(codes, 5) == ref.gather(codes, 5)
+
+
+def test_growth_past_every_initial_capacity_keeps_answers():
+    # Rule: the arrays double (sequences, length, occurrences, table) without losing an occurrence.
+    rng = np.random.default_rng(7)
+    side, ref = SideIndex(1, 7), SuffixIndex(1, 7)
+    for _ in range(9):
+        toks = rng.integers(0, 1000, 500).tolist()
+        s = side.add(toks[:3])
+        ref.add(toks[:3])
+        side.extend(s, toks[3:])
+        ref.extend(s, toks[3:])
+    assert side.tok.shape[0] >= 9 and side.tok.shape[1] >= 500
+    for seq in ref.sequences:
+        for at in (7, 100, 499):
+            tail = seq[:at]
+            assert side.longest(tail) == ref.longest(_tail_keys(tail[-7:]))
+            assert side.recent(tail, 7, 32) == ref.table.get(_tail_keys(tail[-7:])[6], [])[-32:]
+
+
+def test_bad_ids_and_settings_are_refused():
+    with pytest.raises(ValueError, match="min_match"):
+        SideIndex(0, 3)
+    side = SideIndex(1, 3)
+    side.add([1, 2])
+    with pytest.raises(ValueError, match="unknown sequence id"):
+        side.extend(1, [3])
+    assert side.longest([9]) == 0 and side.recent([9], 1, 4) == []
