@@ -93,20 +93,33 @@ class BatchIndexDrafter:
               ) -> tuple[list[list[int]], list[int], list[float], list[list[float]]]:
         """`propose`'s drafts as plain lists (no object per row): tokens (empty: no draft), match
         lengths, scores and the tokens' estimated probabilities."""
-        count = len(indexes)
-        if not count:
+        if not len(indexes):
             return [], [], [], []
+        out, out_len, out_n, out_score, out_prob = self.draft_arrays(indexes, row_ids, nums, budgets, tokens)
+        sizes = out_len.tolist()
+        drafts = [row[:size] for row, size in zip(out.tolist(), sizes)]
+        probs = [row[:size] for row, size in zip(out_prob.tolist(), sizes)]
+        return drafts, out_n.tolist(), out_score.tolist(), probs
+
+    def draft_arrays(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
+                     budgets: Sequence[int], tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+        """`draft` as arrays, R rows x W (the largest budget) columns: tokens, lengths (0: no draft),
+        match lengths, scores and the tokens' estimated probabilities (0 past a row's length)."""
+        count = len(indexes)
         spec = self.spec
-        memo: dict[int, int] = {}  # id(index) -> slot: rows of one prompt look it up once
-        slots = np.fromiter((memo[id(ix)] if id(ix) in memo else memo.setdefault(id(ix), self.slots.slot(ix))
-                             for ix in indexes), np.int64, count)
+        memo: dict[int, tuple[int, bool]] = {}  # id(index) -> (slot, has siblings): one look-up per prompt
+        for ix in indexes:
+            if id(ix) not in memo:
+                memo[id(ix)] = (self.slots.slot(ix), ix.side.occurrences > 0)
+        per_row = [memo[id(ix)] for ix in indexes]
+        slots = np.fromiter((slot for slot, _ in per_row), np.int64, count)
         row_ids, nums = np.asarray(row_ids, np.int64), np.asarray(nums, np.int64)
         budgets = np.asarray(budgets, np.int64)
         width = max(1, int(budgets.max()))
         forced = np.full(count, -1, dtype=np.int64)
         flat_limits = np.zeros(count, dtype=np.int64)
         x_lo, x_hi = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
-        sib = [r for r, ix in enumerate(indexes) if ix.side.occurrences]
+        sib = [r for r, (_, side) in enumerate(per_row) if side]
         x_tok = np.empty((len(sib) * self.limit, width), dtype=np.int64)
         x_len = np.empty(len(sib) * self.limit, dtype=np.int64)
         x_code, x_rew = np.empty_like(x_len), np.empty(len(sib) * self.limit, dtype=np.float64)
@@ -134,10 +147,8 @@ class BatchIndexDrafter:
                           x_tok, x_len, x_code, x_rew, x_lo, x_hi, self.limit, spec.min_match, spec.max_match,
                           float(spec.max_spec_factor), spec.reward_weighted, float(spec.min_token_prob),
                           PRIOR, out, out_len, out_n, out_score, out_prob)
-        sizes = out_len.tolist()
-        drafts = [row[:size] for row, size in zip(out.tolist(), sizes)]
-        probs = [row[:size] for row, size in zip(out_prob.tolist(), sizes)]
-        return drafts, out_n.tolist(), out_score.tolist(), probs
+        out_prob[np.arange(width)[None, :] >= out_len[:, None]] = 0.0
+        return out, out_len, out_n, out_score, out_prob
 
     def _history_match(self, slots: np.ndarray, row_ids: np.ndarray, nums: np.ndarray,
                        tokens: np.ndarray) -> np.ndarray:

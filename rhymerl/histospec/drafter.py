@@ -252,6 +252,12 @@ class SpecConfig:
     # (5.22 / 5.19 overall, 47% / 43% of draft tokens accepted); 4 reaches issue 17's 2.5 in epoch 0.
     recent_spec_factor: float = option(4.0, "max_spec_factor of drafts from the cross-prompt tree (the library "
                                        "caps its drafts at this many times the matched length); 0 = off", ">= 0")
+    # Each token a response adds to the tree costs ~3 us (Arctic, depth 24), and a group's samples rhyme:
+    # a few of them carry most of what the group can teach other prompts, and the tree's 512 responses
+    # then span more groups. Replay of a default run (2026-12-03, n = 8), tokens per verification overall /
+    # epoch 0: all 5.205 / 2.503; 4 5.411 / 2.578; 2 5.362 / 2.392; 1 5.201 / 2.213.
+    recent_per_group: int = option(4, "samples of each prompt's group that join the cross-prompt tree (the first "
+                                   "this many the engine sees); 0 = all", ">= 0")
     # A tree query costs ~5 us of C++ per request per step (Arctic Inference, 24-token context), more
     # than all the rest of a request's drafting; a confident own draft leaves the tree little to win.
     # Replay of a default run (2026-12-03), tokens per verification overall / epoch 0: gate 1 (always)
@@ -322,6 +328,7 @@ class SpecConfig:
         check(self.max_spec_factor >= 0.0, "max_spec_factor", "must be >= 0 (0: off)")
         check(self.recent_spec_factor >= 0.0, "recent_spec_factor", "must be >= 0 (0: off)")
         check(0.0 <= self.recent_gate <= 1.0, "recent_gate", "must be in 0..1 (1: always)")
+        check(self.recent_per_group >= 0, "recent_per_group", "must be >= 0 (0: all)")
         check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")

@@ -127,9 +127,10 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
             drafter: Drafter = config.drafter(index, recent)
         else:
             drafter = NgramDrafter(config.min_match, config.max_match)
-        for resp in responses:
+        per_group = config.recent_per_group
+        for j, resp in enumerate(responses):
             sib = index.add() if config.method == "histospec" and config.siblings else -1
-            handle = recent.start() if recent is not None else -1
+            handle = recent.start() if recent is not None and (not per_group or j < per_group) else -1
             rows.append((prompt, resp, drafter, index, sib, handle))
     if config.method == "histospec":
         rule, tail = config.budget(), config.context_tail  # the drafter reads only the context's tail

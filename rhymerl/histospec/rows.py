@@ -1,8 +1,7 @@
-"""Which prompt and which request an engine's token row is (the proposer sees no request ids).
+"""Which prompt an engine's token row starts with (the proposer sees no request ids).
 
-`PromptTable` finds the known prompt a row starts with; `request_keys` gives each row its
-request's state key (its length and last `KEY_TAIL` tokens), for all rows in one gather. See
-`rhymerl.vllm.histospec_proposer` for how the drafter uses them.
+`PromptTable` finds the known prompt a row starts with (which request a row is:
+`rhymerl.histospec.requests`). See `rhymerl.histospec.engine_step` for how the drafter uses it.
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-
-KEY_TAIL = 16  # tokens of a request's tail in its state key (with its length)
 
 
 class PromptTable:
@@ -34,14 +31,3 @@ class PromptTable:
                 if k is not None:
                     return k
         return None
-
-
-def request_keys(tokens: np.ndarray, rows: Sequence[int], ends: np.ndarray) -> list[tuple[int, bytes]]:
-    """State keys of requests in `rows` holding `ends` tokens: (n, the bytes of its last KEY_TAIL
-    tokens; positions before 0 read token 0), for all rows in one gather."""
-    if not len(rows):
-        return []
-    cols = np.maximum(ends[:, None] - KEY_TAIL + np.arange(KEY_TAIL), 0)
-    tails = np.ascontiguousarray(tokens[np.asarray(rows)[:, None], cols])
-    blobs = tails.view(np.dtype((np.void, tails.dtype.itemsize * KEY_TAIL))).ravel().tolist()
-    return list(zip(ends.tolist(), blobs))

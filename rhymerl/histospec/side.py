@@ -96,6 +96,19 @@ def _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs, flat, offsets, lo
 
 
 @njit(cache=True)
+def _append_rows(tok, lens, hkey, hhead, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
+    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j (the
+    engine's token rows: no list of the new tokens is built)."""
+    for j in range(seqs.shape[0]):
+        seq, a, b = seqs[j], starts[j], ends[j]
+        start = lens[seq]
+        for t in range(b - a):
+            tok[seq, start + t] = rows[row_ids[j], a + t]
+        lens[seq] = start + b - a
+        _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+
+
+@njit(cache=True)
 def _rehash(hkey, hhead, ocode, oprev, new_key, new_head):
     """Move every key into a larger table (chains are untouched: they live in the occurrences)."""
     mask = new_key.shape[0] - 1
@@ -204,6 +217,21 @@ class SideIndex:
         _append(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
                 np.asarray(flat, np.int32), offsets, self.min_match, self.max_match)
 
+    def extend_rows(self, seq_ids: np.ndarray, tokens: np.ndarray, row_ids: np.ndarray, starts: np.ndarray,
+                    ends: np.ndarray) -> None:
+        """Append tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j], for every j in order
+        (distinct ids: the engine's rows of one prompt)."""
+        seq_ids = np.asarray(seq_ids, np.int64)
+        if not len(seq_ids):
+            return
+        if seq_ids.min() < 0 or seq_ids.max() >= self.state[NSEQ]:
+            raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
+        counts = np.asarray(ends, np.int64) - starts
+        # one row per sequence (each is one request's): its new length is its own plus its count
+        self._room(int(self.state[NSEQ]), int((self.lens[seq_ids] + counts).max()), int(counts.sum()))
+        _append_rows(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
+                     tokens, np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
+
     def set_reward(self, seq_id: int, reward: float) -> None:
         """Record the reward of a finished sibling so reward-weighted drafting can use it."""
         self.rewards[seq_id] = float(reward)
@@ -258,7 +286,9 @@ class SideIndex:
         (some may sit at a sequence's end)."""
         if not self.state[NOCC] or n <= 0:
             return []
-        keys, _ = self._keys(tail)
+        keys, nq = self._keys(tail)
+        if n > nq:
+            raise ValueError(f"n={n} is longer than the tail ({nq} tokens of it are matched)")
         out = np.zeros(max(1, min(limit, int(self.state[NOCC]))), dtype=np.int64)
         count = recent(self.hkey, self.hhead, self.ocode, self.oprev, keys[n - 1], len(out), out)
         return out[:count].tolist()

@@ -184,6 +184,18 @@ class AcceptanceCalibration:
         self.tokens += total
         self._table = None
 
+    def record_rows(self, probs: np.ndarray, lengths: np.ndarray, accepted: np.ndarray) -> None:
+        """`record` of drafts given padded: draft i's estimates are probs[i, :lengths[i]]."""
+        valid = np.arange(probs.shape[1])[None, :] < np.asarray(lengths)[:, None]
+        if not valid.any():
+            return
+        hit = np.arange(probs.shape[1])[None, :] < np.asarray(accepted)[:, None]
+        b = self._bin(probs)
+        self.drafted += np.bincount(b[valid], minlength=self.bins)
+        self.accepted += np.bincount(b[valid & hit], minlength=self.bins)
+        self.tokens += int(valid.sum())
+        self._table = None
+
     def table(self) -> np.ndarray:
         """[b]: calibrated acceptance of a token whose estimate falls in bin b (nondecreasing in b)."""
         if self._table is None:

@@ -90,3 +90,28 @@ def test_bad_ids_and_settings_are_refused():
     with pytest.raises(ValueError, match="unknown sequence id"):
         side.extend(1, [3])
     assert side.longest([9]) == 0 and side.recent([9], 1, 4) == []
+
+
+def test_extending_from_token_rows_equals_extending_from_lists():
+    # Rule: the engine's path (new tokens read from its token rows, one call per prompt) builds the
+    # same table as appending each sibling's tokens.
+    rng = np.random.default_rng(11)
+    rows = rng.integers(0, 6, (5, 60)).astype(np.int32)
+    a, b = SideIndex(1, 5, [1, 2]), SideIndex(1, 5, [1, 2])
+    for r in range(5):
+        a.add(rows[r, :3].tolist())
+        b.add(rows[r, :3].tolist())
+    at = np.full(5, 3)
+    for _ in range(8):
+        ids = rng.choice(5, int(rng.integers(1, 6)), replace=False)
+        ends = at[ids] + rng.integers(0, 6, len(ids))
+        a.extend_rows(ids, rows, ids, at[ids], ends)
+        for s, e in zip(ids.tolist(), ends.tolist()):
+            b.extend(s, rows[s, at[s]:e].tolist())
+        at[ids] = ends
+    assert [a.sequence(s) for s in range(5)] == [b.sequence(s) for s in range(5)]
+    for n in range(1, 60, 3):
+        tail = rows[n % 5, :n].tolist()
+        assert a.longest(tail) == b.longest(tail)
+        m = min(2, len(tail))
+        assert a.recent(tail, m, 9) == b.recent(tail, m, 9)

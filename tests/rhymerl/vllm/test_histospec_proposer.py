@@ -8,7 +8,8 @@ import numpy as np
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
 from rhymerl.records import prompt_id_of
-from rhymerl.vllm.histospec_proposer import INDEX_ENV, BatchDrafter, HistoSpecProposer, PromptTable
+from rhymerl.histospec.rows import PromptTable
+from rhymerl.vllm.histospec_proposer import INDEX_ENV, BatchDrafter, HistoSpecProposer
 from rhymerl.vllm.speculation import drafter_settings, engine_speculation
 
 
@@ -136,7 +137,7 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
     # siblings; once attached, from its history too.
     import threading
 
-    import rhymerl.vllm.histospec_proposer as hp
+    import rhymerl.histospec.engine_step as hp
 
     release = threading.Event()
     real_build = hp.FlatIndex.build
@@ -165,15 +166,41 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
 
 def test_request_key_is_its_length_and_tail():
     # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole
-    # row; all rows' keys come from one gather.
-    import rhymerl.histospec.rows as hp
+    # row; all rows' keys come from one gather. Different length or tail: different key.
+    from rhymerl.histospec.requests import KEY_TAIL, row_keys
 
-    rows = np.stack([np.arange(100, dtype=np.int32)] * 2)
+    rows = np.stack([np.arange(100, dtype=np.int32)] * 3)
     rows[1, :50] = 0
-    (k0, k1), (k2,) = hp.request_keys(rows, [0, 1], np.array([80, 80])), hp.request_keys(rows, [0], np.array([81]))
-    assert k0 == k1 != k2
-    assert k0 == (80, rows[0, 80 - hp.KEY_TAIL:80].tobytes())
-    assert hp.request_keys(rows, [0], np.array([3]))[0] == (3, rows[0, [0] * (hp.KEY_TAIL - 3) + [0, 1, 2]].tobytes())
+    rows[2, 79] = 7
+    k0, k1, k2 = row_keys(rows, np.array([0, 1, 2]), np.array([80, 80, 80])).tolist()
+    assert k0 == k1 != k2 and k0 != row_keys(rows, np.array([0]), np.array([81]))[0]
+    short = rows.copy()
+    short[0, 3:] = 5  # a row of 3 tokens: only they (and the length) count
+    assert row_keys(rows, np.array([0]), np.array([3]))[0] == row_keys(short, np.array([0]), np.array([3]))[0]
+    assert 80 > KEY_TAIL
+
+
+def test_equal_keys_each_find_their_own_state():
+    # Two requests with the same length and tail (siblings that began alike) keep two states; a
+    # state not seen for STATE_GRACE_STEPS steps is freed.
+    from rhymerl.histospec.requests import RequestTable, match_keys
+
+    assert match_keys(np.array([5, 7, 5], np.uint64), np.array([5, 5, 5, 9], np.uint64)).tolist() == [0, 2, -1, -1]
+    table = RequestTable(width=4)
+    a, b = table.alloc(), table.alloc()
+    table.step[[a, b]] = 1
+    table.keep(np.array([3, 3], np.uint64), np.array([a, b]), step=1, grace=4)
+    assert sorted(table.find(np.array([3, 3, 3], np.uint64)).tolist()) == [-1, a, b]
+    table.keep(np.array([], np.uint64), np.array([], np.int64), step=2, grace=4)  # both gone from the table
+    assert len(table) == 0
+    c = table.alloc()
+    table.step[c] = 2
+    table.keep(np.array([4], np.uint64), np.array([c]), step=2, grace=4)
+    table.keep(np.array([], np.uint64), np.array([], np.int64), step=5, grace=4)  # unseen, within grace
+    assert table.find(np.array([4], np.uint64)).tolist() == [c]
+    table.keep(np.array([4], np.uint64), np.array([c]), step=5, grace=4)
+    table.keep(np.array([], np.uint64), np.array([], np.int64), step=9, grace=4)  # past grace: freed
+    assert len(table) == 0 and table.alloc() == c
 
 
 def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):

@@ -1,0 +1,339 @@
+"""HistoSpec's work in one engine step, on plain arrays (`BatchDrafter`): what the vLLM plug-in
+(`rhymerl.vllm.histospec_proposer`) runs after every step, testable without an engine.
+
+`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)` gets one row per running request:
+the tokens sampled for it this step, its length, and its prompt + output tokens. It returns each
+row's draft. In order:
+
+1. Find each row's request (`rhymerl.histospec.requests.RequestTable`: by its length and last
+   tokens before this step's; one sort-and-search for the batch). A request seen for the first time
+   finds its prompt in the bundle (`PromptTable`), opens its sibling sequence in the prompt's index
+   and its response in the cross-prompt tree.
+2. Count what the step that ran accepted (a request's `sampled` is its accepted draft plus one
+   token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
+3. Grow the siblings (one compiled call per prompt, reading the new tokens from the token rows) and
+   the cross-prompt tree (every `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group`
+   requests of each prompt join it).
+4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
+   cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget.
+5. Trim the drafts to what pays under the measured step cost (`spec.cost_aware`), keeping whole the
+   drafts of the requests forecast to finish last (`spec.tail_fraction`).
+
+When a prompt's index is built: its first request opens it with siblings only; the history part
+(`FlatIndex`) is built by a background thread (numpy releases the GIL while it sorts) and attached
+when ready, so a step never waits for a build. A small history (at most `INLINE_TOKENS` per step in
+all) is built in the step, where it costs less than a thread hand-off. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from rhymerl.histospec.batch import BatchIndexDrafter
+from rhymerl.histospec.budget import FixedBudget
+from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
+from rhymerl.histospec.index import HistoryBundle
+from rhymerl.histospec.requests import RequestTable, row_keys
+from rhymerl.histospec.rows import PromptTable
+from rhymerl.histospec.stats import SpecStats
+from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
+                                           trim_drafts)
+from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
+
+STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
+ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
+INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
+
+
+@dataclass
+class _Prompt:
+    """A bundle prompt's index, built on first use."""
+
+    index: PromptIndex
+    drafter: HistoSpecDrafter
+    plen: int
+    forecast: int = 0  # its longest earlier response (tokens); 0: no history, no forecast
+    last_step: int = 0
+    in_tree: int = 0  # its requests that joined the cross-prompt tree (spec.recent_per_group)
+
+
+@dataclass
+class BatchDrafter:
+    """The engine-agnostic batch logic behind the proposer (testable with plain arrays)."""
+
+    bundle: HistoryBundle | FlatBundle
+    spec: SpecConfig
+    k: int  # vLLM's num_speculative_tokens: no draft may be longer
+    max_model_len: int
+    stats: SpecStats = field(default_factory=SpecStats)
+    recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
+    background: bool = True  # build large histories in a background thread (False: in the step)
+    batched: bool = True  # prompts' own drafts in one compiled call (False: the Python drafter per row)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bundle, FlatBundle):
+            self.bundle = FlatBundle.of(self.bundle)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list = []  # futures of background builds
+        self._built: list[tuple[int, float]] = []  # (tokens, seconds) of finished builds, to count
+        self._lock = threading.Lock()
+        self._inline_left = INLINE_TOKENS
+        self.rule = self.spec.budget()
+        if self.recent is None and self.spec.method == "histospec":
+            self.recent = self.spec.new_recent()
+        self.table: PromptTable | None = None
+        self.prompts: dict[int, _Prompt] = {}
+        self.requests = RequestTable(max(1, self.k))
+        self.step = 0
+        self.cost = StepCostModel()
+        self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
+        self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
+        self._stamp: float | None = None  # when the last propose returned (the engine step starts)
+        self.own = BatchIndexDrafter(self.spec) if self.batched else None  # compiles (or loads) now
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray) -> list[list[int]]:
+        """Draft token ids per row; rows without sampled tokens (prefill chunks) get none."""
+        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        if not self.spec.enabled:
+            return out
+        t0 = time.perf_counter()
+        self.step += 1
+        self._inline_left = INLINE_TOKENS
+        self._count_builds()
+        if self.table is None or self.table.dtype != token_ids_cpu.dtype:
+            self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
+                                     token_ids_cpu.dtype)
+        sizes = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
+        live = np.flatnonzero(sizes)
+        ends = np.asarray(num_tokens_no_spec, np.int64)[live]
+        before = ends - sizes[live]
+        slots = self.requests.find(row_keys(token_ids_cpu, live, before))
+        old = slots >= 0
+        processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
+        self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
+        for j in np.flatnonzero(~old).tolist():  # requests seen for the first time
+            slots[j] = self._start(token_ids_cpu[live[j]], int(ends[j]))
+            processed += int(before[j])  # its prefill (cached prompt blocks counted too)
+        req = self.requests
+        req.n[slots], req.step[slots], req.drafted[slots] = ends, self.step, 0
+        plan, budgets = self._plan(slots, ends)
+        if plan.any():
+            toks, lens, probs = self._drafts(live[plan], slots[plan], ends[plan], budgets[plan], token_ids_cpu)
+            ps = slots[plan]
+            req.drafted[ps] = lens
+            req.probs[ps] = 0.0
+            req.probs[ps, :probs.shape[1]] = probs
+            for i, row, size in zip(live[plan].tolist(), toks.tolist(), lens.tolist()):
+                out[i] = row[:size]
+        if old.any() and self._stamp is not None:
+            self._observe(processed, t0 - self._stamp)
+        if self.spec.cost_aware:
+            self._trim(out, live, slots)
+        req.keep(row_keys(token_ids_cpu, live, ends), slots, self.step, STATE_GRACE_STEPS)
+        self._drop_idle()
+        self._stamp = time.perf_counter()
+        self.stats.drafter_seconds += self._stamp - t0
+        return out
+
+    def _account(self, slots: np.ndarray, sizes: np.ndarray) -> int:
+        """Count the drafts the step that ran verified (the request's sampled tokens are its accepted
+        draft plus one) and adapt budgets; the tokens that step processed for these requests."""
+        req = self.requests
+        drafted = req.drafted[slots]
+        accepted = np.minimum(sizes - 1, drafted)
+        self.stats.record_many(drafted, accepted)
+        self.lifetime.record_many(drafted, accepted)
+        with_draft = drafted > 0
+        self.calibration.record_rows(req.probs[slots[with_draft]], drafted[with_draft], accepted[with_draft])
+        if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
+            for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
+                req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
+        return int(len(slots) + drafted.sum())
+
+    def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+              ends: np.ndarray) -> None:
+        """Add continuing requests' new tokens to their prompts' siblings (one call per prompt) and,
+        every TREE_CHUNK tokens, to the cross-prompt tree."""
+        req = self.requests
+        sib = np.flatnonzero(req.sib[slots] >= 0)
+        if len(sib):
+            prompts = req.prompt[slots[sib]]
+            order = np.argsort(prompts, kind="stable")  # each prompt's rows, contiguous
+            cuts = np.flatnonzero(np.diff(prompts[order])) + 1
+            for at in np.split(sib[order], cuts):
+                self.prompts[int(req.prompt[slots[at[0]]])].index.extend_rows(
+                    req.sib[slots[at]], tokens, rows[at], starts[at], ends[at])
+        due = (req.tree[slots] >= 0) & (ends - req.tree_n[slots] >= TREE_CHUNK)
+        if due.any():
+            rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
+            due = np.flatnonzero(due)
+            for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(),
+                                               req.tree_n[slots[due]].tolist(), ends[due].tolist()):
+                self.recent.extend_array(handle, rows32[row, start:end])
+            req.tree_n[slots[due]] = ends[due]
+
+    def _plan(self, slots: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows draft this step (a known prompt and room for a draft), and every row's budget."""
+        req = self.requests
+        prompts = req.prompt[slots]
+        for k in np.unique(prompts[prompts >= 0]).tolist():
+            self.prompts[k].last_step = self.step
+        budgets = np.minimum(np.minimum(req.budget[slots], self.k), self.max_model_len - ends)
+        return (prompts >= 0) & (budgets > 0), budgets
+
+    def _drafts(self, rows: np.ndarray, slots: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
+                tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The planned rows' drafts as (tokens, lengths, estimated probabilities), R x (largest budget):
+        `HistoSpecDrafter.propose` of each row's context, the prompts' own drafts computed for all
+        rows in one call (`BatchIndexDrafter`), the cross-prompt tree's for the rows that ask it."""
+        prompts = [self.prompts[k] for k in self.requests.prompt[slots].tolist()]
+        if self.own is None:
+            return self._drafts_by_row(prompts, rows, ends, budgets, tokens)
+        toks, lens, _, scores, probs = self.own.draft_arrays([p.index for p in prompts], rows, ends, budgets,
+                                                             tokens)
+        if self.recent is None:
+            return toks, lens, probs
+        asks = np.flatnonzero(scores < self.spec.recent_gate * budgets)  # asks_tree, for every row at once
+        if len(asks):  # HistoSpecDrafter.against_recent, on views of the token rows (no list per row)
+            rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
+            depth, factor, floor = self.recent.depth, self.spec.recent_spec_factor, self.spec.min_token_prob
+            for j in asks.tolist():
+                n, i = int(ends[j]), int(rows[j])
+                if n:
+                    other = self.recent.speculate_array(rows32[i, max(0, n - depth):n], int(budgets[j]), factor,
+                                                        floor)
+                    if other.score > scores[j]:  # ties go to the prompt's own
+                        size = len(other.token_ids)
+                        toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
+                            other.token_ids, other.probs, 0.0, size)
+        return toks, lens, probs
+
+    def _drafts_by_row(self, prompts: list[_Prompt], rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
+                       tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`_drafts` with the Python drafter row by row (`batched=False`: the reference)."""
+        tail, width = self.spec.context_tail, max(1, int(budgets.max()))
+        toks, probs = np.zeros((len(rows), width), np.int64), np.zeros((len(rows), width))
+        lens = np.zeros(len(rows), np.int64)
+        for j, (p, i, n, b) in enumerate(zip(prompts, rows.tolist(), ends.tolist(), budgets.tolist())):
+            d = p.drafter.propose(tokens[i, max(0, n - tail):n].tolist(), b)
+            lens[j] = len(d.tokens)
+            toks[j, :lens[j]], probs[j, :lens[j]] = d.tokens, d.probs[:lens[j]]
+        return toks, lens, probs
+
+    def _observe(self, processed: int, seconds: float) -> None:
+        """Time the step that just ran, skipping outliers (a pause between generate calls)."""
+        guess = self.cost.predict(processed)
+        if guess is None or seconds < 10 * guess:
+            self.cost.observe(processed, seconds)
+
+    def _trim(self, out: list[list[int]], live: np.ndarray, slots: np.ndarray) -> None:
+        """Shorten this step's drafts to what pays for itself (see rhymerl.histospec.step_budget)."""
+        coef = self.cost.coefficients()
+        drafts = [out[i] for i in live.tolist()]
+        longest = max(map(len, drafts), default=0)
+        if coef is None or longest == 0:
+            return
+        req = self.requests
+        if self.calibration.tokens:
+            lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
+            probs = np.where(np.arange(longest)[None, :] < lengths[:, None], req.probs[slots, :longest], 0.0)
+            q = self.calibration.rows(probs)
+        else:  # no estimate recorded yet: acceptance by position alone
+            q = np.tile(position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest),
+                        (len(drafts), 1))
+        forecast = req.forecast[slots]
+        remaining = (forecast - (req.n[slots] - req.plen[slots])).tolist()
+        tail = tail_rows([r if f else None for r, f in zip(remaining, forecast.tolist())], self.spec.tail_fraction)
+        kept = trim_drafts(drafts, len(drafts), len(drafts), q, coef, tail)
+        for i, slot, draft in zip(live.tolist(), slots.tolist(), kept):
+            out[i] = draft
+            req.drafted[slot] = len(draft)
+
+    def _start(self, row: np.ndarray, n: int) -> int:
+        """A slot for a request seen for the first time: find its prompt, open its sibling sequence
+        and its response in the cross-prompt tree."""
+        req = self.requests
+        slot = req.alloc()
+        req.budget[slot] = self.rule.initial
+        k = self.table.lookup(row, n)
+        if k is None:
+            return slot
+        prompt = self.prompts.get(k)
+        if prompt is None:
+            prompt = self.prompts[k] = self._open(k)
+        req.prompt[slot], req.forecast[slot], req.plen[slot] = k, prompt.forecast, prompt.plen
+        if self.spec.siblings:
+            req.sib[slot] = prompt.index.add(row[prompt.plen:n].tolist())
+        per_group = self.spec.recent_per_group
+        if self.recent is not None and (not per_group or prompt.in_tree < per_group):
+            req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:n].tolist()), n
+            prompt.in_tree += 1
+        return slot
+
+    def _open(self, k: int) -> _Prompt:
+        """Prompt k's entry: its index with siblings only, the history attached now (small) or by
+        the background thread (large)."""
+        prefix = self.bundle.prompt(k)
+        tokens, lengths, rewards = self.bundle.history(k)
+        index = PromptIndex(rewards.tolist(), self.spec.min_match, self.spec.max_match, prefix.tolist())
+        if len(lengths):
+            job = (index, tokens, lengths, prefix)
+            if not self.background or len(tokens) <= self._inline_left:
+                self._inline_left -= len(tokens)
+                self._build(*job)
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-index")
+                self._pending.append(self._pool.submit(self._build, *job))
+        forecast = int(lengths.max()) if len(lengths) else 0
+        return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix), forecast)
+
+    def _build(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, prefix: np.ndarray) -> None:
+        """Build a history and attach it to `index` (in the step or the background thread)."""
+        t0 = time.perf_counter()
+        flat = FlatIndex.build(tokens, lengths, prefix, min_match=self.spec.min_match,
+                               max_match=self.spec.max_match)
+        index.attach(flat)
+        with self._lock:
+            self._built.append((flat.num_tokens, time.perf_counter() - t0))
+
+    def _count_builds(self) -> None:
+        """Count finished builds in `stats`; re-raise a build's error here, in the engine's thread."""
+        if self._pending:
+            done = [f for f in self._pending if f.done()]
+            self._pending = [f for f in self._pending if not f.done()]
+            for f in done:
+                f.result()
+        if self._built:
+            with self._lock:
+                built, self._built = self._built, []
+            for tokens, seconds in built:
+                self.stats.index_tokens += tokens
+                self.stats.index_seconds += seconds
+
+    @property
+    def building(self) -> int:
+        """Histories being indexed in the background now."""
+        return sum(not f.done() for f in self._pending)
+
+    def wait_for_builds(self) -> None:
+        """Block until every background build is attached (tests and benchmarks)."""
+        for f in list(self._pending):
+            f.result()
+        self._count_builds()
+
+    def _drop_idle(self) -> None:
+        """Every 64 steps, drop prompt indexes without a request for ENTRY_IDLE_STEPS steps."""
+        if self.step % 64 == 0:
+            self.prompts = {k: p for k, p in self.prompts.items()
+                            if self.step - p.last_step < ENTRY_IDLE_STEPS}
+            if self.own is not None:
+                self.own.slots.retain([p.index for p in self.prompts.values()])

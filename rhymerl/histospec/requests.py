@@ -1,0 +1,114 @@
+"""Per-request drafting state of an engine's running requests, in arrays (`RequestTable`).
+
+vLLM's drafter interface gives rows, not request ids, and moves requests between rows as others
+finish. A request is found again by its key: its length and its last `KEY_TAIL` tokens at the step it
+was last drafted for (next step, its first `num_tokens - len(sampled)` tokens are exactly those,
+wherever its row now is), hashed to one uint64 per row in a few numpy operations (`row_keys`). Two
+requests with the same length and tail may swap states: that can cost draft quality, never
+correctness.
+
+Why arrays: the state lived in a Python object per request, looked up and updated in a Python loop
+over the batch (~4 us per request per step: 1 ms of an engine step at 256 requests, all of issue
+17's drafting budget). Here one step's lookup is a sort-and-search over the step's keys
+(`find`), its updates are array expressions over the rows' slots, and only a request seen for the
+first time costs Python work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KEY_TAIL = 16  # tokens of a request's tail in its key (with its length)
+_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=np.uint64) | np.uint64(1)
+
+
+def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The keys of the requests in `rows` holding `ends` tokens: a uint64 hash of (length, last
+    KEY_TAIL tokens; positions before 0 read token 0), for all rows in one gather."""
+    if not len(rows):
+        return np.zeros(0, dtype=np.uint64)
+    ends = np.asarray(ends, np.int64)
+    cols = np.maximum(ends[:, None] - KEY_TAIL + np.arange(KEY_TAIL), 0)
+    tails = tokens[np.asarray(rows)[:, None], cols].astype(np.uint64)
+    with np.errstate(over="ignore"):  # the hash wraps mod 2**64 by design
+        return (tails * _MIX[:KEY_TAIL]).sum(axis=1, dtype=np.uint64) + ends.astype(np.uint64) * _MIX[KEY_TAIL]
+
+
+def match_keys(stored: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """For each query key, a distinct position in `stored` holding an equal key (-1: none left);
+    equal query keys take equal stored keys in order."""
+    out = np.full(len(query), -1, dtype=np.int64)
+    if not len(stored) or not len(query):
+        return out
+    order = np.argsort(stored, kind="stable")
+    sk = stored[order]
+    qorder = np.argsort(query, kind="stable")
+    qk = query[qorder]
+    first = np.searchsorted(sk, qk, "left")
+    count = np.searchsorted(sk, qk, "right") - first
+    rank = np.arange(len(qk)) - np.searchsorted(qk, qk, "left")  # position among equal query keys
+    ok = rank < count
+    out[qorder[ok]] = order[first[ok] + rank[ok]]
+    return out
+
+
+class RequestTable:
+    """The drafting state of every request the engine ran lately, one slot per request.
+
+    Fields (arrays indexed by slot): `budget` (its draft budget), `n` (its length when last drafted
+    for), `drafted` (the length of that draft, 0: none), `probs` (that draft's estimated token
+    probabilities, `Draft.probs`), `prompt` (its prompt's key in the bundle, -1: unknown prompt),
+    `sib` (its sequence in the prompt's index, -1: none), `tree` / `tree_n` (its handle in the
+    cross-prompt tree, -1: none, and how many of its tokens the tree holds), `forecast` / `plen`
+    (its prompt's longest earlier response, 0: none, and the prompt's length), `step` (the last
+    step that saw it). `keys` / `slots`: the key each live slot was stored under.
+    """
+
+    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "tree", "tree_n", "forecast", "plen", "step")
+
+    def __init__(self, width: int, capacity: int = 64) -> None:
+        self.width = width  # the longest draft (vLLM's num_speculative_tokens)
+        for name in self.INT_FIELDS:
+            setattr(self, name, np.zeros(capacity, dtype=np.int64))
+        self.probs = np.zeros((capacity, width), dtype=np.float64)
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.slots = np.zeros(0, dtype=np.int64)
+        self._free = list(range(capacity - 1, -1, -1))
+
+    def alloc(self) -> int:
+        """A free slot, its fields reset (the arrays double when full)."""
+        if not self._free:
+            size = len(self.n)
+            for name in self.INT_FIELDS:
+                old = getattr(self, name)
+                setattr(self, name, np.concatenate([old, np.zeros(size, dtype=np.int64)]))
+            self.probs = np.concatenate([self.probs, np.zeros((size, self.width))])
+            self._free = list(range(2 * size - 1, size - 1, -1))
+        slot = self._free.pop()
+        for name in self.INT_FIELDS:
+            getattr(self, name)[slot] = 0
+        self.prompt[slot] = self.sib[slot] = self.tree[slot] = -1
+        return slot
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The slots stored under `keys` (-1: not found), each stored entry matched at most once and
+        then taken out of the table (`keep` stores the step's keys again)."""
+        at = match_keys(self.keys, keys)
+        found = np.where(at >= 0, self.slots[np.maximum(at, 0)], -1) if len(self.slots) else at
+        if (at >= 0).any():
+            left = np.ones(len(self.keys), dtype=bool)
+            left[at[at >= 0]] = False
+            self.keys, self.slots = self.keys[left], self.slots[left]
+        return found
+
+    def keep(self, keys: np.ndarray, slots: np.ndarray, step: int, grace: int) -> None:
+        """Store this step's requests under their new keys; entries not seen this step stay for
+        `grace` steps after they were last seen (a request vLLM paused), then their slots are freed."""
+        alive = step - self.step[self.slots] < grace
+        for slot in self.slots[~alive].tolist():
+            self._free.append(slot)
+        self.keys = np.concatenate([np.asarray(keys, np.uint64), self.keys[alive]])
+        self.slots = np.concatenate([np.asarray(slots, np.int64), self.slots[alive]])
+
+    def __len__(self) -> int:
+        return len(self.slots)
