@@ -6,16 +6,16 @@ reasoning shape: most answers a hundred or two tokens, a few over 1,500. A quest
 `s`, a step `d` and a count `n`; the worked solution adds `d` to the running total `n` times, one
 line per addition, each line headed by how many additions are left, then the checkable final line::
 
-    s=37 d=7 n=3          <- question
-    3 44                  <- solution: "<additions left> <total after this one>"
-    2 51
-    1 58
-    #### 58               <- the reward compares this with the gold answer, s + n * d
+    s=7 d=3 n=3           <- question
+    3 10                  <- solution: "<additions left> <total after this one>"
+    2 13
+    1 16
+    #### 16               <- the reward compares this with the gold answer, s + n * d
 
 Why this shape: a response's length follows from its problem alone (about n lines of 5-9
 characters, one token each), so it is the same in every epoch, and `n` is drawn log-normal per
-problem, so lengths are heavy-tailed across prompts (default: median ~115 tokens, 95th percentile
-~6x that, the longest ~1,600). Every line needs only local work a tiny model learns (decrement the
+problem, so lengths are heavy-tailed across prompts (default: median ~125 tokens, 95th percentile
+~5-7x that, the longest ~1,600). Every line needs only local work a tiny model learns (decrement the
 counter, add `d` to the previous total, stop after counter 1), and each line is one more chance to
 slip, so accuracy falls with length and RL has room to raise it.
 
@@ -44,12 +44,14 @@ class LongProblemSettings:
 
     # The number of additions n is round(lognormal(log(median_steps), sigma)), clipped to
     # min_steps..max_steps: a few problems ~7x the median, none past the engines' token budget.
-    median_steps: int = 18
+    median_steps: int = 20
     sigma: float = 1.0
     min_steps: int = 2
-    max_steps: int = 200  # ~1,800 response tokens at most (configs/long-tail.toml: max_tokens 2048)
-    max_start: int = 99  # s is uniform over 0..max_start
-    max_step: int = 9  # d is uniform over 1..max_step
+    max_steps: int = 220  # ~1,650 response tokens at most (configs/long-tail.toml: max_tokens 2048)
+    # Small s and d keep the totals short (2 digits up to ~30 additions, at most 3): with s up to 99
+    # and d up to 9 the built-in model learned the lines' shape but no answer (rhymerl/long_build.py).
+    max_start: int = 9  # s is uniform over 0..max_start
+    max_step: int = 3  # d is uniform over 1..max_step
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_steps <= self.median_steps <= self.max_steps:

@@ -30,9 +30,18 @@ def test_the_long_recipe_has_its_own_fingerprint_and_folder(tmp_path):
     path = ensure_builtin_model(tmp_path, TINY_LONG, progress=False)
     assert path.name == f"builtin-long-{TINY_LONG.fingerprint()[:8]}"
     info = json.loads((path / BUILD_INFO).read_text())
-    assert info["spec"]["median_steps"] == 18 and info["steps_run"] == 2
+    assert info["spec"]["median_steps"] == 20 and info["steps_run"] == 2
     # One bucket per length edge, each with its problems, however badly a 2-step model answers.
     assert [int(k) for k in info["eval"]["count_by_length"]] == list(LENGTH_EDGES)
+
+
+def test_sft_draws_shorter_chains_of_the_same_task():
+    # Rule: SFT problems come from the run's task (same s, d ranges and clip) with the SFT median count.
+    spec = replace(LongBuildSettings(), batch_size=400)
+    counts = sorted(parse_long_question(p.question)[2] for p in next(sft_problems(spec)))
+    assert counts[len(counts) // 2] <= spec.sft_median_steps + 2 < spec.median_steps
+    assert all(s <= spec.max_start and 1 <= d <= spec.max_step
+               for s, d, _ in map(parse_long_question, (p.question for p in next(sft_problems(spec)))))
 
 
 def test_sft_draws_long_problems_and_sorted_chunks_keep_the_batch_loss():
