@@ -10,6 +10,11 @@ second in the first idle second after every call and ~0.02 s in the next three: 
 memory RPC queue busy-polls (`sched_yield`) for `busy_loop_s` = 1 s after each read before it
 sleeps on a socket. On 2 cores with 2 engines that is up to 2 CPU seconds taken from whatever runs
 right after a rollout or a weight sync (reward, training, logging). Issue 20, item 1.
+
+Fixed by RhymeRL's vLLM plugin (`rhymerl/vllm/idle.py`, loaded by vLLM in every process): measured
+2026-12-04 with this script on the same tiny model, the worker spends 0.04-0.05 CPU s in the first
+idle second after a generate or a `collective_rpc` (0.90-0.96 s with the plugin filtered out:
+`VLLM_PLUGINS=arctic_inference .venv/bin/python scripts/engine-idle-cpu.py MODEL_DIR`).
 """
 
 from __future__ import annotations
