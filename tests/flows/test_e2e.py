@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_two_epoch_run(prefect_harness, tiny_model, s3_url, tmp_path, monkeypatch):
+def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from flows.run import run_flow

@@ -20,7 +20,7 @@ def tiny_long_model(tmp_path_factory):
     return build_model(tmp_path_factory.mktemp("model") / "tiny-long", spec, progress=False)
 
 
-def test_long_tail_config_runs_end_to_end(prefect_harness, tiny_long_model, tmp_path, monkeypatch):
+def test_long_tail_config_runs_end_to_end(prefect_harness, local_ray, tiny_long_model, tmp_path, monkeypatch):
     from pathlib import Path
 
     from mlflow.tracking import MlflowClient

@@ -131,9 +131,12 @@ def ray_cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path, s3_url):
+def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path, s3_url, prefect_harness):
     # The lake is on S3 over HTTP (moto, started by conftest): the cluster path of a real deployment.
+    # The run reports to the session's Prefect test server (PREFECT_API_URL), as a run on a cluster
+    # reports to its Prefect server, instead of starting a temporary one (10-30 s).
     from mlflow.tracking import MlflowClient
+    from prefect.settings import PREFECT_API_URL
 
     from storage.lake import Lake
 
@@ -166,7 +169,8 @@ def test_run_through_a_two_node_cluster(ray_cluster, tiny_model, tmp_path, s3_ur
     lake, db = s3_url, tmp_path / "mlflow.db"
     env = {**_ray_env(), "RAY_ADDRESS": ray_cluster.address, "RHYMERL_MODEL": str(tiny_model),
            "RHYMERL_LAKE": lake, "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
-           "PREFECT_HOME": str(tmp_path / ".prefect"), "PYTHONUNBUFFERED": "1"}
+           "PREFECT_HOME": str(tmp_path / ".prefect"), "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([str(BIN / "rhymerl"), "run", "--config", str(config)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     logs = sorted((tmp_path / "logs").glob("*/run.log"))  # engines, Ray and Prefect log here

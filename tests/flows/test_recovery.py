@@ -67,7 +67,7 @@ def test_recovery_config_is_checked():
 
 
 # (no `slow` marker: a local Ray and fake workers, seconds; `slow` means vLLM engines)
-def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path):
+def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ray, tmp_path):
     # Small real fakes on a real Ray: each "engine" streams one sample per request stamped with the
     # weights and history it holds and its pid; worker 1's first process dies before its 3rd, after
     # two of its samples reached the driver. Rule: all four of its requests run again on the
@@ -116,16 +116,17 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(tmp_path
 
     prompts = [Prompt(prompt_id=f"p{i}", index=i, text=f"q{i}", token_ids=(i + 1,), answer=str(i)) for i in range(4)]
     requests = [[Request(p, k) for p in prompts[2 * w:2 * w + 2] for k in range(2)] for w in range(2)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    workers = [ray.remote(FakeWorker).options(max_restarts=1, max_concurrency=2).remote(w) for w in range(2)]
+    trainer = ray.remote(FakeTrainer).remote()
     try:
-        workers = [ray.remote(FakeWorker).options(max_restarts=1, max_concurrency=2).remote(w) for w in range(2)]
         ray.get([w.load_weights.remote({"w": 7.0}) for w in workers])  # the run's synced state
-        guard = WorkerGuard.watch(workers, ray.remote(FakeTrainer).remote(), timeout_s=120)
+        guard = WorkerGuard.watch(workers, trainer, timeout_s=120)
         guard.share_history(ray.put(b"H"))
         out = stream_rollout(workers, requests, SamplingSettings(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
                              {p.prompt_id: p.answer for p in prompts}, guard=guard)
-    finally:
-        ray.shutdown()
+    finally:  # the session's Ray stays up: free its CPUs for the next test
+        for actor in (*workers, trainer):
+            ray.kill(actor)
     # Every request exactly once, each from the current weights and history (the restarted
     # process was resynced before it generated).
     assert sorted((s.prompt_id, s.sample_idx) for s in out.samples) == [(p.prompt_id, k) for p in prompts
@@ -163,7 +164,7 @@ def _lake_checks(lake_url: str, steps: int, rows: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_killed_worker_and_trainer_recover_in_run(prefect_harness, tiny_model, tmp_path, monkeypatch):
+def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, tiny_model, tmp_path, monkeypatch):
     # Worker 1's process is SIGKILLed while it still has requests generating (from global step 1
     # on, at its first streamed event that leaves requests unfinished); the trainer's process is
     # SIGKILLed before epoch 1. The run finishes by itself: Ray restarts the worker, which gets the

@@ -80,7 +80,7 @@ def test_prompts_digest_depends_on_order():
 # ---------------------------------------------------------------- end to end (slow)
 
 @pytest.mark.slow
-def test_crash_after_lake_commit_then_resume(prefect_harness, tiny_model, tmp_path, monkeypatch):
+def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_model, tmp_path, monkeypatch):
     # In-run trainer restarts off, the trainer's process is SIGKILLed before epoch 1: global step 2
     # rolls out and commits its lake rows, then its training fails the run with the exact resume
     # command. The resumed run trains that step on its committed rows and finishes: every step

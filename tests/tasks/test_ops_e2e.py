@@ -26,7 +26,7 @@ OUTPUT = ROOT / "tests" / "output"  # screenshots (git-ignored)
 FAKE_KEY_ID = "AKIAFAKEOPSTEST12345"
 FAKE_SECRET = "fake/OpsTest+secret-9f8e7d6c5b4a3210"
 EXPERIMENT = "ops-e2e"
-PROMPTS, PER_STEP, N = 4, 2, 2  # 2 steps per epoch of 2 prompts x 2 samples
+PROMPTS, PER_STEP, N = 2, 2, 2  # 1 step per epoch of 2 prompts x 2 samples: deployments are under test
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_lake_report_deployment_attaches_a_report(report_run, trained):
     run_id = _run_ids(trained["lake"])[0]
     assert artifact.type == "markdown" and f"# Lake report: `{run_id}`" in artifact.data
     assert "](data:image/png;base64," in artifact.data
-    assert "| 1 | 2 | 8 |" in artifact.data  # epoch 1: 2 steps, 8 responses
+    assert f"| 1 | {PROMPTS // PER_STEP} | {PROMPTS * N} |" in artifact.data  # epoch 1: its steps and responses
 
 
 def test_no_secret_in_logs_parameters_or_mlflow(stack, trained):

@@ -154,15 +154,11 @@ class ResyncGuard:
 
 
 @pytest.fixture(scope="module")
-def ray_fakes():
+def ray_fakes(local_ray):
     import sys
 
-    import ray
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
+    return local_ray
 
 
 def test_sync_checks_every_engine_by_probe(ray_fakes):

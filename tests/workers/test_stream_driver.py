@@ -101,13 +101,10 @@ class FakeWorker:
 
 
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(local_ray):
     import sys
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def prompt(pid: str) -> Prompt:

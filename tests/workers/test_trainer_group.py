@@ -57,12 +57,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def group(model_dir: str):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def group(model_dir: str, local_ray):
     group = launch_trainer(model_dir, CFG, ON_CPU, threads=2)
     yield group
     stop_trainer(group)
-    ray.shutdown()
 
 
 def test_group_answers_like_the_single_trainer(model_dir: str, group: TrainerGroup, tmp_path: Path) -> None:

@@ -46,12 +46,32 @@ def _hf_greedy(model, ids: tuple[int, ...], n: int) -> tuple[int, ...]:
 GREEDY = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
 
 
-def _model_and_engine(tmp_path):
-    """The tiny model saved in `tmp_path`, a prompt for it, and an engine serving it."""
-    model = _tiny_model(tmp_path)
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The tiny model saved once, a prompt for it, and one engine serving it for the module (an
+    engine start is 20-40 s on 2 busy cores); yields (model, ids, prompt, engine)."""
+    path = tmp_path_factory.mktemp("weight_sync_model")
+    model = _tiny_model(path)
     ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
-    return model, ids, Prompt(prompt_id_of(ids), 0, "", ids, ""), VllmEngine(EngineSettings(str(tmp_path),
-                                                                                            max_model_len=512))
+    engine = VllmEngine(EngineSettings(str(path), max_model_len=512))
+    try:
+        yield model, ids, Prompt(prompt_id_of(ids), 0, "", ids, ""), engine
+    finally:
+        shutdown_llm(engine.llm)
+
+
+@pytest.fixture
+def fresh(served):
+    """The shared engine put back on the saved model's weights (whatever an earlier test loaded),
+    and a copy of that model for the test to change: (model, ids, prompt, engine)."""
+    import copy
+
+    from rhymerl.vllm.worker_ext import weights_fingerprint
+
+    model, ids, prompt, engine = served
+    engine.load_weights(model.state_dict().items())
+    assert engine.weights_fingerprint() == pytest.approx(weights_fingerprint(model.named_parameters()), rel=1e-6)
+    return copy.deepcopy(model), ids, prompt, engine
 
 
 def _probe_logprobs(model, probe: list[int]) -> list[float]:
@@ -61,36 +81,33 @@ def _probe_logprobs(model, probe: list[int]) -> list[float]:
     return logp.gather(1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
 
 
-def test_greedy_after_weight_update_matches_the_new_weights(tmp_path):
-    model, ids, prompt, engine = _model_and_engine(tmp_path)
-    try:
-        before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache
-        assert before == _hf_greedy(model, ids, 4)
-        with torch.no_grad():  # a different policy: every attention and MLP weight scaled
-            for name, param in model.named_parameters():
-                if "mlp" in name or "self_attn" in name:
-                    param.mul_(1.5)
-        expected = _hf_greedy(model, ids, 4)
-        assert expected != before, "the update must change the greedy continuation to be a test"
-        probe = list(ids[:32])
-        stale = engine.probe_logprobs(probe)
-        # in many small buckets, as a bucketed sync sends them: staged, then loaded at once
-        for bucket in bucketed(iter(model.state_dict().items()), bucket_bytes=4096):
-            engine.stage_weights(bucket.items())
-        assert engine.generate([prompt], GREEDY)[0].token_ids == before  # staged is not loaded
-        engine.commit_weights()
-        assert engine.generate([prompt], GREEDY)[0].token_ids == expected
-        # Rule (sync check): the probe's log-probs, a function of every weight, are the new
-        # model's after the update, and were far from them before it (norm/embedding sums are
-        # unchanged by this update: only a probe sees it).
-        want = _probe_logprobs(model, probe)
-        assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
-        assert max(abs(a - b) for a, b in zip(stale, want)) > 0.05
-    finally:
-        shutdown_llm(engine.llm)
+def test_greedy_after_weight_update_matches_the_new_weights(fresh):
+    model, ids, prompt, engine = fresh
+    before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache
+    assert before == _hf_greedy(model, ids, 4)
+    with torch.no_grad():  # a different policy: every attention and MLP weight scaled
+        for name, param in model.named_parameters():
+            if "mlp" in name or "self_attn" in name:
+                param.mul_(1.5)
+    expected = _hf_greedy(model, ids, 4)
+    assert expected != before, "the update must change the greedy continuation to be a test"
+    probe = list(ids[:32])
+    stale = engine.probe_logprobs(probe)
+    # in many small buckets, as a bucketed sync sends them: staged, then loaded at once
+    for bucket in bucketed(iter(model.state_dict().items()), bucket_bytes=4096):
+        engine.stage_weights(bucket.items())
+    assert engine.generate([prompt], GREEDY)[0].token_ids == before  # staged is not loaded
+    engine.commit_weights()
+    assert engine.generate([prompt], GREEDY)[0].token_ids == expected
+    # Rule (sync check): the probe's log-probs, a function of every weight, are the new
+    # model's after the update, and were far from them before it (norm/embedding sums are
+    # unchanged by this update: only a probe sees it).
+    want = _probe_logprobs(model, probe)
+    assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(stale, want)) > 0.05
 
 
-def test_weights_broadcast_over_a_process_group_load_in_place(tmp_path):
+def test_weights_broadcast_over_a_process_group_load_in_place(fresh):
     """The process-group sync's engine side on CPU (gloo): this test process is the trainer's
     rank 0, the engine's worker process joins as rank 1 and loads the buckets as they arrive."""
     import threading
@@ -99,28 +116,25 @@ def test_weights_broadcast_over_a_process_group_load_in_place(tmp_path):
     from rhymerl.vllm.worker_ext import weights_fingerprint
     from rhymerl.weight_group import GroupAddress, open_group
 
-    model, ids, prompt, engine = _model_and_engine(tmp_path)
-    try:
-        before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache
-        with torch.no_grad():  # a different policy, and different norm sums for the fingerprint
-            for name, param in model.named_parameters():
-                param.mul_(1.5 if ("mlp" in name or "self_attn" in name) else 1.25)
-        expected = _hf_greedy(model, ids, 4)
-        assert expected != before, "the update must change the greedy continuation to be a test"
-        address = GroupAddress("127.0.0.1", free_port(), world_size=2)
-        received: list[int] = []
-        engine_side = threading.Thread(target=lambda: received.append(
-            engine.receive_weights(address.host, address.port, address.world_size, address.backend, 1)))
-        engine_side.start()
-        group = open_group(address, rank=0, timeout_s=120)
-        sent = group.send(bucketed(iter(model.state_dict().items()), bucket_bytes=4096))
-        group.close()
-        engine_side.join(timeout=120)
-        assert received == [len(model.state_dict())] and sent > 0
-        assert engine.generate([prompt], GREEDY)[0].token_ids == expected
-        assert engine.weights_fingerprint() == pytest.approx(weights_fingerprint(model.named_parameters()), rel=1e-6)
-        probe = list(ids[:32])
-        want = _probe_logprobs(model, probe)
-        assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
-    finally:
-        shutdown_llm(engine.llm)
+    model, ids, prompt, engine = fresh
+    before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache
+    with torch.no_grad():  # a different policy, and different norm sums for the fingerprint
+        for name, param in model.named_parameters():
+            param.mul_(1.5 if ("mlp" in name or "self_attn" in name) else 1.25)
+    expected = _hf_greedy(model, ids, 4)
+    assert expected != before, "the update must change the greedy continuation to be a test"
+    address = GroupAddress("127.0.0.1", free_port(), world_size=2)
+    received: list[int] = []
+    engine_side = threading.Thread(target=lambda: received.append(
+        engine.receive_weights(address.host, address.port, address.world_size, address.backend, 1)))
+    engine_side.start()
+    group = open_group(address, rank=0, timeout_s=120)
+    sent = group.send(bucketed(iter(model.state_dict().items()), bucket_bytes=4096))
+    group.close()
+    engine_side.join(timeout=120)
+    assert received == [len(model.state_dict())] and sent > 0
+    assert engine.generate([prompt], GREEDY)[0].token_ids == expected
+    assert engine.weights_fingerprint() == pytest.approx(weights_fingerprint(model.named_parameters()), rel=1e-6)
+    probe = list(ids[:32])
+    want = _probe_logprobs(model, probe)
+    assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(probe), want)) < 1e-3
