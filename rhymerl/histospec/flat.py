@@ -228,13 +228,6 @@ class PromptIndex:
             raise ValueError(f"sequence {seq_id} is history (ids below {self.base} are read-only)")
         self.side.extend(seq_id - self.base, tokens)
 
-    def extend_many(self, seq_ids: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> None:
-        """Append flat[offsets[j]:offsets[j + 1]] to sibling seq_ids[j] for every j (one call)."""
-        seq_ids = np.asarray(seq_ids, np.int64)
-        if len(seq_ids) and seq_ids.min() < self.base:
-            raise ValueError(f"sequences {seq_ids.tolist()}: ids below {self.base} are history (read-only)")
-        self.side.extend_many(seq_ids - self.base, flat, offsets)
-
     def extend_rows(self, seq_ids: np.ndarray, tokens: np.ndarray, row_ids: np.ndarray, starts: np.ndarray,
                     ends: np.ndarray) -> None:
         """Append tokens[row_ids[j], starts[j]:ends[j]] to sibling seq_ids[j] for every j (one call;

@@ -84,21 +84,10 @@ def _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, first_end, lo
 
 
 @njit(cache=True)
-def _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs, flat, offsets, lo, hi):
-    """Append flat[offsets[j]:offsets[j + 1]] to sequence seqs[j] for every j, indexing the new
-    n-grams (`SuffixIndex.extend`, one sequence after another)."""
-    for j in range(seqs.shape[0]):
-        seq, a, b = seqs[j], offsets[j], offsets[j + 1]
-        start = lens[seq]
-        tok[seq, start:start + b - a] = flat[a:b]
-        lens[seq] = start + b - a
-        _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
-
-
-@njit(cache=True)
 def _append_rows(tok, lens, hkey, hhead, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j (the
-    engine's token rows: no list of the new tokens is built)."""
+    """Append rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, indexing the new
+    n-grams (`SuffixIndex.extend`, one sequence after another; the engine's token rows are read in
+    place: no list of the new tokens is built)."""
     for j in range(seqs.shape[0]):
         seq, a, b = seqs[j], starts[j], ends[j]
         start = lens[seq]
@@ -197,25 +186,9 @@ class SideIndex:
 
     def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
         """Append `tokens` to sequence `seq_id` (a sibling that generated more tokens)."""
-        flat = np.asarray(tokens, dtype=np.int32).ravel()
-        self.extend_many(np.array([seq_id], np.int64), flat, np.array([0, len(flat)], np.int64))
-
-    def extend_many(self, seq_ids: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> None:
-        """Append flat[offsets[j]:offsets[j + 1]] to sequence seq_ids[j], for every j in order."""
-        seq_ids = np.asarray(seq_ids, np.int64)
-        if not len(seq_ids):
-            return
-        if seq_ids.min() < 0 or seq_ids.max() >= self.state[NSEQ]:
-            raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
-        offsets = np.asarray(offsets, np.int64)
-        counts = np.diff(offsets)
-        grown = self.lens[:len(self.lens)].copy()
-        np.add.at(grown, seq_ids, counts)
-        if grown.max() >= STRIDE:
-            raise ValueError(f"a sequence is longer than {STRIDE - 1} tokens")
-        self._room(int(self.state[NSEQ]), int(grown.max()), int(counts.sum()))
-        _append(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
-                np.asarray(flat, np.int32), offsets, self.min_match, self.max_match)
+        row = np.asarray(tokens, dtype=np.int32).reshape(1, -1)
+        self.extend_rows(np.array([seq_id]), row, np.zeros(1, np.int64), np.zeros(1, np.int64),
+                         np.array([row.shape[1]]))
 
     def extend_rows(self, seq_ids: np.ndarray, tokens: np.ndarray, row_ids: np.ndarray, starts: np.ndarray,
                     ends: np.ndarray) -> None:

@@ -8,8 +8,8 @@ from rhymerl.histospec.side import SideIndex
 
 
 def grow_both(rng, lo, hi, vocab):
-    """The same random siblings (started, then grown a few tokens at a time, some in one batch
-    call) in a SideIndex and a SuffixIndex."""
+    """The same random siblings (started, then grown a few tokens at a time) in a SideIndex and a
+    SuffixIndex."""
     prefix = rng.integers(0, vocab, int(rng.integers(0, 9))).tolist()
     side, ref = SideIndex(lo, hi, prefix), SuffixIndex(lo, hi, prefix)
     base = rng.integers(0, vocab, 300)
@@ -21,17 +21,14 @@ def grow_both(rng, lo, hi, vocab):
             seqs.append(len(first))
             continue
         ids = rng.choice(len(seqs), int(rng.integers(1, len(seqs) + 1)), replace=False)
-        chunks = []
-        for s in ids:
+        for s in ids.tolist():
             size = int(rng.integers(0, 40))
             chunk = base[seqs[s]:seqs[s] + size].copy()
             hit = rng.random(len(chunk)) < 0.1
             chunk[hit] = rng.integers(0, vocab, int(hit.sum()))
-            chunks.append(chunk)
             seqs[s] += len(chunk)
-            ref.extend(int(s), chunk.tolist())
-        offsets = np.cumsum([0] + [len(c) for c in chunks])
-        side.extend_many(ids, np.concatenate(chunks) if chunks else np.zeros(0), offsets)
+            ref.extend(s, chunk.tolist())
+            side.extend(s, chunk)
     return side, ref, base
 
 
