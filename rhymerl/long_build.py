@@ -34,6 +34,9 @@ LENGTH_EDGES = (0, 100, 300, 1000)
 _EVAL_STEPS = {0: (3, 5, 7, 9), 100: (18, 24, 30, 36), 300: (55, 70, 85, 100), 1000: (175, 190, 205, 220)}
 
 
+_TASK = LongProblemSettings()  # the one source of the task's defaults
+
+
 @dataclass(frozen=True)
 class LongBuildSettings(BuildSettings):
     """`BuildSettings` for the long-tail task; the defaults are the built model's recipe."""
@@ -42,12 +45,12 @@ class LongBuildSettings(BuildSettings):
     steps: int = 1000
     stop_loss: float = 0.0  # every step: the loss stays low long before the longest answers come out right
     batch_size: int = 16  # short batches: 1,000 steps fit in ~10 min on a shared 2-core machine
-    # long task (the run's problems: rhymerl.long_problems.LongProblemSettings' defaults)
-    median_steps: int = 20
-    sigma: float = 1.0
-    max_steps: int = 220
-    max_start: int = 9
-    max_step: int = 3
+    # long task: the run's problems (rhymerl.long_problems.LongProblemSettings' defaults, read from there)
+    median_steps: int = _TASK.median_steps
+    sigma: float = _TASK.sigma
+    max_steps: int = _TASK.max_steps
+    max_start: int = _TASK.max_start
+    max_step: int = _TASK.max_step
     # SFT draws its problems with this median count instead (the same sigma and clip): short chains
     # teach the lines and the prompt look-ups (copy n, fetch d) in a fraction of the tokens (mean ~84
     # tokens against ~210), and the log-normal tail still shows a chain of 100+ lines now and then.
