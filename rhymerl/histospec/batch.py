@@ -131,11 +131,11 @@ class BatchIndexDrafter:
             fill = np.zeros(1, dtype=np.int64)
             sib = np.asarray(sib, dtype=np.int64)
             for js in groups.values():
-                side, js = indexes[int(sib[js[0]])].side, np.asarray(js, dtype=np.int64)
-                shift = indexes[int(sib[js[0]])].base * STRIDE
+                ix, js = indexes[int(sib[js[0]])], np.asarray(js, dtype=np.int64)
+                side = ix.side
                 sibling_rows(side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards,
                              sib[js], nf[js], tokens, row_ids, nums, budgets, spec.min_match, spec.max_match,
-                             self.limit, shift, spec.reward_weighted, forced, flat_limits, x_tok, x_len, x_code,
+                             self.limit, ix.base * STRIDE, spec.reward_weighted, forced, flat_limits, x_tok, x_len, x_code,
                              x_rew, x_lo, x_hi, fill)
         out = np.zeros((count, width), dtype=np.int64)
         out_len = np.zeros(count, dtype=np.int64)

@@ -115,9 +115,10 @@ class HistoSpecDrafter:
         return Draft(tuple(tokens), n, sum(probs), tuple(probs)) if tokens else EMPTY
 
 
-def asks_tree(own_score: float, budget: int, gate: float) -> bool:
+def asks_tree(own_score, budget, gate: float):
     """Whether a request whose own draft scores `own_score` asks the cross-prompt tree (see
-    `SpecConfig.recent_gate`): its own draft expects fewer than gate x budget accepted tokens."""
+    `SpecConfig.recent_gate`): its own draft expects fewer than gate x budget accepted tokens.
+    Scalars, or numpy arrays of a batch's rows (then an array of bools)."""
     return own_score < gate * budget
 
 

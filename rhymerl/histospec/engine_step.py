@@ -37,7 +37,7 @@ import numpy as np
 
 from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
-from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig
+from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.requests import RequestTable, row_keys
@@ -201,7 +201,7 @@ class BatchDrafter:
                                                              tokens)
         if self.recent is None:
             return toks, lens, probs
-        asks = np.flatnonzero(scores < self.spec.recent_gate * budgets)  # asks_tree, for every row at once
+        asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate))  # every row at once
         if len(asks):  # HistoSpecDrafter.against_recent, on views of the token rows (no list per row)
             rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
             depth, factor, floor = self.recent.depth, self.spec.recent_spec_factor, self.spec.min_token_prob

@@ -36,7 +36,6 @@ before any estimate is recorded) would cut both alike.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
@@ -171,18 +170,12 @@ class AcceptanceCalibration:
         return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
 
     def record(self, probs: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
+        """`record_rows` of drafts given as one estimate list per draft."""
         lengths = np.fromiter(map(len, probs), np.int64, len(probs))
-        total = int(lengths.sum())
-        if not total:
-            return
-        flat = np.fromiter(itertools.chain.from_iterable(probs), np.float64, total)
-        position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        hit = position < np.repeat(np.asarray(accepted, np.int64), lengths)
-        b = self._bin(flat)
-        self.drafted += np.bincount(b, minlength=self.bins)
-        self.accepted += np.bincount(b[hit], minlength=self.bins)
-        self.tokens += total
-        self._table = None
+        padded = np.zeros((len(probs), int(lengths.max(initial=0))))
+        for i, p in enumerate(probs):
+            padded[i, :len(p)] = p
+        self.record_rows(padded, lengths, np.asarray(accepted, np.int64))
 
     def record_rows(self, probs: np.ndarray, lengths: np.ndarray, accepted: np.ndarray) -> None:
         """`record` of drafts given padded: draft i's estimates are probs[i, :lengths[i]]."""

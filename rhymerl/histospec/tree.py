@@ -76,9 +76,7 @@ class RecentTree:
         return handle
 
     def extend(self, handle: int, tokens: Sequence[int]) -> None:
-        if handle in self.lengths and len(tokens):
-            self.tree.extend(handle, [int(t) for t in tokens])
-            self.lengths[handle] += len(tokens)
+        self.extend_array(handle, np.asarray(tokens, dtype=np.int32))
 
     def extend_array(self, handle: int, tokens: np.ndarray) -> None:
         """`extend` from an int32 array (a view of the engine's token row: no list per call)."""
