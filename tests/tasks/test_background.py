@@ -63,3 +63,27 @@ def test_flush_waits_for_everything_and_raises_the_first_error(prefect_harness):
 def test_limit_is_checked():
     with pytest.raises(ValueError, match="limit"):
         Background(limit=0)
+
+
+def test_runs_submitted_in_a_subflow_outlive_it(prefect_harness):
+    # Rule: runs go to the task runner of the flow that made the Background, so a subflow (an
+    # epoch) returns without waiting for them and they are not cancelled when it ends.
+    out: list = []  # shared through the closure: a subflow's parameters are copies
+    made: list = []
+
+    @flow
+    def epoch() -> None:
+        first = made[0].submit(_record, out, 1, delay=1.0)
+        made[0].submit(_record, out, 2, after=first)  # not started when the subflow returns
+
+    @flow
+    def run() -> list:
+        made.append(Background(limit=4))
+        epoch()
+        made[0].flush()
+        return list(out)
+
+    # On the subflow's own task runner the second, not yet started run is cancelled when the
+    # subflow returns, and flush raises CancelledError.
+    done = run()
+    assert done == [1, 2]
