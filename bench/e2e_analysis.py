@@ -16,6 +16,8 @@ Per epoch on top: index build = HistoSpec's history: the epoch's history task
 publishing of the workers' bundles (`history_s`, inside the steps; cutting them is in `plan_s`,
 prepared during the previous step); and flow = the epoch's wall time minus its steps' wall times
 and the history task (the Prefect subflow, the log-epoch task, the history task's own dispatch).
+A step's `recorder_s` (the benchmark's CPU recording, `bench.e2e_cpu`, between its timed parts)
+is taken out of its wall time and the epoch's: it is the instrument's cost, not the system's.
 Records of runs before per-worker bundles carry the epoch's whole bundle in `spec/history_build_s`. Overhead = system I/O + dispatch + flow: everything that is neither the RL work nor
 HistoSpec's index; its fraction is of the epoch's wall time.
 """
@@ -52,7 +54,7 @@ def step_split(rec: dict) -> dict[str, float]:
 
     Records without `wall_s` (older runs) fall back to `step_s`, which ends at weight sync."""
     parts = {k: float(rec.get(k, 0.0)) for k in WORK + SYSTEM}
-    wall = float(rec.get("wall_s", rec["step_s"]))
+    wall = float(rec.get("wall_s", rec["step_s"])) - float(rec.get("recorder_s", 0.0))  # the bench's own cost
     parts["dispatch_s"] = wall - sum(parts.values()) - float(rec.get("history_s", 0.0))  # history: index_s
     parts["wall_s"] = wall
     return parts
@@ -74,7 +76,8 @@ def epoch_rows(run: dict) -> list[dict]:
         steps_wall = sum(s["wall_s"] for s in splits)
         query_s = sum(_history_task_s(r) for r in recs)
         row["index_s"] = query_s + sum(float(r.get("history_s", 0.0)) for r in recs)
-        row["wall_s"] = walls.get(epoch, steps_wall + query_s)
+        recorder_s = sum(float(r.get("recorder_s", 0.0)) for r in recs)
+        row["wall_s"] = walls[epoch] - recorder_s if epoch in walls else steps_wall + query_s
         row["flow_s"] = row["wall_s"] - steps_wall - query_s
         row["overhead_s"] = sum(row[k] for k in OVERHEAD)
         row["overhead_frac"] = row["overhead_s"] / row["wall_s"] if row["wall_s"] > 0 else 0.0

@@ -116,12 +116,15 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     t0 = time.perf_counter()
     cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e_cpu)
     out = run_flow(config=config_to_dict(cfg))
+    recorded = cpu.result()
+    for rec, step in zip(out["history"], recorded["steps"]):  # the same steps, in the same order
+        rec["recorder_s"] = step.get("recorder_s", 0.0)
     payload = {"arm": arm, "seed": seed, "settings": json.loads(settings), "run_id": out["run_id"],
                "config": config_to_dict(cfg), "history": out["history"],
                "epoch_wall_s": {str(k): v for k, v in out["epoch_wall_s"].items()},
                "run_wall_s": time.perf_counter() - t0, "started": started, "finished": time.time(),
                "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit(),
-               "cpu": cpu.result()}
+               "cpu": recorded}
     path = Path(result)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, default=float))

@@ -143,7 +143,9 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     lines += ["", "Overhead = " + " + ".join(SPLIT_LABELS[k] for k in OVERHEAD) + ", as a share of the "
               "epoch's wall time. Dispatch = a step's wall time minus every timed part (Prefect task "
               "start/finish, Ray round trips without their own timer); epoch flow = the epoch's wall time "
-              "minus its steps and the index build.", "", "## Time split per epoch (seed means)", ""]
+              "minus its steps and the index build. Wall times leave out the benchmark's own CPU "
+              "recording (`bench.e2e_cpu`, between a step's timed parts; its cost per step is in the CPU "
+              "section).", "", "## Time split per epoch (seed means)", ""]
     lines += split_table(report)
     cpu = report.get("cpu") or {}
     lines += ["", "## CPU seconds per process and part of the step", ""]
