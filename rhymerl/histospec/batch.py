@@ -105,38 +105,47 @@ class BatchIndexDrafter:
                      budgets: Sequence[int], tokens: np.ndarray) -> tuple[np.ndarray, ...]:
         """`draft` as arrays, R rows x W (the largest budget) columns: tokens, lengths (0: no draft),
         match lengths, scores and the tokens' estimated probabilities (0 past a row's length)."""
-        count = len(indexes)
-        spec = self.spec
-        memo: dict[int, tuple[int, bool]] = {}  # id(index) -> (slot, has siblings): one look-up per prompt
-        for ix in indexes:
-            if id(ix) not in memo:
-                memo[id(ix)] = (self.slots.slot(ix), ix.side.occurrences > 0)
-        per_row = [memo[id(ix)] for ix in indexes]
-        slots = np.fromiter((slot for slot, _ in per_row), np.int64, count)
+        distinct: dict[int, int] = {}  # id(index) -> its position in `groups`
+        groups: list[PromptIndex] = []
+        which = np.empty(len(indexes), dtype=np.int64)
+        for r, ix in enumerate(indexes):
+            pos = distinct.get(id(ix))
+            if pos is None:
+                pos = distinct[id(ix)] = len(groups)
+                groups.append(ix)
+            which[r] = pos
+        return self.draft_groups(groups, which, row_ids, nums, budgets, tokens)
+
+    def draft_groups(self, indexes: Sequence[PromptIndex], which: np.ndarray, row_ids: Sequence[int],
+                     nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+        """`draft_arrays` with row r drafting from indexes[which[r]] (distinct indexes: the engine's
+        prompts, looked up once per prompt, not per row)."""
+        count, spec = len(which), self.spec
+        which = np.asarray(which, np.int64)
+        slots = np.fromiter((self.slots.slot(ix) for ix in indexes), np.int64, len(indexes))[which]
+        with_side = np.fromiter((ix.side.occurrences > 0 for ix in indexes), bool, len(indexes))
         row_ids, nums = np.asarray(row_ids, np.int64), np.asarray(nums, np.int64)
         budgets = np.asarray(budgets, np.int64)
-        width = max(1, int(budgets.max()))
+        width = max(1, int(budgets.max(initial=0)))
         forced = np.full(count, -1, dtype=np.int64)
         flat_limits = np.zeros(count, dtype=np.int64)
         x_lo, x_hi = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
-        sib = [r for r, (_, side) in enumerate(per_row) if side]
+        sib = np.flatnonzero(with_side[which])
         x_tok = np.empty((len(sib) * self.limit, width), dtype=np.int64)
         x_len = np.empty(len(sib) * self.limit, dtype=np.int64)
         x_code, x_rew = np.empty_like(x_len), np.empty(len(sib) * self.limit, dtype=np.float64)
-        if sib:  # siblings: the longer of both parts' matches decides which part's occurrences count
+        if len(sib):  # siblings: the longer of both parts' matches decides which part's occurrences count
             nf = self._history_match(slots[sib], row_ids[sib], nums[sib], tokens)
-            groups: dict[int, list[int]] = {}  # id(index) -> positions in `sib`: one call per prompt
-            for j, r in enumerate(sib):
-                groups.setdefault(id(indexes[r]), []).append(j)
+            order = np.argsort(which[sib], kind="stable")  # each index's rows, contiguous, in row order
+            cuts = np.flatnonzero(np.diff(which[sib][order])) + 1
             fill = np.zeros(1, dtype=np.int64)
-            sib = np.asarray(sib, dtype=np.int64)
-            for js in groups.values():
-                ix, js = indexes[int(sib[js[0]])], np.asarray(js, dtype=np.int64)
+            for js in np.split(order, cuts):  # one call per prompt
+                ix = indexes[int(which[sib[js[0]]])]
                 side = ix.side
                 sibling_rows(side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards,
                              sib[js], nf[js], tokens, row_ids, nums, budgets, spec.min_match, spec.max_match,
-                             self.limit, ix.base * STRIDE, spec.reward_weighted, forced, flat_limits, x_tok, x_len, x_code,
-                             x_rew, x_lo, x_hi, fill)
+                             self.limit, ix.base * STRIDE, spec.reward_weighted, forced, flat_limits, x_tok, x_len,
+                             x_code, x_rew, x_lo, x_hi, fill)
         out = np.zeros((count, width), dtype=np.int64)
         out_len = np.zeros(count, dtype=np.int64)
         out_n = np.zeros(count, dtype=np.int64)

@@ -40,7 +40,7 @@ from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.requests import RequestTable, row_keys
+from rhymerl.histospec.requests import RequestTable, step_keys
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
@@ -115,7 +115,8 @@ class BatchDrafter:
         live = np.flatnonzero(sizes)
         ends = np.asarray(num_tokens_no_spec, np.int64)[live]
         before = ends - sizes[live]
-        slots = self.requests.find(row_keys(token_ids_cpu, live, before))
+        found_by, kept_by = step_keys(token_ids_cpu, live, before, ends)
+        slots = self.requests.find(found_by)
         old = slots >= 0
         processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
         self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
@@ -137,7 +138,7 @@ class BatchDrafter:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
             self._trim(out, live, slots)
-        req.keep(row_keys(token_ids_cpu, live, ends), slots, self.step, STATE_GRACE_STEPS)
+        req.keep(kept_by, slots, self.step, STATE_GRACE_STEPS)
         self._drop_idle()
         self._stamp = time.perf_counter()
         self.stats.drafter_seconds += self._stamp - t0
@@ -151,8 +152,7 @@ class BatchDrafter:
         accepted = np.minimum(sizes - 1, drafted)
         self.stats.record_many(drafted, accepted)
         self.lifetime.record_many(drafted, accepted)
-        with_draft = drafted > 0
-        self.calibration.record_rows(req.probs[slots[with_draft]], drafted[with_draft], accepted[with_draft])
+        self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
             for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
@@ -194,26 +194,27 @@ class BatchDrafter:
         """The planned rows' drafts as (tokens, lengths, estimated probabilities), R x (largest budget):
         `HistoSpecDrafter.propose` of each row's context, the prompts' own drafts computed for all
         rows in one call (`BatchIndexDrafter`), the cross-prompt tree's for the rows that ask it."""
-        prompts = [self.prompts[k] for k in self.requests.prompt[slots].tolist()]
+        keys = self.requests.prompt[slots]
         if self.own is None:
-            return self._drafts_by_row(prompts, rows, ends, budgets, tokens)
-        toks, lens, _, scores, probs = self.own.draft_arrays([p.index for p in prompts], rows, ends, budgets,
-                                                             tokens)
+            return self._drafts_by_row([self.prompts[k] for k in keys.tolist()], rows, ends, budgets, tokens)
+        distinct, which = np.unique(keys, return_inverse=True)  # one look-up per prompt, not per row
+        toks, lens, _, scores, probs = self.own.draft_groups([self.prompts[k].index for k in distinct.tolist()],
+                                                             which.ravel(), rows, ends, budgets, tokens)
         if self.recent is None:
             return toks, lens, probs
-        asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate))  # every row at once
+        asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
         if len(asks):  # HistoSpecDrafter.against_recent, on views of the token rows (no list per row)
             rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
-            depth, factor, floor = self.recent.depth, self.spec.recent_spec_factor, self.spec.min_token_prob
-            for j in asks.tolist():
-                n, i = int(ends[j]), int(rows[j])
-                if n:
-                    other = self.recent.speculate_array(rows32[i, max(0, n - depth):n], int(budgets[j]), factor,
-                                                        floor)
-                    if other.score > scores[j]:  # ties go to the prompt's own
-                        size = len(other.token_ids)
-                        toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
-                            other.token_ids, other.probs, 0.0, size)
+            speculate = self.recent.speculate_array
+            factor, floor = self.spec.recent_spec_factor, self.spec.min_token_prob
+            starts = np.maximum(ends[asks] - self.recent.depth, 0)
+            for j, i, a, n, budget, own in zip(asks.tolist(), rows[asks].tolist(), starts.tolist(), ends[asks].tolist(),
+                                               budgets[asks].tolist(), scores[asks].tolist()):
+                other = speculate(rows32[i, a:n], budget, factor, floor)
+                if other.score > own:  # ties go to the prompt's own
+                    size = len(other.token_ids)
+                    toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
+                        other.token_ids, other.probs, 0.0, size)
         return toks, lens, probs
 
     def _drafts_by_row(self, prompts: list[_Prompt], rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
