@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rhymerl.histospec.batch import BatchIndexDrafter
+from rhymerl.histospec.batch import BatchIndexDrafter, runs
 from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
@@ -165,19 +165,16 @@ class BatchDrafter:
         req = self.requests
         sib = np.flatnonzero(req.sib[slots] >= 0)
         if len(sib):
-            prompts = req.prompt[slots[sib]]
-            order = np.argsort(prompts, kind="stable")  # each prompt's rows, contiguous
-            cuts = np.flatnonzero(np.diff(prompts[order])) + 1
-            for at in np.split(sib[order], cuts):
+            for at in runs(req.prompt[slots[sib]]):  # each prompt's rows
+                at = sib[at]
                 self.prompts[int(req.prompt[slots[at[0]]])].index.extend_rows(
                     req.sib[slots[at]], tokens, rows[at], starts[at], ends[at])
         due = (req.tree[slots] >= 0) & (ends - req.tree_n[slots] >= TREE_CHUNK)
         if due.any():
-            rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
-            due = np.flatnonzero(due)
+            due, extend = np.flatnonzero(due), self.recent.extend_array
             for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(),
                                                req.tree_n[slots[due]].tolist(), ends[due].tolist()):
-                self.recent.extend_array(handle, rows32[row, start:end])
+                extend(handle, _int32(tokens[row, start:end]))
             req.tree_n[slots[due]] = ends[due]
 
     def _plan(self, slots: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -204,13 +201,12 @@ class BatchDrafter:
             return toks, lens, probs
         asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
         if len(asks):  # HistoSpecDrafter.against_recent, on views of the token rows (no list per row)
-            rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
             speculate = self.recent.speculate_array
             factor, floor = self.spec.recent_spec_factor, self.spec.min_token_prob
             starts = np.maximum(ends[asks] - self.recent.depth, 0)
             for j, i, a, n, budget, own in zip(asks.tolist(), rows[asks].tolist(), starts.tolist(), ends[asks].tolist(),
                                                budgets[asks].tolist(), scores[asks].tolist()):
-                other = speculate(rows32[i, a:n], budget, factor, floor)
+                other = speculate(_int32(tokens[i, a:n]), budget, factor, floor)
                 if other.score > own:  # ties go to the prompt's own
                     size = len(other.token_ids)
                     toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
@@ -338,3 +334,9 @@ class BatchDrafter:
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
             if self.own is not None:
                 self.own.slots.retain([p.index for p in self.prompts.values()])
+
+
+def _int32(tokens: np.ndarray) -> np.ndarray:
+    """`tokens` (a slice of one token row) as the int32 array the library takes: the row itself when
+    the engine's rows are int32 (vLLM's are), else a copy of the slice alone, never of all rows."""
+    return tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
