@@ -13,7 +13,9 @@ row's draft. In order:
    token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
 3. Grow the siblings (one compiled call per prompt, reading the new tokens from the token rows) and
    the cross-prompt tree (every `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group`
-   requests of each prompt join it).
+   requests of each prompt join it). A request that arrives with a long prefix (moved from another
+   worker, or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond
+   the step's new ones, so no step stalls on it; its siblings draft from what is indexed meanwhile.
 4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
    cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget.
 5. Trim the drafts to what pays under the measured step cost (`spec.cost_aware`), keeping whole the
@@ -50,6 +52,11 @@ from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
 INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
+# Tokens a step adds to the siblings / the cross-prompt tree beyond its requests' new ones: a request
+# that arrives with a long prefix (moved from another worker, or preempted and recomputed) catches up
+# over steps instead of stalling one (256 requests of 8K tokens: 6 s in one step).
+SIDE_CATCH_UP = 2048
+TREE_CATCH_UP = 512
 
 
 @dataclass
@@ -97,6 +104,8 @@ class BatchDrafter:
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self.own = BatchIndexDrafter(self.spec) if self.batched else None  # compiles (or loads) now
+        self._left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
+        self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -107,6 +116,7 @@ class BatchDrafter:
         t0 = time.perf_counter()
         self.step += 1
         self._inline_left = INLINE_TOKENS
+        self._left, self.lagging = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}, 0
         self._count_builds()
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
@@ -121,7 +131,7 @@ class BatchDrafter:
         processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
         self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
         for j in np.flatnonzero(~old).tolist():  # requests seen for the first time
-            slots[j] = self._start(token_ids_cpu[live[j]], int(ends[j]))
+            slots[j] = self._start(token_ids_cpu[live[j]], int(ends[j]), int(sizes[live[j]]))
             processed += int(before[j])  # its prefill (cached prompt blocks counted too)
         req = self.requests
         req.n[slots], req.step[slots], req.drafted[slots] = ends, self.step, 0
@@ -161,21 +171,43 @@ class BatchDrafter:
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
         """Add continuing requests' new tokens to their prompts' siblings (one call per prompt) and,
-        every TREE_CHUNK tokens, to the cross-prompt tree."""
+        every TREE_CHUNK tokens, to the cross-prompt tree; a request behind (it arrived with a long
+        prefix) catches up within the step's allowance (`_catch_up`)."""
         req = self.requests
         sib = np.flatnonzero(req.sib[slots] >= 0)
         if len(sib):
+            held = req.sib_n[slots[sib]]
+            upto = held + self._catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
             for at in runs(req.prompt[slots[sib]]):  # each prompt's rows
-                at = sib[at]
-                self.prompts[int(req.prompt[slots[at[0]]])].index.extend_rows(
-                    req.sib[slots[at]], tokens, rows[at], starts[at], ends[at])
-        due = (req.tree[slots] >= 0) & (ends - req.tree_n[slots] >= TREE_CHUNK)
-        if due.any():
-            due, extend = np.flatnonzero(due), self.recent.extend_array
-            for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(),
-                                               req.tree_n[slots[due]].tolist(), ends[due].tolist()):
+                self.prompts[int(req.prompt[slots[sib[at[0]]]])].index.extend_rows(
+                    req.sib[slots[sib[at]]], tokens, rows[sib[at]], held[at], upto[at])
+            req.sib_n[slots[sib]] = upto
+        in_tree = np.flatnonzero(req.tree[slots] >= 0)
+        due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]
+        if len(due):
+            held = req.tree_n[slots[due]]
+            # a request in step holds all but its last < TREE_CHUNK tokens before this step's
+            upto = held + self._catch_up(ends[due] - held, ends[due] - starts[due] + TREE_CHUNK - 1, "tree")
+            extend = self.recent.extend_array
+            for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(), held.tolist(),
+                                               upto.tolist()):
                 extend(handle, _int32(tokens[row, start:end]))
-            req.tree_n[slots[due]] = ends[due]
+            req.tree_n[slots[due]] = upto
+
+    def _catch_up(self, due: np.ndarray, steady: np.ndarray, kind: str) -> np.ndarray:
+        """Tokens each row adds this step to the siblings (kind "side") or the tree ("tree"): what it
+        is due, up to what it would add had it never fallen behind (`steady`); the rows still behind
+        share the step's allowance for `kind` beyond that, first rows first. The rest waits for
+        later steps (counted in `lagging`)."""
+        base = np.minimum(due, steady)
+        behind = due - base
+        if not behind.any():  # every step but a catch-up's: nothing to share
+            return due
+        left = self._left[kind]
+        extra = np.clip(left - (np.cumsum(behind) - behind), 0, behind)
+        self._left[kind] = left - int(extra.sum())
+        self.lagging += int((behind - extra).sum())
+        return base + extra
 
     def _plan(self, slots: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which rows draft this step (a known prompt and room for a draft), and every row's budget."""
@@ -254,9 +286,10 @@ class BatchDrafter:
             out[i] = draft
             req.drafted[slot] = len(draft)
 
-    def _start(self, row: np.ndarray, n: int) -> int:
-        """A slot for a request seen for the first time: find its prompt, open its sibling sequence
-        and its response in the cross-prompt tree."""
+    def _start(self, row: np.ndarray, n: int, new: int) -> int:
+        """A slot for a request seen for the first time (`n` tokens, `new` of them sampled this step):
+        find its prompt, open its sibling sequence and its response in the cross-prompt tree, with as
+        much of its response as the step's allowances let in (`_catch_up`; `_grow` adds the rest)."""
         req = self.requests
         slot = req.alloc()
         req.budget[slot] = self.rule.initial
@@ -267,11 +300,14 @@ class BatchDrafter:
         if prompt is None:
             prompt = self.prompts[k] = self._open(k)
         req.prompt[slot], req.forecast[slot], req.plen[slot] = k, prompt.forecast, prompt.plen
+        due, steady = np.array([max(0, n - prompt.plen)]), np.array([new])
         if self.spec.siblings:
-            req.sib[slot] = prompt.index.add(row[prompt.plen:n].tolist())
+            upto = prompt.plen + int(self._catch_up(due, steady, "side")[0])
+            req.sib[slot], req.sib_n[slot] = prompt.index.add(row[prompt.plen:upto].tolist()), upto
         per_group = self.spec.recent_per_group
         if self.recent is not None and (not per_group or prompt.in_tree < per_group):
-            req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:n].tolist()), n
+            upto = prompt.plen + int(self._catch_up(due, steady, "tree")[0])
+            req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:upto].tolist()), upto
             prompt.in_tree += 1
         return slot
 

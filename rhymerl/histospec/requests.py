@@ -83,13 +83,14 @@ class RequestTable:
     Fields (arrays indexed by slot): `budget` (its draft budget), `n` (its length when last drafted
     for), `drafted` (the length of that draft, 0: none), `probs` (that draft's estimated token
     probabilities, `Draft.probs`), `prompt` (its prompt's key in the bundle, -1: unknown prompt),
-    `sib` (its sequence in the prompt's index, -1: none), `tree` / `tree_n` (its handle in the
-    cross-prompt tree, -1: none, and how many of its tokens the tree holds), `forecast` / `plen`
+    `sib` / `sib_n` (its sequence in the prompt's index, -1: none, and how many of its row's tokens
+    that sequence holds), `tree` / `tree_n` (its handle in the cross-prompt tree, -1: none, and how
+    many of its row's tokens the tree holds), `forecast` / `plen`
     (its prompt's longest earlier response, 0: none, and the prompt's length), `step` (the last
     step that saw it). `keys` / `slots`: the key each live slot was stored under.
     """
 
-    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "tree", "tree_n", "forecast", "plen", "step")
+    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "sib_n", "tree", "tree_n", "forecast", "plen", "step")
 
     def __init__(self, width: int, capacity: int = 64) -> None:
         self.width = width  # the longest draft (vLLM's num_speculative_tokens)
