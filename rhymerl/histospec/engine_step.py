@@ -369,7 +369,7 @@ class BatchDrafter:
             self.prompts = {k: p for k, p in self.prompts.items()
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
             if self.own is not None:
-                self.own.slots.retain([p.index for p in self.prompts.values()])
+                self.own.retain([p.index for p in self.prompts.values()])
 
 
 def _int32(tokens: np.ndarray) -> np.ndarray:

@@ -166,7 +166,8 @@ class AcceptanceCalibration:
         self.accepted = np.zeros(bins)
         self.tokens = 0  # draft tokens recorded
         self._table: np.ndarray | None = None
-        _count_bins(np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(1), np.zeros(1))  # compile now
+        none = np.zeros(0, np.int64)
+        _count_bins(np.zeros((0, 1)), none, none, np.zeros(1), np.zeros(1))  # compile now, not in a step
 
     def _bin(self, p: np.ndarray) -> np.ndarray:
         return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
