@@ -21,20 +21,14 @@ from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.slots import FlatSlots, SideSlots
 
 
-def runs(keys: np.ndarray) -> list[np.ndarray]:
-    """The positions of `keys` grouped by key (ascending), each group in position order (np.split
-    without its per-piece Python overhead: an engine step groups its rows by prompt this way)."""
-    order = np.argsort(keys, kind="stable")
-    bounds = [0, *(np.flatnonzero(np.diff(keys[order])) + 1).tolist(), len(order)]
-    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
 class BatchIndexDrafter:
     """Drafts from the prompts' own indexes (history + siblings) for many rows per call."""
 
-    def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES) -> None:
+    def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES,
+                 sides: SideSlots | None = None) -> None:
         self.spec, self.limit = spec, max_candidates
-        self.slots, self.sides = FlatSlots(), SideSlots()
+        self.slots = FlatSlots()
+        self.sides = sides if sides is not None else SideSlots()  # the caller's, to share with its growth
         self._warm()
 
     def propose(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
@@ -89,8 +83,10 @@ class BatchIndexDrafter:
         out_n = np.zeros(count, dtype=np.int64)
         out_score = np.zeros(count, dtype=np.float64)
         out_prob = np.zeros((count, width), dtype=np.float64)
+        sib = self.sides
         kernel.draft_rows(self.slots.texts, self.slots.sas, self.slots.keys, self.slots.starts, self.slots.rewards,
-                          slots, *self.sides.lists, sides, shifts, tokens, row_ids, nums, budgets, self.limit,
+                          slots, sib.tok, sib.lens, sib.hkey, sib.hhead, sib.ocode, sib.oprev, sib.rewards, sides,
+                          shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
                           float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob)
         out_prob[np.arange(width)[None, :] >= out_len[:, None]] = 0.0

@@ -11,7 +11,7 @@ row's draft. In order:
    and its response in the cross-prompt tree.
 2. Count what the step that ran accepted (a request's `sampled` is its accepted draft plus one
    token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
-3. Grow the siblings (one compiled call per prompt, reading the new tokens from the token rows) and
+3. Grow the siblings (one compiled call for all prompts, reading the new tokens from the token rows) and
    the cross-prompt tree (every `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group`
    requests of each prompt join it). A request that arrives with a long prefix (moved from another
    worker, or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond
@@ -37,13 +37,14 @@ from typing import Sequence
 
 import numpy as np
 
-from rhymerl.histospec.batch import BatchIndexDrafter, runs
+from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.requests import RequestTable, step_keys
 from rhymerl.histospec.rows import PromptTable
+from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
@@ -103,7 +104,8 @@ class BatchDrafter:
         self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
-        self.own = BatchIndexDrafter(self.spec) if self.batched else None  # compiles (or loads) now
+        self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
+        self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
         self._left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
 
@@ -170,7 +172,7 @@ class BatchDrafter:
 
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
-        """Add continuing requests' new tokens to their prompts' siblings (one call per prompt) and,
+        """Add continuing requests' new tokens to their prompts' siblings (one call for all) and,
         every TREE_CHUNK tokens, to the cross-prompt tree; a request behind (it arrived with a long
         prefix) catches up within the step's allowance (`_catch_up`)."""
         req = self.requests
@@ -178,9 +180,12 @@ class BatchDrafter:
         if len(sib):
             held = req.sib_n[slots[sib]]
             upto = held + self._catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
-            for at in runs(req.prompt[slots[sib]]):  # each prompt's rows
-                self.prompts[int(req.prompt[slots[sib[at[0]]]])].index.extend_rows(
-                    req.sib[slots[sib[at]]], tokens, rows[sib[at]], held[at], upto[at])
+            distinct, which = np.unique(req.prompt[slots[sib]], return_inverse=True)
+            indexes = [self.prompts[k].index for k in distinct.tolist()]
+            bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
+            which = which.ravel()  # the sibling ids in the prompts' SideIndexes follow their histories' ids
+            self.sides.extend_rows([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens,
+                                   rows[sib], held, upto)
             req.sib_n[slots[sib]] = upto
         in_tree = np.flatnonzero(req.tree[slots] >= 0)
         due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]
@@ -368,8 +373,10 @@ class BatchDrafter:
         if self.step % 64 == 0:
             self.prompts = {k: p for k, p in self.prompts.items()
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
+            live = [p.index for p in self.prompts.values()]
+            self.sides.retain(live)
             if self.own is not None:
-                self.own.retain([p.index for p in self.prompts.values()])
+                self.own.retain(live)
 
 
 def _int32(tokens: np.ndarray) -> np.ndarray:

@@ -84,17 +84,45 @@ def _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, first_end, lo
 
 
 @njit(cache=True)
+def _append(tok, lens, hkey, hhead, ocode, oprev, state, seq, rows, row, a, b, lo, hi):
+    """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
+    engine's token rows are read in place: no list of the new tokens is built)."""
+    start = lens[seq]
+    for t in range(b - a):
+        tok[seq, start + t] = rows[row, a + t]
+    lens[seq] = start + b - a
+    _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+
+
+@njit(cache=True)
 def _append_rows(tok, lens, hkey, hhead, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """Append rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, indexing the new
-    n-grams (`SuffixIndex.extend`, one sequence after another; the engine's token rows are read in
-    place: no list of the new tokens is built)."""
+    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
     for j in range(seqs.shape[0]):
-        seq, a, b = seqs[j], starts[j], ends[j]
-        start = lens[seq]
-        for t in range(b - a):
-            tok[seq, start + t] = rows[row_ids[j], a + t]
-        lens[seq] = start + b - a
-        _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+        _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+
+
+@njit(cache=True)
+def append_many(s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev, s_state, sides, seqs, rows, row_ids, starts, ends,
+                lo, hi):
+    """`_append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
+    row j goes to sequence seqs[j] of index sides[j]."""
+    for j in range(seqs.shape[0]):
+        k = sides[j]
+        _append(s_tok[k], s_lens[k], s_hkey[k], s_hhead[k], s_ocode[k], s_oprev[k], s_state[k], seqs[j], rows,
+                row_ids[j], starts[j], ends[j], lo, hi)
+
+
+@njit(cache=True)
+def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
+    """`_appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
+    False if a sequence id is unknown to its index."""
+    for j in range(seqs.shape[0]):
+        k, seq = sides[j], seqs[j]
+        if seq < 0 or seq >= s_state[k][NSEQ]:
+            return False
+        count = ends[j] - starts[j]
+        longest[k], total[k] = max(longest[k], s_lens[k][seq] + count), total[k] + count
+    return True
 
 
 @njit(cache=True)
@@ -218,6 +246,12 @@ class SideIndex:
         self._room(int(self.state[NSEQ]), int(longest), int(total))
         _append_rows(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
                      tokens, np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
+
+    def reserve(self, longest: int, total: int) -> None:
+        """Make room for appending `total` tokens in all, the longest sequence then `longest` tokens
+        long (`extend_rows` does this itself; `rhymerl.histospec.slots.SideSlots.extend_rows`, for
+        many indexes in one compiled call, first)."""
+        self._room(int(self.state[NSEQ]), int(longest), int(total))
 
     def set_reward(self, seq_id: int, reward: float) -> None:
         """Record the reward of a finished sibling so reward-weighted drafting can use it."""

@@ -16,7 +16,7 @@ import numpy as np
 from numba import typed, types
 
 from rhymerl.histospec.flat import PromptIndex
-from rhymerl.histospec.side import SideIndex
+from rhymerl.histospec.side import SideIndex, append_many, appending_many
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
@@ -83,18 +83,45 @@ class FlatSlots(_Slots):
 
 
 class SideSlots(_Slots):
-    """The arrays of `SideIndex`es (siblings): tok, lens, hkey, hhead, ocode, oprev, rewards."""
+    """The arrays of `SideIndex`es (siblings): tok, lens, hkey, hhead, ocode, oprev, rewards, state."""
 
     def __init__(self) -> None:
-        super().__init__((_I32_2D, _I64, _U64, _I64, _I64, _I64, _F64))
+        super().__init__((_I32_2D, _I64, _U64, _I64, _I64, _I64, _F64, _I64))
+        self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.rewards, self.state = self.lists
+        side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step
+        side.add([1])
+        for dtype in (np.int32, np.int64):
+            self.extend_rows([side], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([[1, 2]], dtype),
+                             np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64))
+        self._retain(set())
 
     def slot(self, side: SideIndex) -> int:
         """The slot of `side`, its entries replaced if its arrays were reallocated since."""
         got = self._slot.get(id(side))
         if got is not None and got[1] == side.generation:
             return got[0]
-        return self._put(side, (side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards),
-                         side.generation)
+        return self._put(side, (side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards,
+                                side.state), side.generation)
+
+    def extend_rows(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
+                    row_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """`SideIndex.extend_rows` for many indexes in one compiled call: row j appends
+        tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j] of sides[which[j]] (distinct
+        sequences; each index's rows in order; one min_match..max_match for all). An engine step grows
+        all its prompts' siblings so."""
+        if not len(seq_ids):
+            return
+        at = np.fromiter((self.slot(side) for side in sides), np.int64, len(sides))
+        longest, total = np.zeros(len(self.tok), np.int64), np.zeros(len(self.tok), np.int64)
+        rows_at, seq_ids = at[np.asarray(which, np.int64)], np.asarray(seq_ids, np.int64)
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        if not appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total):
+            raise ValueError(f"unknown sibling sequence id in {seq_ids.tolist()}")
+        for side, k in zip(sides, at.tolist()):
+            side.reserve(longest[k], total[k])
+            self.slot(side)  # its arrays, if reserve reallocated them
+        append_many(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, rows_at, seq_ids,
+                     tokens, np.asarray(row_ids, np.int64), starts, ends, sides[0].min_match, sides[0].max_match)
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
         """Free the slots of siblings not among `indexes`' (their prompts were dropped)."""
