@@ -32,7 +32,8 @@ trimming off):
   run at a longer context, `timed_context` in the JSON; old and arctic build in the step: R / 16 x
   one prompt's build time);
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
-  step costs the engine's thread, whatever else runs on this shared machine; new's wall time beside
+  step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
+  the engine hands the drafter are built before the clock starts; new's wall time beside
   it in the JSON as step_wall_ms; old and arctic draft from 2 prompts'
   indexes, as building all of them would take minutes and costs nothing per draft);
 - index memory per engine (R / 16 prompts, tokens included). Per (L, H, P), arithmetic on those
@@ -185,8 +186,9 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     num = np.full(requests, n0, dtype=np.int64)
 
     def step() -> tuple[float, float]:
+        sampled = [[int(t)] for t in rows[np.arange(requests), num - 1]]  # the engine's input, not timed
         w0, c0 = time.perf_counter(), time.thread_time()
-        drafter.propose([[int(t)] for t in rows[np.arange(requests), num - 1]], num, rows)
+        drafter.propose(sampled, num, rows)
         num[:] += 1
         return time.perf_counter() - w0, time.thread_time() - c0
 

@@ -142,7 +142,8 @@ class BatchDrafter:
             toks, lens, probs = self._drafts(live[plan], slots[plan], ends[plan], budgets[plan], token_ids_cpu)
             ps = slots[plan]
             req.drafted[ps] = lens
-            req.probs[ps] = 0.0
+            if probs.shape[1] < req.width:  # narrower than the widest draft: zero the rest
+                req.probs[ps] = 0.0
             req.probs[ps, :probs.shape[1]] = probs
             for i, row, size in zip(live[plan].tolist(), toks.tolist(), lens.tolist()):
                 out[i] = row[:size]
