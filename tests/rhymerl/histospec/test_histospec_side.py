@@ -90,7 +90,7 @@ def test_bad_ids_and_settings_are_refused():
 
 
 def test_extending_from_token_rows_equals_extending_from_lists():
-    # Rule: the engine's path (new tokens read from its token rows, one call per prompt) builds the
+    # Rule: the engine's path (new tokens read from its token rows, one index) builds the
     # same table as appending each sibling's tokens.
     rng = np.random.default_rng(11)
     rows = rng.integers(0, 6, (5, 60)).astype(np.int32)
