@@ -27,9 +27,13 @@ index only (no siblings, no cross-prompt tree, no trim: those are the same in ev
 drafts new and new_py with the engine's default settings instead: siblings and the cross-prompt tree on,
 trimming off):
 - stall: the longest step while the step's R / 16 new prompts' histories are indexed (new: measured,
-  builds in the background; old and arctic build in the step: R / 16 x one prompt's build time);
+  builds in the background, and with `--spec engine` until the requests' 8K-token prefixes have
+  caught up into the siblings and the tree, a bounded number of tokens a step, so new's timed steps
+  run at a longer context, `timed_context` in the JSON; old and arctic build in the step: R / 16 x
+  one prompt's build time);
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
-  step costs the engine's thread, whatever else runs on this shared machine; new's wall time beside
+  step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
+  the engine hands the drafter are built before the clock starts; new's wall time beside
   it in the JSON as step_wall_ms; old and arctic draft from 2 prompts'
   indexes, as building all of them would take minutes and costs nothing per draft);
 - index memory per engine (R / 16 prompts, tokens included). Per (L, H, P), arithmetic on those
@@ -175,29 +179,33 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
 
 def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, batched: bool) -> dict:
     """Steps of today's BatchDrafter: the first sees every request new, and steps go on while the
-    background thread indexes the histories (the longest of them is the stall); then steady steps."""
+    background thread indexes the histories and the requests' long prefixes catch up into the
+    siblings and the tree (`BatchDrafter.lagging`; the longest of these steps is the stall); then
+    steady steps, at `timed_context` tokens."""
     drafter = BatchDrafter(bundle, spec, k=16, max_model_len=rows.shape[1] + 16, batched=batched)
     num = np.full(requests, n0, dtype=np.int64)
 
     def step() -> tuple[float, float]:
+        sampled = [[int(t)] for t in rows[np.arange(requests), num - 1]]  # the engine's input, not timed
         w0, c0 = time.perf_counter(), time.thread_time()
-        drafter.propose([[int(t)] for t in rows[np.arange(requests), num - 1]], num, rows)
+        drafter.propose(sampled, num, rows)
         num[:] += 1
         return time.perf_counter() - w0, time.thread_time() - c0
 
     t0 = time.perf_counter()
     stall, building_steps = step()[0], 1
-    while drafter.building and num[0] < rows.shape[1] - steps - 1:
+    while (drafter.building or drafter.lagging) and num[0] < rows.shape[1] - steps - 1:
         stall = max(stall, step()[0])
         building_steps += 1
     drafter.wait_for_builds()
     build_wait = time.perf_counter() - t0
+    timed_context = int(num[0])
     timed = [step() for _ in range(steps)]
     per_step = statistics.median(cpu for _, cpu in timed)
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
     return {"stall_ms": stall * 1e3, "steps_while_building": building_steps, "build_wait_s": build_wait,
             "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6, "index_bytes": index_bytes,
-            "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3}
+            "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3, "timed_context": timed_context}
 
 
 def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) -> float:

@@ -11,9 +11,11 @@ row's draft. In order:
    and its response in the cross-prompt tree.
 2. Count what the step that ran accepted (a request's `sampled` is its accepted draft plus one
    token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
-3. Grow the siblings (one compiled call per prompt, reading the new tokens from the token rows) and
+3. Grow the siblings (one compiled call for all prompts, reading the new tokens from the token rows) and
    the cross-prompt tree (every `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group`
-   requests of each prompt join it).
+   requests of each prompt join it). A request that arrives with a long prefix (moved from another
+   worker, or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond
+   the step's new ones, so no step stalls on it; its siblings draft from what is indexed meanwhile.
 4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
    cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget.
 5. Trim the drafts to what pays under the measured step cost (`spec.cost_aware`), keeping whole the
@@ -40,8 +42,9 @@ from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.requests import RequestTable, row_keys
+from rhymerl.histospec.requests import RequestTable, step_keys
 from rhymerl.histospec.rows import PromptTable
+from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
@@ -50,6 +53,11 @@ from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
 INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
+# Tokens a step adds to the siblings / the cross-prompt tree beyond its requests' new ones: a request
+# that arrives with a long prefix (moved from another worker, or preempted and recomputed) catches up
+# over steps instead of stalling one (256 requests of 8K tokens: 6 s in one step).
+SIDE_CATCH_UP = 2048
+TREE_CATCH_UP = 512
 
 
 @dataclass
@@ -96,7 +104,10 @@ class BatchDrafter:
         self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
-        self.own = BatchIndexDrafter(self.spec) if self.batched else None  # compiles (or loads) now
+        self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
+        self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
+        self._left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
+        self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -107,6 +118,7 @@ class BatchDrafter:
         t0 = time.perf_counter()
         self.step += 1
         self._inline_left = INLINE_TOKENS
+        self._left, self.lagging = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}, 0
         self._count_builds()
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
@@ -115,12 +127,13 @@ class BatchDrafter:
         live = np.flatnonzero(sizes)
         ends = np.asarray(num_tokens_no_spec, np.int64)[live]
         before = ends - sizes[live]
-        slots = self.requests.find(row_keys(token_ids_cpu, live, before))
+        found_by, kept_by = step_keys(token_ids_cpu, live, before, ends)
+        slots = self.requests.find(found_by)
         old = slots >= 0
         processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
         self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
         for j in np.flatnonzero(~old).tolist():  # requests seen for the first time
-            slots[j] = self._start(token_ids_cpu[live[j]], int(ends[j]))
+            slots[j] = self._start(token_ids_cpu[live[j]], int(ends[j]), int(sizes[live[j]]))
             processed += int(before[j])  # its prefill (cached prompt blocks counted too)
         req = self.requests
         req.n[slots], req.step[slots], req.drafted[slots] = ends, self.step, 0
@@ -129,7 +142,8 @@ class BatchDrafter:
             toks, lens, probs = self._drafts(live[plan], slots[plan], ends[plan], budgets[plan], token_ids_cpu)
             ps = slots[plan]
             req.drafted[ps] = lens
-            req.probs[ps] = 0.0
+            if probs.shape[1] < req.width:  # narrower than the widest draft: zero the rest
+                req.probs[ps] = 0.0
             req.probs[ps, :probs.shape[1]] = probs
             for i, row, size in zip(live[plan].tolist(), toks.tolist(), lens.tolist()):
                 out[i] = row[:size]
@@ -137,7 +151,7 @@ class BatchDrafter:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
             self._trim(out, live, slots)
-        req.keep(row_keys(token_ids_cpu, live, ends), slots, self.step, STATE_GRACE_STEPS)
+        req.keep(kept_by, slots, self.step, STATE_GRACE_STEPS)
         self._drop_idle()
         self._stamp = time.perf_counter()
         self.stats.drafter_seconds += self._stamp - t0
@@ -151,8 +165,7 @@ class BatchDrafter:
         accepted = np.minimum(sizes - 1, drafted)
         self.stats.record_many(drafted, accepted)
         self.lifetime.record_many(drafted, accepted)
-        with_draft = drafted > 0
-        self.calibration.record_rows(req.probs[slots[with_draft]], drafted[with_draft], accepted[with_draft])
+        self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
             for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
@@ -160,25 +173,47 @@ class BatchDrafter:
 
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
-        """Add continuing requests' new tokens to their prompts' siblings (one call per prompt) and,
-        every TREE_CHUNK tokens, to the cross-prompt tree."""
+        """Add continuing requests' new tokens to their prompts' siblings (one call for all) and,
+        every TREE_CHUNK tokens, to the cross-prompt tree; a request behind (it arrived with a long
+        prefix) catches up within the step's allowance (`_catch_up`)."""
         req = self.requests
         sib = np.flatnonzero(req.sib[slots] >= 0)
         if len(sib):
-            prompts = req.prompt[slots[sib]]
-            order = np.argsort(prompts, kind="stable")  # each prompt's rows, contiguous
-            cuts = np.flatnonzero(np.diff(prompts[order])) + 1
-            for at in np.split(sib[order], cuts):
-                self.prompts[int(req.prompt[slots[at[0]]])].index.extend_rows(
-                    req.sib[slots[at]], tokens, rows[at], starts[at], ends[at])
-        due = (req.tree[slots] >= 0) & (ends - req.tree_n[slots] >= TREE_CHUNK)
-        if due.any():
-            rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
-            due = np.flatnonzero(due)
-            for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(),
-                                               req.tree_n[slots[due]].tolist(), ends[due].tolist()):
-                self.recent.extend_array(handle, rows32[row, start:end])
-            req.tree_n[slots[due]] = ends[due]
+            held = req.sib_n[slots[sib]]
+            upto = held + self._catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
+            distinct, which = np.unique(req.prompt[slots[sib]], return_inverse=True)
+            indexes = [self.prompts[k].index for k in distinct.tolist()]
+            bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
+            which = which.ravel()  # the sibling ids in the prompts' SideIndexes follow their histories' ids
+            self.sides.extend_rows([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens,
+                                   rows[sib], held, upto)
+            req.sib_n[slots[sib]] = upto
+        in_tree = np.flatnonzero(req.tree[slots] >= 0)
+        due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]
+        if len(due):
+            held = req.tree_n[slots[due]]
+            # a request in step holds all but its last < TREE_CHUNK tokens before this step's
+            upto = held + self._catch_up(ends[due] - held, ends[due] - starts[due] + TREE_CHUNK - 1, "tree")
+            extend = self.recent.extend_array
+            for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(), held.tolist(),
+                                               upto.tolist()):
+                extend(handle, _int32(tokens[row, start:end]))
+            req.tree_n[slots[due]] = upto
+
+    def _catch_up(self, due: np.ndarray, steady: np.ndarray, kind: str) -> np.ndarray:
+        """Tokens each row adds this step to the siblings (kind "side") or the tree ("tree"): what it
+        is due, up to what it would add had it never fallen behind (`steady`); the rows still behind
+        share the step's allowance for `kind` beyond that, first rows first. The rest waits for
+        later steps (counted in `lagging`)."""
+        base = np.minimum(due, steady)
+        behind = due - base
+        if not behind.any():  # every step but a catch-up's: nothing to share
+            return due
+        left = self._left[kind]
+        extra = np.clip(left - (np.cumsum(behind) - behind), 0, behind)
+        self._left[kind] = left - int(extra.sum())
+        self.lagging += int((behind - extra).sum())
+        return base + extra
 
     def _plan(self, slots: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which rows draft this step (a known prompt and room for a draft), and every row's budget."""
@@ -194,26 +229,26 @@ class BatchDrafter:
         """The planned rows' drafts as (tokens, lengths, estimated probabilities), R x (largest budget):
         `HistoSpecDrafter.propose` of each row's context, the prompts' own drafts computed for all
         rows in one call (`BatchIndexDrafter`), the cross-prompt tree's for the rows that ask it."""
-        prompts = [self.prompts[k] for k in self.requests.prompt[slots].tolist()]
+        keys = self.requests.prompt[slots]
         if self.own is None:
-            return self._drafts_by_row(prompts, rows, ends, budgets, tokens)
-        toks, lens, _, scores, probs = self.own.draft_arrays([p.index for p in prompts], rows, ends, budgets,
-                                                             tokens)
+            return self._drafts_by_row([self.prompts[k] for k in keys.tolist()], rows, ends, budgets, tokens)
+        distinct, which = np.unique(keys, return_inverse=True)  # one look-up per prompt, not per row
+        toks, lens, _, scores, probs = self.own.draft_groups([self.prompts[k].index for k in distinct.tolist()],
+                                                             which.ravel(), rows, ends, budgets, tokens)
         if self.recent is None:
             return toks, lens, probs
-        asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate))  # every row at once
+        asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
         if len(asks):  # HistoSpecDrafter.against_recent, on views of the token rows (no list per row)
-            rows32 = tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)
-            depth, factor, floor = self.recent.depth, self.spec.recent_spec_factor, self.spec.min_token_prob
-            for j in asks.tolist():
-                n, i = int(ends[j]), int(rows[j])
-                if n:
-                    other = self.recent.speculate_array(rows32[i, max(0, n - depth):n], int(budgets[j]), factor,
-                                                        floor)
-                    if other.score > scores[j]:  # ties go to the prompt's own
-                        size = len(other.token_ids)
-                        toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
-                            other.token_ids, other.probs, 0.0, size)
+            speculate = self.recent.speculate_array
+            factor, floor = self.spec.recent_spec_factor, self.spec.min_token_prob
+            starts = np.maximum(ends[asks] - self.recent.depth, 0)
+            for j, i, a, n, budget, own in zip(asks.tolist(), rows[asks].tolist(), starts.tolist(), ends[asks].tolist(),
+                                               budgets[asks].tolist(), scores[asks].tolist()):
+                other = speculate(_int32(tokens[i, a:n]), budget, factor, floor)
+                if other.score > own:  # ties go to the prompt's own
+                    size = len(other.token_ids)
+                    toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
+                        other.token_ids, other.probs, 0.0, size)
         return toks, lens, probs
 
     def _drafts_by_row(self, prompts: list[_Prompt], rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
@@ -257,9 +292,10 @@ class BatchDrafter:
             out[i] = draft
             req.drafted[slot] = len(draft)
 
-    def _start(self, row: np.ndarray, n: int) -> int:
-        """A slot for a request seen for the first time: find its prompt, open its sibling sequence
-        and its response in the cross-prompt tree."""
+    def _start(self, row: np.ndarray, n: int, new: int) -> int:
+        """A slot for a request seen for the first time (`n` tokens, `new` of them sampled this step):
+        find its prompt, open its sibling sequence and its response in the cross-prompt tree, with as
+        much of its response as the step's allowances let in (`_catch_up`; `_grow` adds the rest)."""
         req = self.requests
         slot = req.alloc()
         req.budget[slot] = self.rule.initial
@@ -270,11 +306,14 @@ class BatchDrafter:
         if prompt is None:
             prompt = self.prompts[k] = self._open(k)
         req.prompt[slot], req.forecast[slot], req.plen[slot] = k, prompt.forecast, prompt.plen
+        due, steady = np.array([max(0, n - prompt.plen)]), np.array([new])
         if self.spec.siblings:
-            req.sib[slot] = prompt.index.add(row[prompt.plen:n].tolist())
+            upto = prompt.plen + int(self._catch_up(due, steady, "side")[0])
+            req.sib[slot], req.sib_n[slot] = prompt.index.add(row[prompt.plen:upto].tolist()), upto
         per_group = self.spec.recent_per_group
         if self.recent is not None and (not per_group or prompt.in_tree < per_group):
-            req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:n].tolist()), n
+            upto = prompt.plen + int(self._catch_up(due, steady, "tree")[0])
+            req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:upto].tolist()), upto
             prompt.in_tree += 1
         return slot
 
@@ -335,5 +374,13 @@ class BatchDrafter:
         if self.step % 64 == 0:
             self.prompts = {k: p for k, p in self.prompts.items()
                             if self.step - p.last_step < ENTRY_IDLE_STEPS}
+            live = [p.index for p in self.prompts.values()]
+            self.sides.retain(live)
             if self.own is not None:
-                self.own.slots.retain([p.index for p in self.prompts.values()])
+                self.own.retain(live)
+
+
+def _int32(tokens: np.ndarray) -> np.ndarray:
+    """`tokens` (a slice of one token row) as the int32 array the library takes: the row itself when
+    the engine's rows are int32 (vLLM's are), else a copy of the slice alone, never of all rows."""
+    return tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)

@@ -228,12 +228,6 @@ class PromptIndex:
             raise ValueError(f"sequence {seq_id} is history (ids below {self.base} are read-only)")
         self.side.extend(seq_id - self.base, tokens)
 
-    def extend_rows(self, seq_ids: np.ndarray, tokens: np.ndarray, row_ids: np.ndarray, starts: np.ndarray,
-                    ends: np.ndarray) -> None:
-        """Append tokens[row_ids[j], starts[j]:ends[j]] to sibling seq_ids[j] for every j (one call;
-        distinct ids)."""
-        self.side.extend_rows(np.asarray(seq_ids, np.int64) - self.base, tokens, row_ids, starts, ends)
-
     def set_reward(self, seq_id: int, reward: float) -> None:
         self.rewards[seq_id] = float(reward)
         if seq_id >= self.base:

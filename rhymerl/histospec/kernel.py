@@ -9,10 +9,10 @@ Why compiled: at 256 requests per step the Python walk cost ~50 us per request (
 two orders of magnitude over a step's budget for drafting (issue 17: 1 ms for 256 requests). Here a
 request costs a few bisections and a copy of its candidates' continuations.
 
-Rows read the arrays of their prompt's index through `slot` (numba typed lists, one entry per
-attached `FlatIndex`: see `rhymerl.histospec.batch`). Continuations that do not come from the flat
-history (siblings) are passed in `x_*` arrays, already gathered, appended after the history's as
-`PromptIndex.recent_match` appends them. Shapes: R rows, W the widest budget, E extra continuations.
+Rows read the arrays of their prompt's index through slots (numba typed lists, one entry per
+attached `FlatIndex` and per `SideIndex`: see `rhymerl.histospec.slots`), history and siblings in the
+same call: the siblings' continuations (`rhymerl.histospec.side.sibling_match`) follow the history's
+as `PromptIndex.recent_match` appends them. Shapes: R rows, W the widest budget.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from __future__ import annotations
 import numpy as np
 from llvmlite.binding import ffi
 from numba import njit
+
+from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.side import sibling_match
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
 
@@ -204,41 +207,46 @@ def _seq_of(starts, code):
 
 
 @njit(cache=True)
-def draft_rows(texts, sas, keys, starts, seq_rewards, slots, rows, row_ids, nums, budgets, forced, flat_limits,
-               x_tok, x_len, x_code, x_rew, x_lo, x_hi, limit, min_match, max_match, max_spec_factor,
+def draft_rows(texts, sas, keys, starts, seq_rewards, slots, s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev,
+               s_rewards, sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match, max_spec_factor,
                reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
-    none), at most budgets[r] tokens, from the `limit` most recent occurrences of the longest tail.
+    none) and its siblings s_*[sides[r]] (-1: none; their codes shifted by shifts[r] past the history's),
+    at most budgets[r] tokens, from the `limit` most recent occurrences of the longest tail.
 
-    forced[r] -1: the history alone decides. Else a row with siblings: the match length is forced[r]
-    (the longer of the history's and the siblings'), the history adds its flat_limits[r] most recent
-    occurrences if it matched that long, and the siblings' continuations are x_*[x_lo[r]:x_hi[r]].
-    Writes out[r, :out_len[r]], out_n[r] (match length; 0: empty draft), out_score[r] and the tokens'
-    probabilities out_prob[r, :out_len[r]].
+    With siblings, the match length is the longer of the history's and the siblings'; the siblings'
+    `limit` most recent occurrences of it join, after the history's most recent `limit` minus as many
+    (if the history matched that long). Writes out[r, :out_len[r]], out_n[r] (match length; 0: empty
+    draft), out_score[r] and the tokens' probabilities out_prob[r, :out_len[r]].
     """
     q = np.empty(max_match, dtype=np.int64)
-    width, most = out.shape[1], limit
-    for r in range(slots.shape[0]):
-        most = max(most, limit + x_hi[r] - x_lo[r])
-    conts = np.empty((most, width), dtype=np.int64)  # one row's candidates: reused by every row
-    lens = np.empty(most, dtype=np.int64)
-    codes = np.empty(most, dtype=np.int64)
-    rewards = np.zeros(most)
+    tail = np.empty(max_match, dtype=np.uint64)  # the siblings' keys of the tail
+    found = np.empty(limit, dtype=np.int64)  # the siblings' occurrences of a row's match
+    width = out.shape[1]
+    conts = np.empty((limit, width), dtype=np.int64)  # one row's candidates: reused by every row
+    lens = np.empty(limit, dtype=np.int64)
+    codes = np.empty(limit, dtype=np.int64)
+    rewards = np.zeros(limit)
     for r in range(slots.shape[0]):
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
-        num, slot = nums[r], slots[r]
+        num, slot, side = nums[r], slots[r], sides[r]
         nq = min(num, max_match)
         for j in range(nq):
             q[j] = rows[row_ids[r], num - 1 - j]
         nf, lo, hi = 0, 0, 0
         if slot >= 0:
             nf, lo, hi = match(texts[slot], sas[slot], keys[slot], q, nq, min_match)
-        n, flim = nf, limit
-        if forced[r] >= 0:
-            n, flim = forced[r], flat_limits[r] if nf == forced[r] else 0
-        x0, x1 = x_lo[r], x_hi[r]
+        n, flim, found_n, extra = nf, limit, 0, 0
+        if side >= 0:
+            seq_lens = s_lens[side]
+            n, found_n = sibling_match(seq_lens, s_hkey[side], s_hhead[side], s_ocode[side], s_oprev[side], q, nq,
+                                       nf, min_match, limit, tail, found)
+            flim = limit - found_n if nf == n else 0
+            for c in range(found_n):  # an occurrence at a sibling's end continues nothing
+                if min(budgets[r], seq_lens[found[c] // STRIDE] - found[c] % STRIDE, width) > 0:
+                    extra += 1
         k = min(hi - lo, flim) if nf == n else 0
-        if n == 0 or k + x1 - x0 == 0:
+        if n == 0 or k + extra == 0:
             continue
         budget = budgets[r]
         if max_spec_factor > 0:
@@ -262,28 +270,17 @@ def draft_rows(texts, sas, keys, starts, seq_rewards, slots, rows, row_ids, nums
                     if reward_weighted:
                         rewards[m] = seq_rewards[slot][_seq_of(starts[slot], c)]
                     m += 1
-        for x in range(x0, x1):
-            size = min(x_len[x], budget)
-            if size:
-                conts[m, :size] = x_tok[x, :size]
-                lens[m], codes[m], rewards[m] = size, x_code[x], x_rew[x]
-                m += 1
+        if extra:
+            seq_tok, seq_rew = s_tok[side], s_rewards[side]
+            for c in range(found_n):
+                seq, pos = found[c] // STRIDE, found[c] % STRIDE
+                size = min(budgets[r], seq_lens[seq] - pos, width, budget)
+                if size > 0:
+                    conts[m, :size] = seq_tok[seq, pos:pos + size]
+                    lens[m], codes[m] = size, found[c] + shifts[r]
+                    rewards[m] = seq_rew[seq] if reward_weighted else 0.0
+                    m += 1
         size, score = follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob,
                              prior, out[r], out_prob[r])
         if size:
             out_len[r], out_n[r], out_score[r] = size, n, score
-
-
-@njit(cache=True)
-def match_rows(texts, sas, keys, slots, rows, row_ids, nums, min_match, max_match, out):
-    """out[r]: the length of the history's longest match for row r (as `draft_rows` finds it)."""
-    q = np.empty(max_match, dtype=np.int64)
-    for r in range(slots.shape[0]):
-        out[r] = 0
-        num, slot = nums[r], slots[r]
-        if slot < 0:
-            continue
-        nq = min(num, max_match)
-        for j in range(nq):
-            q[j] = rows[row_ids[r], num - 1 - j]
-        out[r] = match(texts[slot], sas[slot], keys[slot], q, nq, min_match)[0]

@@ -3,7 +3,7 @@
 vLLM's drafter interface gives rows, not request ids, and moves requests between rows as others
 finish. A request is found again by its key: its length and its last `KEY_TAIL` tokens at the step it
 was last drafted for (next step, its first `num_tokens - len(sampled)` tokens are exactly those,
-wherever its row now is), hashed to one uint64 per row in a few numpy operations (`row_keys`). Two
+wherever its row now is), hashed to one uint64 per row in one compiled call (`row_keys`). Two
 requests with the same length and tail may swap states: that can cost draft quality, never
 correctness.
 
@@ -17,6 +17,7 @@ first time costs Python work.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 KEY_TAIL = 16  # tokens of a request's tail in its key (with its length)
 _MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=np.uint64) | np.uint64(1)
@@ -24,32 +25,56 @@ _MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=np.u
 
 def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The keys of the requests in `rows` holding `ends` tokens: a uint64 hash of (length, last
-    KEY_TAIL tokens; positions before 0 read token 0), for all rows in one gather."""
-    if not len(rows):
-        return np.zeros(0, dtype=np.uint64)
-    ends = np.asarray(ends, np.int64)
-    cols = np.maximum(ends[:, None] - KEY_TAIL + np.arange(KEY_TAIL), 0)
-    tails = tokens[np.asarray(rows)[:, None], cols].astype(np.uint64)
-    with np.errstate(over="ignore"):  # the hash wraps mod 2**64 by design
-        return (tails * _MIX[:KEY_TAIL]).sum(axis=1, dtype=np.uint64) + ends.astype(np.uint64) * _MIX[KEY_TAIL]
+    KEY_TAIL tokens; positions before 0 read token 0), for all rows in one compiled call."""
+    rows, ends = np.asarray(rows, np.int64), np.asarray(ends, np.int64)
+    out = np.zeros(len(rows), dtype=np.uint64)
+    if len(rows):
+        _keys(tokens, rows, ends, _MIX, out)
+    return out
+
+
+def step_keys(tokens: np.ndarray, rows: np.ndarray, before: np.ndarray, ends: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """`row_keys` at `before` (to find the rows' requests) and at `ends` (to store them again), in
+    one call: an engine step needs both, over the same rows."""
+    keys = row_keys(tokens, np.concatenate([rows, rows]), np.concatenate([before, ends]))
+    return keys[:len(rows)], keys[len(rows):]
+
+
+@njit(cache=True)
+def _keys(tokens, rows, ends, mix, out):
+    """out[j]: sum_t tokens[rows[j], ends[j] - KEY_TAIL + t] * mix[t] + ends[j] * mix[KEY_TAIL] (mod 2**64)."""
+    tail = mix.shape[0] - 1
+    for j in range(rows.shape[0]):
+        end, row = ends[j], rows[j]
+        key = np.uint64(end) * mix[tail]
+        for t in range(tail):
+            key += np.uint64(tokens[row, max(end - tail + t, 0)]) * mix[t]
+        out[j] = key
 
 
 def match_keys(stored: np.ndarray, query: np.ndarray) -> np.ndarray:
     """For each query key, a distinct position in `stored` holding an equal key (-1: none left);
     equal query keys take equal stored keys in order."""
     out = np.full(len(query), -1, dtype=np.int64)
-    if not len(stored) or not len(query):
-        return out
-    order = np.argsort(stored, kind="stable")
-    sk = stored[order]
-    qorder = np.argsort(query, kind="stable")
-    qk = query[qorder]
-    first = np.searchsorted(sk, qk, "left")
-    count = np.searchsorted(sk, qk, "right") - first
-    rank = np.arange(len(qk)) - np.searchsorted(qk, qk, "left")  # position among equal query keys
-    ok = rank < count
-    out[qorder[ok]] = order[first[ok] + rank[ok]]
+    if len(stored) and len(query):
+        _match(np.asarray(stored, np.uint64), np.asarray(query, np.uint64), out)
     return out
+
+
+@njit(cache=True)
+def _match(stored, query, out):
+    """`match_keys` as one merge of both key lists, each sorted stably."""
+    order = np.argsort(stored, kind="mergesort")
+    qorder = np.argsort(query, kind="mergesort")
+    i, size = 0, stored.shape[0]
+    for j in range(qorder.shape[0]):
+        key = query[qorder[j]]
+        while i < size and stored[order[i]] < key:
+            i += 1
+        if i < size and stored[order[i]] == key:  # the next equal stored key not yet taken
+            out[qorder[j]] = order[i]
+            i += 1
 
 
 class RequestTable:
@@ -58,13 +83,14 @@ class RequestTable:
     Fields (arrays indexed by slot): `budget` (its draft budget), `n` (its length when last drafted
     for), `drafted` (the length of that draft, 0: none), `probs` (that draft's estimated token
     probabilities, `Draft.probs`), `prompt` (its prompt's key in the bundle, -1: unknown prompt),
-    `sib` (its sequence in the prompt's index, -1: none), `tree` / `tree_n` (its handle in the
-    cross-prompt tree, -1: none, and how many of its tokens the tree holds), `forecast` / `plen`
+    `sib` / `sib_n` (its sequence in the prompt's index, -1: none, and how many of its row's tokens
+    that sequence holds), `tree` / `tree_n` (its handle in the cross-prompt tree, -1: none, and how
+    many of its row's tokens the tree holds), `forecast` / `plen`
     (its prompt's longest earlier response, 0: none, and the prompt's length), `step` (the last
     step that saw it). `keys` / `slots`: the key each live slot was stored under.
     """
 
-    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "tree", "tree_n", "forecast", "plen", "step")
+    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "sib_n", "tree", "tree_n", "forecast", "plen", "step")
 
     def __init__(self, width: int, capacity: int = 64) -> None:
         self.width = width  # the longest draft (vLLM's num_speculative_tokens)
@@ -74,6 +100,9 @@ class RequestTable:
         self.keys = np.zeros(0, dtype=np.uint64)
         self.slots = np.zeros(0, dtype=np.int64)
         self._free = list(range(capacity - 1, -1, -1))
+        for dtype in (np.int32, np.int64):  # compile (or load) the kernels now, not inside a step
+            row_keys(np.zeros((1, 1), dtype), np.zeros(1, np.int64), np.ones(1, np.int64))
+        match_keys(np.ones(1, np.uint64), np.ones(1, np.uint64))
 
     def alloc(self) -> int:
         """A free slot, its fields reset (the arrays double when full)."""

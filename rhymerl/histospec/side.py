@@ -15,7 +15,7 @@ answers, but stored as flat arrays instead of a dict of Python lists:
 Why: at 256 requests per engine step the dict table cost ~25 us per request per step in Python (the
 keys of the growing tails, the appends, the longest-match loop): more than the whole step may spend
 drafting (issue 17). Here growing all of a prompt's siblings by a step is one compiled call, and the
-batch drafter gathers a prompt's rows' sibling continuations in another (`rhymerl.histospec.batch`).
+batch drafter reads the siblings' continuations in its one drafting call (`rhymerl.histospec.kernel`).
 Memory: 16 bytes per occurrence (code, link) x (max_match - min_match + 1) n-grams per token, plus
 the table (<= 32 bytes per distinct n-gram) and 4 bytes per token; siblings are one step's responses.
 `tests/rhymerl/histospec/test_histospec_side.py` checks it against `SuffixIndex`.
@@ -84,17 +84,59 @@ def _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, first_end, lo
 
 
 @njit(cache=True)
+def _append(tok, lens, hkey, hhead, ocode, oprev, state, seq, rows, row, a, b, lo, hi):
+    """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
+    engine's token rows are read in place: no list of the new tokens is built)."""
+    start = lens[seq]
+    for t in range(b - a):
+        tok[seq, start + t] = rows[row, a + t]
+    lens[seq] = start + b - a
+    _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+
+
+@njit(cache=True)
 def _append_rows(tok, lens, hkey, hhead, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """Append rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, indexing the new
-    n-grams (`SuffixIndex.extend`, one sequence after another; the engine's token rows are read in
-    place: no list of the new tokens is built)."""
+    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
     for j in range(seqs.shape[0]):
-        seq, a, b = seqs[j], starts[j], ends[j]
-        start = lens[seq]
-        for t in range(b - a):
-            tok[seq, start + t] = rows[row_ids[j], a + t]
-        lens[seq] = start + b - a
-        _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+        _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+
+
+@njit(cache=True)
+def append_many(s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev, s_state, sides, seqs, rows, row_ids, starts, ends,
+                lo, hi):
+    """`_append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
+    row j goes to sequence seqs[j] of index sides[j]."""
+    for j in range(seqs.shape[0]):
+        k = sides[j]
+        _append(s_tok[k], s_lens[k], s_hkey[k], s_hhead[k], s_ocode[k], s_oprev[k], s_state[k], seqs[j], rows,
+                row_ids[j], starts[j], ends[j], lo, hi)
+
+
+@njit(cache=True)
+def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
+    """`_appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
+    False if a sequence id is unknown to its index."""
+    for j in range(seqs.shape[0]):
+        k, seq = sides[j], seqs[j]
+        if seq < 0 or seq >= s_state[k][NSEQ]:
+            return False
+        count = ends[j] - starts[j]
+        longest[k], total[k] = max(longest[k], s_lens[k][seq] + count), total[k] + count
+    return True
+
+
+@njit(cache=True)
+def _appending(lens, nseq, seqs, starts, ends):
+    """(the longest sequence after appending ends[j] - starts[j] tokens to each seqs[j], the tokens
+    appended); (-1, 0) if an id is unknown. Checked in one call: reductions cost microseconds each."""
+    longest, total = 0, 0
+    for j in range(seqs.shape[0]):
+        seq = seqs[j]
+        if seq < 0 or seq >= nseq:
+            return -1, 0
+        count = ends[j] - starts[j]
+        longest, total = max(longest, lens[seq] + count), total + count
+    return longest, total
 
 
 @njit(cache=True)
@@ -166,6 +208,7 @@ class SideIndex:
         self.hhead = np.full(64, -1, dtype=np.int64)
         self.ocode = np.zeros(64, dtype=np.int64)
         self.oprev = np.zeros(64, dtype=np.int64)
+        self.generation = 0  # bumped whenever an array above is reallocated (`rhymerl.histospec.slots`)
 
     # ------------------------------------------------------------------ growing
 
@@ -194,16 +237,21 @@ class SideIndex:
                     ends: np.ndarray) -> None:
         """Append tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j], for every j in order
         (distinct ids: the engine's rows of one prompt)."""
-        seq_ids = np.asarray(seq_ids, np.int64)
+        seq_ids, starts, ends = (np.asarray(a, np.int64) for a in (seq_ids, starts, ends))
         if not len(seq_ids):
             return
-        if seq_ids.min() < 0 or seq_ids.max() >= self.state[NSEQ]:
+        longest, total = _appending(self.lens, self.state[NSEQ], seq_ids, starts, ends)
+        if longest < 0:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
-        counts = np.asarray(ends, np.int64) - starts
-        # one row per sequence (each is one request's): its new length is its own plus its count
-        self._room(int(self.state[NSEQ]), int((self.lens[seq_ids] + counts).max()), int(counts.sum()))
+        self._room(int(self.state[NSEQ]), int(longest), int(total))
         _append_rows(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
                      tokens, np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
+
+    def reserve(self, longest: int, total: int) -> None:
+        """Make room for appending `total` tokens in all, the longest sequence then `longest` tokens
+        long (`extend_rows` does this itself; `rhymerl.histospec.slots.SideSlots.extend_rows`, for
+        many indexes in one compiled call, first)."""
+        self._room(int(self.state[NSEQ]), int(longest), int(total))
 
     def set_reward(self, seq_id: int, reward: float) -> None:
         """Record the reward of a finished sibling so reward-weighted drafting can use it."""
@@ -214,6 +262,7 @@ class SideIndex:
         `new_tokens` more indexed tokens."""
         rows, cols = self.tok.shape
         if seqs > rows or length > cols:
+            self.generation += 1
             tok = np.zeros((max(rows, _pow2(seqs)), max(cols, _pow2(length))), dtype=np.int32)
             tok[:rows, :cols] = self.tok
             self.tok = tok
@@ -226,6 +275,7 @@ class SideIndex:
         more = new_tokens * (self.max_match - self.min_match + 1)
         need = int(self.state[NOCC]) + more
         if need > len(self.ocode):
+            self.generation += 1
             size = _pow2(need)
             for name in ("ocode", "oprev"):
                 grown = np.zeros(size, dtype=np.int64)
@@ -233,6 +283,7 @@ class SideIndex:
                 setattr(self, name, grown)
         keys = int(self.state[NKEYS]) + more
         if 2 * keys > len(self.hkey):
+            self.generation += 1
             size = _pow2(2 * keys)
             new_key, new_head = np.zeros(size, dtype=np.uint64), np.full(size, -1, dtype=np.int64)
             _rehash(self.hkey, self.hhead, self.ocode, self.oprev, new_key, new_head)
@@ -304,44 +355,15 @@ def _pow2(n: int) -> int:
 
 
 @njit(cache=True)
-def sibling_rows(tok, lens, hkey, hhead, ocode, oprev, rewards, sel, n_flat, rows, row_ids, nums, budgets,
-                 lo, hi, limit, shift, weighted, forced, flat_limits, x_tok, x_len, x_code, x_rew, x_lo, x_hi,
-                 fill):
-    """For the batch rows `sel` of one prompt (history matches n_flat[j] for row sel[j]): what
-    `PromptIndex.recent_match` takes from the siblings, for `rhymerl.histospec.kernel.draft_rows`.
-
-    Row r = sel[j]: forced[r] = the match length (the longer of the history's and the siblings'),
-    flat_limits[r] = how many of the history's occurrences may join (`limit` minus the siblings'),
-    and its siblings' continuations (at most budgets[r] tokens, codes shifted past the history's,
-    rewards if `weighted`) appended at x_*[fill[0]:], their range x_lo[r]:x_hi[r].
-    """
-    q = np.empty(hi, dtype=np.int64)
-    keys = np.empty(hi, dtype=np.uint64)
-    codes = np.empty(limit, dtype=np.int64)
-    width = x_tok.shape[1]
-    for j in range(sel.shape[0]):
-        r = sel[j]
-        num = nums[r]
-        nq = min(num, hi)
-        for t in range(nq):
-            q[t] = rows[row_ids[r], num - 1 - t]
-        tail_keys(q, nq, keys)
-        n = n_flat[j]
-        if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
-            n = max(longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo), n)
-        forced[r] = n
-        x_lo[r] = x_hi[r] = fill[0]
-        if n == 0:
-            continue
-        count = recent(hkey, hhead, ocode, oprev, keys[n - 1], limit, codes)
-        flat_limits[r] = limit - count
-        for c in range(count):
-            seq, pos = codes[c] // STRIDE, codes[c] % STRIDE
-            size = min(budgets[r], lens[seq] - pos, width)
-            if size > 0:  # an occurrence at a sibling's end continues nothing (but counts in the limit)
-                x = fill[0]
-                x_tok[x, :size] = tok[seq, pos:pos + size]
-                x_len[x], x_code[x] = size, codes[c] + shift
-                x_rew[x] = rewards[seq] if weighted else 0.0
-                fill[0] = x + 1
-        x_hi[r] = fill[0]
+def sibling_match(lens, hkey, hhead, ocode, oprev, q, nq, n_flat, lo, limit, keys, codes):
+    """For a row whose tail, reversed, is q[:nq] and whose history matched its last n_flat tokens:
+    (n, count), n the match length (the longer of the history's and the siblings'; 0: none) and the
+    siblings' `limit` most recent occurrences of its last n tokens in codes[:count], oldest first
+    (what `PromptIndex.recent_match` takes from the siblings; keys: scratch of nq keys)."""
+    tail_keys(q, nq, keys)
+    n = n_flat
+    if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
+        n = max(longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo), n)
+    if n == 0:
+        return 0, 0
+    return n, recent(hkey, hhead, ocode, oprev, keys[n - 1], limit, codes)

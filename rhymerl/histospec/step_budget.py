@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 import numpy as np
+from numba import njit
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
@@ -165,6 +166,8 @@ class AcceptanceCalibration:
         self.accepted = np.zeros(bins)
         self.tokens = 0  # draft tokens recorded
         self._table: np.ndarray | None = None
+        none = np.zeros(0, np.int64)
+        _count_bins(np.zeros((0, 1)), none, none, np.zeros(1), np.zeros(1))  # compile now, not in a step
 
     def _bin(self, p: np.ndarray) -> np.ndarray:
         return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
@@ -179,15 +182,11 @@ class AcceptanceCalibration:
 
     def record_rows(self, probs: np.ndarray, lengths: np.ndarray, accepted: np.ndarray) -> None:
         """`record` of drafts given padded: draft i's estimates are probs[i, :lengths[i]]."""
-        valid = np.arange(probs.shape[1])[None, :] < np.asarray(lengths)[:, None]
-        if not valid.any():
-            return
-        hit = np.arange(probs.shape[1])[None, :] < np.asarray(accepted)[:, None]
-        b = self._bin(probs)
-        self.drafted += np.bincount(b[valid], minlength=self.bins)
-        self.accepted += np.bincount(b[valid & hit], minlength=self.bins)
-        self.tokens += int(valid.sum())
-        self._table = None
+        counted = _count_bins(np.asarray(probs, np.float64), np.asarray(lengths, np.int64),
+                              np.asarray(accepted, np.int64), self.drafted, self.accepted)
+        if counted:
+            self.tokens += counted
+            self._table = None
 
     def table(self) -> np.ndarray:
         """[b]: calibrated acceptance of a token whose estimate falls in bin b (nondecreasing in b)."""
@@ -200,6 +199,21 @@ class AcceptanceCalibration:
     def rows(self, probs: np.ndarray) -> np.ndarray:
         """Calibrated chances for estimates `probs` (R x W), made nonincreasing along each row."""
         return np.minimum.accumulate(self.table()[self._bin(np.asarray(probs, np.float64))], axis=1)
+
+
+@njit(cache=True)
+def _count_bins(probs, lengths, accepted, drafted, hits):
+    """Add each draft token (probs[i, :lengths[i]]) to drafted[its bin], and to hits[its bin] when
+    accepted (j < accepted[i]); the tokens counted. One pass: the engine step records every row's."""
+    bins, counted = drafted.shape[0], 0
+    for i in range(probs.shape[0]):
+        for j in range(min(lengths[i], probs.shape[1])):
+            b = min(max(int(probs[i, j] * bins), 0), bins - 1)  # as AcceptanceCalibration._bin
+            drafted[b] += 1.0
+            if j < accepted[i]:
+                hits[b] += 1.0
+            counted += 1
+    return counted
 
 
 def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:

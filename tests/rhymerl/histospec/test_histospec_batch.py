@@ -4,7 +4,8 @@ engine step (`HistoSpecDrafter._from_index`, the oracle): same drafts, match len
 import numpy as np
 import pytest
 
-from rhymerl.histospec.batch import BatchIndexDrafter, FlatSlots
+from rhymerl.histospec.batch import BatchIndexDrafter
+from rhymerl.histospec.slots import FlatSlots
 from rhymerl.histospec.drafter import EMPTY, SpecConfig
 from rhymerl.histospec.flat import FlatIndex, PromptIndex
 
@@ -83,3 +84,19 @@ def test_slots_are_shared_per_history_and_freed_when_dropped():
     assert len(slots) == 1 and slots.slot(a) == 0  # a's slot was freed, then reused
     bd = BatchIndexDrafter(spec)
     assert bd.propose([a], [0], [2], [4], np.array([[1, 2]], np.int32))[0].tokens == (3, 4)
+
+
+def test_a_siblings_slot_follows_its_arrays_when_they_grow():
+    # Rule: a slot references a SideIndex's arrays; when they are reallocated (the siblings grew),
+    # the next look-up replaces its entries, so the compiled step never reads stale arrays.
+    ix = PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=7)
+    seq = ix.add([5, 6, 7])
+    bd = BatchIndexDrafter(SpecConfig(min_match=2, max_spec_factor=0.0))
+    row = np.array([[5, 6, 10, 11]], np.int32)
+    assert bd.propose([ix], [0], [2], [3], row)[0].tokens == (7,)  # after 5 6 the sibling has 7
+    k = bd.sides.slot(ix.side)
+    ix.extend(seq, list(range(10, 200)))  # outgrows the first arrays
+    assert bd.propose([ix], [0], [4], [3], row)[0].tokens == (12, 13, 14)  # 10 11 -> 12 13 14
+    assert bd.sides.slot(ix.side) == k and np.array_equal(bd.sides.lists[0][k], ix.side.tok)
+    bd.retain([])
+    assert len(bd.sides) == 0 and len(bd.slots) == 0

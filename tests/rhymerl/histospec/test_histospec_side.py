@@ -90,7 +90,7 @@ def test_bad_ids_and_settings_are_refused():
 
 
 def test_extending_from_token_rows_equals_extending_from_lists():
-    # Rule: the engine's path (new tokens read from its token rows, one call per prompt) builds the
+    # Rule: the engine's path (new tokens read from its token rows, one index) builds the
     # same table as appending each sibling's tokens.
     rng = np.random.default_rng(11)
     rows = rng.integers(0, 6, (5, 60)).astype(np.int32)
@@ -112,3 +112,33 @@ def test_extending_from_token_rows_equals_extending_from_lists():
         assert a.longest(tail) == b.longest(tail)
         m = min(2, len(tail))
         assert a.recent(tail, m, 9) == b.recent(tail, m, 9)
+
+
+def test_extending_many_indexes_in_one_call_equals_extending_each():
+    # Rule: SideSlots.extend_rows (the engine step's one call for all prompts, rows of prompts
+    # interleaved) builds the same tables as each index's own extend_rows.
+    from rhymerl.histospec.slots import SideSlots
+
+    rng = np.random.default_rng(12)
+    rows = rng.integers(0, 6, (6, 200)).astype(np.int32)
+    ours, theirs = [SideIndex(1, 5, [1, 2]) for _ in range(2)], [SideIndex(1, 5, [1, 2]) for _ in range(2)]
+    for side in ours + theirs:
+        for _ in range(3):
+            side.add()
+    slots, at = SideSlots(), np.zeros(6, np.int64)  # row r: sequence r % 3 of index r // 3
+    for _ in range(10):
+        grow = np.sort(rng.choice(6, int(rng.integers(1, 7)), replace=False))
+        ends = at[grow] + rng.integers(0, 40, len(grow))  # enough to reallocate the arrays
+        slots.extend_rows(ours, grow // 3, grow % 3, rows, grow, at[grow], ends)
+        for k in range(2):
+            mine = grow // 3 == k
+            theirs[k].extend_rows(grow[mine] % 3, rows, grow[mine], at[grow[mine]], ends[mine])
+        at[grow] = ends
+    for a, b in zip(ours, theirs):
+        assert [a.sequence(s) for s in range(3)] == [b.sequence(s) for s in range(3)]
+        for n in range(1, 200, 7):
+            tail = rows[n % 6, :n].tolist()
+            assert a.longest(tail) == b.longest(tail) and a.recent(tail, 1, 9) == b.recent(tail, 1, 9)
+    with pytest.raises(ValueError, match="unknown sibling sequence"):
+        slots.extend_rows(ours, np.zeros(1, np.int64), np.array([3]), rows, np.zeros(1, np.int64),
+                          np.zeros(1, np.int64), np.ones(1, np.int64))

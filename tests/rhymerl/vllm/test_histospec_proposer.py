@@ -254,3 +254,39 @@ def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
                 batch.tokens, batch.num, order = batch.tokens[perm], batch.num[perm], order[perm]
                 sampled = [sampled[j] for j in perm]
         assert drafted > 0 and arms[0].stats.accepted == arms[1].stats.accepted > 0
+
+
+def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowance(monkeypatch):
+    # Rule: a step adds at most its requests' new tokens plus SIDE_CATCH_UP more to the siblings
+    # (TREE_CATCH_UP more to the tree); what is left waits for later steps, the siblings drafting
+    # from what is indexed meanwhile; caught up, each sibling and tree response holds its whole row.
+    import rhymerl.histospec.engine_step as hp
+
+    monkeypatch.setattr(hp, "SIDE_CATCH_UP", 8)
+    monkeypatch.setattr(hp, "TREE_CATCH_UP", 6)
+    prompt = (50, 51, 52)
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False)
+    bd = BatchDrafter(HistoryBundle((PromptHistory(prompt),)), spec, k=4, max_model_len=64)
+    body = tuple(range(1, 21))  # both requests arrive 20 tokens in (moved from another worker)
+    batch = FakeBatch([prompt + body, prompt + body[:12] + (99,) * 8])
+    out = bd.propose([[20], [99]], batch.num, batch.tokens)
+    side = bd.prompts[0].index.side
+    # the first request takes its sampled token plus the whole allowance (1 + 8); the second its token
+    assert side.lens[:2].tolist() == [3 + 9, 3 + 1] and bd.lagging == 11 + 19 + 13 + 19
+    assert bd.recent.lengths == {0: 7, 1: 1}
+    assert out == [[], []]  # nothing repeats yet in what is indexed
+    steps = 1
+    while bd.lagging:
+        for i in range(2):
+            batch.append(i, [7])
+        held = side.num_tokens, bd.recent.num_tokens
+        bd.propose([[7], [7]], batch.num, batch.tokens)
+        assert side.num_tokens - held[0] <= 2 + 8  # the step's 2 new tokens, 8 more
+        # a request in step adds its last < TREE_CHUNK tokens and this step's, 6 more in all
+        assert bd.recent.num_tokens - held[1] <= 2 * (hp.TREE_CHUNK - 1 + 1) + 6
+        steps += 1
+    assert steps == 5  # the siblings' 30 tokens behind, 8 a step after the first
+    for seq, row in enumerate(batch.tokens):
+        n = int(batch.num[seq])
+        assert side.sequence(seq) == [*prompt, *row[3:n].tolist()]
+        assert bd.recent.lengths[seq] >= n - 3 - (hp.TREE_CHUNK - 1)  # the tree lags by < TREE_CHUNK

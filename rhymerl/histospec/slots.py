@@ -1,0 +1,128 @@
+"""The arrays of many prompts' indexes as numba typed lists, indexed by slot (`FlatSlots`, `SideSlots`).
+
+A compiled call cannot take a Python list of arrays, but it can take a typed list of them: the engine
+step's one drafting call (`rhymerl.histospec.kernel.draft_rows`) reads each row's prompt's history
+(`FlatIndex`) and siblings (`SideIndex`) through their slots. An index gets a slot the first time a
+row reads it (its arrays are referenced, not copied); a `SideIndex` whose arrays were reallocated as
+its siblings grew (`SideIndex.generation`) has its slot's entries replaced; `retain` frees the slots
+of the indexes the caller dropped, for reuse. Engine thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from numba import typed, types
+
+from rhymerl.histospec.flat import PromptIndex
+from rhymerl.histospec.side import SideIndex, append_many, appending_many
+
+_I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
+_U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
+_I32_2D = types.Array(types.int32, 2, "C")
+
+
+class _Slots:
+    """Typed lists of arrays, one entry per slot, each slot held for one object (keyed by its id)."""
+
+    def __init__(self, kinds: Sequence[Any]) -> None:
+        self.lists = tuple(typed.List.empty_list(kind) for kind in kinds)
+        self._empty = tuple(np.zeros((0,) * kind.ndim, dtype=np.dtype(str(kind.dtype))) for kind in kinds)
+        self._slot: dict[int, tuple[int, int, Any]] = {}  # id(obj) -> (slot, generation, obj kept alive)
+        self._free: list[int] = []
+
+    def _put(self, obj: Any, arrays: Sequence[np.ndarray], generation: int = 0) -> int:
+        """The slot of `obj`, its entries set to `arrays` (a new slot, a freed one, or its own)."""
+        got = self._slot.get(id(obj))
+        if got is not None or self._free:
+            k = got[0] if got is not None else self._free.pop()
+            for lst, a in zip(self.lists, arrays):
+                lst[k] = a
+        else:
+            k = len(self.lists[0])
+            for lst, a in zip(self.lists, arrays):
+                lst.append(a)
+        self._slot[id(obj)] = (k, generation, obj)
+        return k
+
+    def _retain(self, live: set[int]) -> None:
+        """Free the slots of objects whose ids are not in `live`."""
+        for key in [key for key in self._slot if key not in live]:
+            k = self._slot.pop(key)[0]
+            self._free.append(k)
+            for lst, empty in zip(self.lists, self._empty):
+                lst[k] = empty
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+
+class FlatSlots(_Slots):
+    """The arrays of attached `FlatIndex`es: texts, sas, keys, starts, rewards (the history's)."""
+
+    def __init__(self) -> None:
+        super().__init__((_I32, _I32, _U64, _I64, _F64))
+        self.texts, self.sas, self.keys, self.starts, self.rewards = self.lists
+
+    def slot(self, index: PromptIndex) -> int:
+        """The slot of `index`'s history (-1: not attached yet)."""
+        flat = index.flat
+        if flat is None:
+            return -1
+        got = self._slot.get(id(flat))
+        if got is not None:
+            return got[0]
+        return self._put(flat, (np.ascontiguousarray(flat.text, np.int32), np.ascontiguousarray(flat.sa, np.int32),
+                                np.ascontiguousarray(flat.key, np.uint64), np.ascontiguousarray(flat.starts, np.int64),
+                                np.asarray(index.rewards[:index.base], dtype=np.float64)))
+
+    def retain(self, indexes: Sequence[PromptIndex]) -> None:
+        """Free the slots of histories not among `indexes`' (their prompts were dropped)."""
+        self._retain({id(ix.flat) for ix in indexes if ix.flat is not None})
+
+
+class SideSlots(_Slots):
+    """The arrays of `SideIndex`es (siblings): tok, lens, hkey, hhead, ocode, oprev, rewards, state."""
+
+    def __init__(self) -> None:
+        super().__init__((_I32_2D, _I64, _U64, _I64, _I64, _I64, _F64, _I64))
+        self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.rewards, self.state = self.lists
+        side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step
+        side.add([1])
+        for dtype in (np.int32, np.int64):
+            self.extend_rows([side], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([[1, 2]], dtype),
+                             np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64))
+        self._retain(set())
+
+    def slot(self, side: SideIndex) -> int:
+        """The slot of `side`, its entries replaced if its arrays were reallocated since."""
+        got = self._slot.get(id(side))
+        if got is not None and got[1] == side.generation:
+            return got[0]
+        return self._put(side, (side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards,
+                                side.state), side.generation)
+
+    def extend_rows(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
+                    row_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """`SideIndex.extend_rows` for many indexes in one compiled call: row j appends
+        tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j] of sides[which[j]] (distinct
+        sequences; each index's rows in order; one min_match..max_match for all). An engine step grows
+        all its prompts' siblings so."""
+        if not len(seq_ids):
+            return
+        at = np.fromiter((self.slot(side) for side in sides), np.int64, len(sides))
+        longest, total = np.zeros(len(self.tok), np.int64), np.zeros(len(self.tok), np.int64)
+        rows_at, seq_ids = at[np.asarray(which, np.int64)], np.asarray(seq_ids, np.int64)
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        if not appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total):
+            raise ValueError(f"unknown sibling sequence id in {seq_ids.tolist()}")
+        for side, k in zip(sides, at.tolist()):
+            side.reserve(longest[k], total[k])
+            self.slot(side)  # its arrays, if reserve reallocated them
+        append_many(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, rows_at, seq_ids,
+                     tokens, np.asarray(row_ids, np.int64), starts, ends, sides[0].min_match, sides[0].max_match)
+
+    def retain(self, indexes: Sequence[PromptIndex]) -> None:
+        """Free the slots of siblings not among `indexes`' (their prompts were dropped)."""
+        self._retain({id(ix.side) for ix in indexes})
