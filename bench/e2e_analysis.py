@@ -37,7 +37,7 @@ WORK = ("rollout_s", "reward_s", "train_s", "sync_s")
 SYSTEM = ("plan_s", "lake_s", "measure_s", "log_s", "checkpoint_s")
 SPLIT = WORK + ("index_s",) + SYSTEM + ("dispatch_s", "flow_s")  # adds up to the epoch's wall_s
 OVERHEAD = SYSTEM + ("dispatch_s", "flow_s")
-TIMES = ("wall_s",) + SPLIT + ("overhead_s",)
+TIMES = ("wall_s",) + SPLIT + ("overhead_s", "tail_s")  # tail_s: inside rollout_s, not part of the split
 QUALITY = ("reward_mean", "accuracy", "rollout_tokens_per_s", "accepted_len", "acceptance_rate",
            "bubble_ratio", "overhead_frac", "tokens")
 
@@ -81,6 +81,7 @@ def epoch_rows(run: dict) -> list[dict]:
         row["flow_s"] = row["wall_s"] - steps_wall - query_s
         row["overhead_s"] = sum(row[k] for k in OVERHEAD)
         row["overhead_frac"] = row["overhead_s"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
+        row["tail_s"] = sum(float(r.get("tail_s", 0.0)) for r in recs)  # p90 finish -> last, per step
         row["tokens"] = sum(float(r["tokens"]) for r in recs)
         row["rollout_tokens_per_s"] = row["tokens"] / max(row["rollout_s"], 1e-9)
         spec_steps = sum(float(r.get("spec/steps", 0.0)) for r in recs)

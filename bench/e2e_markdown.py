@@ -35,6 +35,12 @@ def headline(report: dict) -> list[str]:
             f"| {_yes(t['step_speedup']['met'])} |",
             f"| orchestration overhead <= {t['overhead_frac']['target']:.0%} (worse arm) | "
             f"{num(t['overhead_frac']['measured'], '.1%')} | {_yes(t['overhead_frac']['met'])} |",
+            f"| train time RhymeRL / baseline within ±{t['train_ratio']['target']:.0%} | "
+            f"{num(t['train_ratio']['measured'], '.3f')} | {_yes(t['train_ratio']['met'])} |",
+            f"| tail (90th-percentile request's finish to the last's, per step) >= "
+            f"{num(t['tail_shorter']['target'], '.0f')}x shorter | {num(t['tail_shorter']['measured'])}x "
+            f"({mean_sd(o['tail_s']['baseline'])} s -> {mean_sd(o['tail_s']['rhymerl'])} s) | "
+            f"{_yes(t['tail_shorter']['met'])} |",
             f"| accuracy parity (final epoch) | diff {num(t['accuracy_parity']['diff'], '+.3f')}, "
             f"p = {num(t['accuracy_parity']['p_value'], '.3f')} | {_yes(t['accuracy_parity']['met'])} |"]
     return out

@@ -8,6 +8,7 @@ critical path) draws its Gantt chart.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,11 +88,22 @@ def _rows(samples: list[Sample]) -> list[dict]:
              "migrated_from_worker": s.migrated_from_worker, "migrated_at": s.migrated_at} for s in samples]
 
 
+def tail_seconds(ends: Sequence[float], quantile: float = 0.9) -> float:
+    """The rollout's tail: seconds from the `quantile` request's finish to the last one's (the
+    stretch in which a few long responses keep the engines at small batch)."""
+    if len(ends) < 2:
+        return 0.0
+    order = sorted(ends)
+    return float(order[-1] - order[max(0, math.ceil(quantile * len(order)) - 1)])
+
+
 @task(name="measure", cache_policy=NO_CACHE)
 def measure_task(plan: Plan, samples: list[Sample], workers: int) -> dict[str, float]:
-    """Bubble ratio and makespan of the step; forecast quality where history existed."""
+    """Bubble ratio, makespan and tail (`tail_seconds`) of the step; forecast quality where history
+    existed."""
     result = measure(_rows(samples), workers)
-    out = {"bubble_ratio": float(result.bubble_ratio), "makespan_s": float(result.makespan)}
+    out = {"bubble_ratio": float(result.bubble_ratio), "makespan_s": float(result.makespan),
+           "tail_s": tail_seconds([s.t_end for s in samples])}
     if len(plan.forecast_mean) >= 3:
         actual: dict[str, list[int]] = {}
         for s in samples:

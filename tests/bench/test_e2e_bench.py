@@ -50,6 +50,20 @@ def test_step_split_dispatch_is_wall_minus_every_timed_part() -> None:
     assert s["dispatch_s"] == pytest.approx(0.1) and s["wall_s"] == 7.0
 
 
+def test_the_benchmarks_own_recording_leaves_step_and_epoch_wall_time() -> None:
+    # Rule: recorder_s (the CPU recording between a step's timed parts) is the instrument's cost:
+    # out of the step's wall (so out of dispatch) and out of the epoch's wall (so out of the flow).
+    r = run("baseline", 0, [4.0])
+    plain = epoch_rows(r)[0]
+    for rec in r["history"]:
+        rec["recorder_s"], rec["wall_s"] = 0.1, rec["wall_s"] + 0.1
+    r["epoch_wall_s"]["0"] += 0.2
+    row = epoch_rows(r)[0]
+    assert step_split(r["history"][0])["dispatch_s"] == pytest.approx(0.1)
+    assert row["wall_s"] == pytest.approx(plain["wall_s"]) and row["flow_s"] == pytest.approx(plain["flow_s"])
+    assert row["overhead_s"] == pytest.approx(plain["overhead_s"])
+
+
 def test_per_worker_history_counts_the_query_once_and_each_steps_publishing() -> None:
     # Records with per-worker bundles: the epoch's query (0.3 s, before the steps) and each step's
     # publishing (history_s 0.05 s, inside the step) are the index; the rest of the split is unchanged.
@@ -139,6 +153,9 @@ def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:
     assert "## CPU seconds per process and part of the step" in md  # runs without CPU records say so
     saved = json.loads((tmp_path / "e2e.json").read_text())
     assert saved["targets"]["step_speedup"]["met"] is False  # 2.0 < 2.6
+    assert saved["targets"]["train_ratio"]["met"] is True  # same train time in both arms
+    assert saved["targets"]["tail_shorter"]["met"] is False  # no tail recorded: nan
+    assert "train time RhymeRL / baseline within ±5%" in md
     # baseline epoch 2: 16 s of rollout in a 23 s epoch -> a free rollout gives at most 23 / 7
     assert saved["targets"]["step_speedup"]["ceiling_if_rollout_free"] == pytest.approx(23 / 7)
     assert saved["scale"]["spec"]["accepted_len"] == 4.0

@@ -7,7 +7,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
-from tasks.plan import measure_task, plan_task
+from tasks.plan import measure_task, plan_task, tail_seconds
 
 
 def P(i, prompt_len=4):
@@ -55,6 +55,14 @@ def test_measure_bubble_ratio(tmp_path):
     samples = [S("p0", 0, 10, worker=0, start=0.0, end=4.0), S("p1", 0, 5, worker=1, start=0.0, end=1.0)]
     out = measure_task.fn(plan, samples, 2)
     assert out["bubble_ratio"] == pytest.approx(0.375) and out["makespan_s"] == pytest.approx(4.0)
+    assert out["tail_s"] == pytest.approx(0.0)  # of 2 requests the 90th percentile is the last
+
+
+def test_tail_runs_from_the_90th_percentile_finish_to_the_last():
+    # 20 requests finishing at 1..19 s and one straggler at 50 s: the 90th percentile of 20 is the
+    # 18th finish (18 s), so the tail is 50 - 18 = 32 s.
+    assert tail_seconds([float(t) for t in range(1, 20)] + [50.0]) == pytest.approx(32.0)
+    assert tail_seconds([3.0]) == 0.0 and tail_seconds([]) == 0.0
 
 
 def test_tier2_plan_splits_a_long_group_with_exact_sample_indices(tmp_path):
