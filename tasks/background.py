@@ -3,14 +3,13 @@
 A step's MLflow metrics, its steps-table row, its Gantt chart and the upload and commit of its
 checkpoint do not decide anything the next step needs, so the run flow submits them here and goes
 on to the next rollout while they run in the flow's threads. Nothing is lost: at most `limit` runs
-are pending (a submit first waits for the oldest), and `flush` — before a dead trainer is
-restored, and at the end of the run, failed or not — waits for all of them and raises the first
-error. Each still shows in the Prefect UI as its own task run, with its retries.
+are pending (a submit first waits for the oldest), and `flush` — at every epoch's end, before a
+dead trainer is restored, and at the end of the run, failed or not — waits for all of them and
+raises the first error. Each still shows in the Prefect UI as its own task run, with its retries.
 
 Runs go to the task runner of the flow that made the `Background` (the run flow), not of the flow
-that submits them: an epoch subflow's task runner cancels what is still pending when the subflow
-returns, so runs submitted there would have to finish before each epoch's end (~0.3-0.5 s of an
-epoch's last checkpoint and logs on its critical path).
+that submits them: an epoch subflow's task runner cancels what has not started when the subflow
+returns, so a run submitted in one epoch may finish in the next without being lost.
 What orders work on an actor (a checkpoint's export before the next step's training) is issued by
 the flow before it submits (`tasks.resume.begin_checkpoint`).
 """
