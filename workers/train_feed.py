@@ -73,8 +73,8 @@ class GroupFeed:
             return self.broken or "the stream never began"
         want = {(s.prompt_id, s.sample_idx): (s.token_ids, r.reward) for s, r in zip(samples, scores)}
         if want != self.handed:
-            return (f"the trainer holds {len(self.handed)} streamed samples, the step trains on {len(want)} "
-                    "or other samples, or other rewards (rows the lake held from before?)")
+            return (f"the trainer holds {len(self.handed)} streamed samples and the step trains on {len(want)}, "
+                    "not the same samples and rewards (rows the lake held from before?)")
         return ""
 
     def finish(self, samples: Sequence[Sample], scores: Sequence[RewardResult]) -> dict | None:
