@@ -95,13 +95,14 @@ def scale_section(report: dict) -> list[str]:
         return ["No estimate: needs a RhymeRL run whose speculation accepted drafts."]
     s, arms = sc["spec"], sc["arms"]
     rows = [[name, num(a["makespan_s"], ".1f"), num(a["bubble_ratio"], ".3f"), num(a["rollout_speedup"]),
-             num(a["step_speedup"])] for name, a in arms.items()]
+             num(a["step_speedup"]), num(a.get("step_speedup_streamed"))] for name, a in arms.items()]
     out = [f"Simulated rollout step at {s['workers']} workers, {s['prompts_per_worker']} prompts x n={s['n']} per "
            f"worker, responses capped at {s['max_tokens']} tokens (heavy-tailed, median 1,024), "
            f"{num(s['accepted_len'])} tokens per verification step (this benchmark's RhymeRL arm, late epochs), "
            f"verification overhead {s['verify_overhead']:.0%} per iteration, rollout {s['rollout_share']:.0%} of "
            f"the baseline step:", ""]
-    out += _table(["arm", "makespan s", "bubble", "rollout speed-up", "step speed-up"], rows)
+    out += _table(["arm", "makespan s", "bubble", "rollout speed-up", "step speed-up",
+                   "step speed-up, streamed training"], rows)
     by_share = ", ".join(f"{k}: {num(v)}x" for k, v in sc["step_speedup_by_rollout_share"].items())
     by_verify = ", ".join(f"{k}: {num(v)}x" for k, v in sc["rollout_speedup_by_verify_overhead"].items())
     out += ["", f"Step speed-up by rollout share of the step ({sc['measured_rollout_share']} measured here): "
@@ -109,7 +110,10 @@ def scale_section(report: dict) -> list[str]:
             "Assumptions: every request's tokens come a per verification step over its whole length "
             "(acceptance measured on 160-token responses of a tiny model; long reasoning responses may "
             f"accept more or less); {_cost_text(s)}; a free drafter; "
-            "the pipe benchmark's length noise model for forecasts; reward, training and sync unchanged."]
+            "the pipe benchmark's length noise model for forecasts; reward, training and sync unchanged. "
+            f"Streamed training (train.stream, trainer on GPUs of its own): training is {s.get('train_share', 0):.0%} "
+            "of the baseline step at a cost per response token; groups train one at a time as the simulated "
+            "rollout finishes them, and only the rest after its end stays in the step."]
     return out
 
 

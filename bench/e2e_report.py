@@ -166,7 +166,9 @@ def format_text(report: dict) -> str:
         a = sc["arms"]["rhymerl"]
         lines.append(f"scale estimate ({sc['spec']['workers']} workers, {sc['spec']['max_tokens']}-token cap, "
                      f"{num(sc['spec']['accepted_len'])} tok/verify): rollout {num(a['rollout_speedup'])}x, "
-                     f"step {num(a['step_speedup'])}x at rollout share {sc['spec']['rollout_share']}")
+                     f"step {num(a['step_speedup'])}x at rollout share {sc['spec']['rollout_share']}; "
+                     f"{num(a.get('step_speedup_streamed'))}x with streamed training (trainer on its own GPUs, "
+                     f"train share {sc['spec'].get('train_share')})")
     return "\n".join(lines)
 
 

@@ -22,6 +22,11 @@ beside the engine). Rollout is a share `rollout_share` of the baseline step (the
 training, weight sync, orchestration, which neither technique changes); the step speed-up is
 1 / ((1 - f) + f / rollout speed-up) (Amdahl).
 
+Streamed training (train.stream) with the trainer on GPUs of its own: training is a share
+`train_share` of the baseline step (its forward/backward over the step's response tokens, so a
+cost per token); each arm's groups train in the order its simulated rollout finishes them, and
+only what is left when the rollout ends stays in the step (`rhymerl.histopipe.train_overlap`).
+
 With a measured cost surface (`scripts/gpu-costmodel.py`, `rhymerl bench e2e --cost-json`) the
 cost model and the verification overhead come from it instead (`surface_settings`): the
 per-iteration cost at a mean context of `SURFACE_CONTEXT` tokens, and the overhead of feeding
@@ -39,6 +44,7 @@ from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths
 from rhymerl.histopipe.schedule import ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import simulate
+from rhymerl.histopipe.train_overlap import streamed_train
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,15 @@ class ScaleSettings:
     n: int = 8
     verify_overhead: float = 0.2  # extra cost of an iteration that verifies drafts
     rollout_share: float = 0.85  # rollout share of the baseline step (the paper: 80-95%)
+    train_share: float = 0.10  # trainer forward/backward share of the baseline step (part of the rest)
     seed: int = 0
     cost: CostModel = CostModel(base_s=0.008, per_seq_s=1.5e-4, capacity=256)
     cost_source: str = "assumed"  # "assumed" (the GPU-like model above) or "<model> on <device>" (measured)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.train_share <= 1.0 - self.rollout_share:
+            raise ValueError(f"ScaleSettings: train_share={self.train_share} must be in [0, 1 - rollout_share = "
+                             f"{1.0 - self.rollout_share:.2f}] (training is part of the step's non-rollout share)")
 
 
 # mean cached tokens per sequence while decoding: a prompt of a few hundred tokens plus half of a
@@ -94,11 +106,23 @@ def simulate_arms(spec: ScaleSettings) -> dict[str, dict]:
     placements = {"naive": schedule("naive", request), "lpt": schedule("lpt", request)}
     arms = {"baseline": ("naive", truth, spec.cost), "histopipe": ("lpt", truth, spec.cost),
             "histospec": ("naive", spec_lengths, spec_cost), "rhymerl": ("lpt", spec_lengths, spec_cost)}
+    results = {name: simulate(placements[policy], lengths, cost) for name, (policy, lengths, cost) in arms.items()}
+    base_step = results["baseline"].makespan / spec.rollout_share
+    s_per_token = spec.train_share * base_step / max(sum(truth.values()), 1)  # every arm trains the same tokens
     out = {}
-    for name, (policy, lengths, cost) in arms.items():
-        res = simulate(placements[policy], lengths, cost)
-        out[name] = {"makespan_s": res.makespan, "bubble_ratio": res.bubble_ratio}
+    for name, res in results.items():
+        train = streamed_train(res.spans, truth, s_per_token)
+        out[name] = {"makespan_s": res.makespan, "bubble_ratio": res.bubble_ratio,
+                     "train_batch_s": train.batch_s, "train_tail_s": train.tail_s}
     return out
+
+
+def streamed_step_speedup(arm: dict, base_makespan: float, spec: ScaleSettings) -> float:
+    """An arm's step speed-up over the baseline's batch-trained step when its groups train while
+    its tail generates: only the train tail stays in the step (module docstring)."""
+    base_step = base_makespan / spec.rollout_share
+    rest = base_step * (1.0 - spec.rollout_share - spec.train_share)  # reward, sync, orchestration
+    return base_step / (arm["makespan_s"] + rest + arm["train_tail_s"])
 
 
 def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None) -> dict:
@@ -108,6 +132,7 @@ def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None) -
     for row in arms.values():
         row["rollout_speedup"] = base / row["makespan_s"]
         row["step_speedup"] = amdahl(row["rollout_speedup"], spec.rollout_share)
+        row["step_speedup_streamed"] = streamed_step_speedup(row, base, spec)
     shares = sorted({0.8, spec.rollout_share, 0.95} | ({measured_rollout_share} if measured_rollout_share else set()))
     rollout = arms["rhymerl"]["rollout_speedup"]
     brackets = {"step_speedup_by_rollout_share": {f"{f:.2f}": amdahl(rollout, f) for f in shares}}

@@ -35,6 +35,7 @@ from tasks.spec import StepInputs, history_task, prepare_step_task, publish_hist
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 from workers.guard import WorkerGuard
 from workers.sync import sync_settings
+from workers.train_feed import GroupFeed
 
 # Engine vs trainer mean |log-prob| difference above which a step warns. float32 CPU engines agree
 # to ~1e-6; bf16 GPU engines round to ~1e-2; a stale engine after a real update is off by more.
@@ -114,8 +115,8 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
         st.ahead = ((epoch, step + 1), prepare_step_task.submit(
             cfg.pipe, cfg.lake.url, ctx.run_id, epoch, step + 1, quote(next_batch), len(st.workers), sampling.n,
             sampling.max_tokens, quote(st.spec_history)))
-    samples, scores, speculation, migrations, shipped = _sample(ctx, st, epoch, step, batch, sampling, inputs,
-                                                                watch)
+    samples, scores, speculation, migrations, shipped, feed = _sample(ctx, st, epoch, step, batch, sampling,
+                                                                      inputs, watch)
     # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
     # for a step's samples on 2 cores, ~25 ms for a plan or a batch of prompts with their token
     # ids); quote() hands them over as they are. Every large argument of a step's tasks is quoted.
@@ -128,7 +129,7 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
     samples, scores = committed.samples, committed.scores
     with watch("train_s"):
         train = train_task(st.trainer, quote(batch), quote(samples), quote(scores), cfg.train.scale_rewards,
-                           cfg.train.adv_eps)
+                           cfg.train.adv_eps, feed=quote(feed))
     _warn_logprob_diff(train, epoch, step)
     sync = sync_task(st.trainer, st.workers, guard=st.guard, **sync_settings(cfg))
     st.policy_version += 1
@@ -182,9 +183,10 @@ def _step_inputs(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sa
 
 def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings,
             inputs: StepInputs, watch: Stopwatch):
-    """The step's samples, scores, speculation counters, migrations and HistoSpec bundle measures:
-    generated (scoring starts on finished responses while the rollout's tail still generates), or
-    read back from the lake for a step committed before a crash (`rollout_s` is then the lake read).
+    """The step's samples, scores, speculation counters, migrations, HistoSpec bundle measures and
+    streamed-training feed (None when train.stream is off or nothing was generated): generated
+    (scoring starts on finished responses while the rollout's tail still generates), or read back
+    from the lake for a step committed before a crash (`rollout_s` is then the lake read).
     Before generating, each worker gets the history of the prompts it serves (`history_s`)."""
     cfg, plan = ctx.cfg, inputs.plan
     if (epoch, step) in st.reuse:
@@ -192,18 +194,28 @@ def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, samplin
             samples, scores = lake_rows_task(cfg.lake.url, ctx.run_id, epoch, step, quote(batch), sampling.n,
                                              st.policy_version)
         watch.seconds.update(reward_s=0.0, reward_total_s=0.0)
-        return samples, scores, None, 0, {}  # the original rollout's counters died with it
+        return samples, scores, None, 0, {}, None  # the original rollout's counters died with it
     history = None
     if inputs.bundles is not None:
         with watch("history_s"):
             history = publish_history_task(st.workers, quote(st.spec_history), quote(inputs.bundles), st.guard)
+    feed = _group_feed(ctx, st, batch, sampling)
     with watch("rollout_s"):
-        rollout = rollout_task(st.workers, quote(plan), sampling, quote(batch), cfg.pipe, guard=st.guard, history=quote(history))
+        rollout = rollout_task(st.workers, quote(plan), sampling, quote(batch), cfg.pipe, guard=st.guard,
+                               history=quote(history), feed=quote(feed))
     speculation = spec_stats_task(st.workers)
     with watch("reward_s"):  # what scoring still added after the rollout
         scores, watch.seconds["reward_total_s"] = reward_task(quote(batch), quote(rollout))
     shipped = {**inputs.bundles.metrics(), **history.sent_metrics()} if history is not None else {}
-    return rollout.samples, scores, speculation, rollout.migrations, shipped
+    return rollout.samples, scores, speculation, rollout.migrations, shipped, feed
+
+
+def _group_feed(ctx: RunContext, st: RunState, batch, sampling: SamplingSettings) -> GroupFeed | None:
+    """With train.stream, what hands each complete group to the trainer during the rollout."""
+    train = ctx.cfg.train
+    if not train.stream:
+        return None
+    return GroupFeed(st.trainer, batch, sampling.n, train.scale_rewards, train.adv_eps)
 
 
 def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dict, sync: dict, train: dict) -> dict:

@@ -15,6 +15,7 @@ import torch
 from rhymerl.grpo import group_advantages
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
+from rhymerl.trainer import TrainExample
 
 
 def epoch_order(prompts: Sequence[Prompt], epoch: int, seed: int) -> list[Prompt]:
@@ -62,6 +63,16 @@ def advantages_for(samples: Sequence[Sample], rewards: Sequence[float], scale: b
         for i, a in zip(g, row):
             out[i] = float(a)
     return out
+
+
+def train_examples(prompts: Sequence[Prompt], samples: Sequence[Sample], rewards: Sequence[float], scale: bool,
+                   eps: float) -> list[TrainExample]:
+    """What the trainer gets for these samples, in their order: each with its group-normalised
+    advantage (`advantages_for`) and the engine's log-probs. Whole groups only: the same
+    examples whether a step's groups come all at once or one at a time (streamed training)."""
+    adv = advantages_for(samples, rewards, scale=scale, eps=eps)
+    by_id = {p.prompt_id: p for p in prompts}
+    return [TrainExample(by_id[s.prompt_id].token_ids, s.token_ids, a, s.logprobs) for s, a in zip(samples, adv)]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class StreamedStep:
         self.sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0, "tokens": 0.0, "diff": 0.0}
         self.missing = 0  # micro-batches without the engine's log-probs
         self.examples = 0
-        self.start = time.perf_counter()
+        self.busy = 0.0  # seconds in add and finish: the waits between groups are the rollout's
         self.done = False
         trainer.optimizer.zero_grad(set_to_none=True)
 
@@ -47,7 +47,7 @@ class StreamedStep:
         """Forward and backward on one complete group's examples (their advantages final)."""
         if self.done:
             raise RuntimeError("StreamedStep.add after finish: start a new StreamedStep for the next step")
-        t = self.trainer
+        t, start = self.trainer, time.perf_counter()
         for mb in t._micro_batches(group):
             with torch.no_grad():
                 old = t._logprobs(t.model, mb)
@@ -61,13 +61,15 @@ class StreamedStep:
             else:
                 self.sums["diff"] += float(((old - mb.sampler).abs() * mb.mask).sum())
         self.examples += len(group)
+        self.busy += time.perf_counter() - start
 
     def finish(self) -> dict[str, float]:
         """Scale the accumulated gradients by 1 / the batch's normaliser, clip, step; the metrics
-        `Trainer.train_step` returns, over everything added."""
+        `Trainer.train_step` returns, over everything added (`seconds`: the compute in `add` and
+        `finish`, not the waits for groups)."""
         if self.done or self.examples == 0:
             raise ValueError("StreamedStep.finish needs at least one group added, and runs once")
-        t = self.trainer
+        t, start = self.trainer, time.perf_counter()
         scale = 1.0 / max(self.count, 1.0)  # what reduce() divides by in the batch path
         for p in t.model.parameters():
             if p.grad is not None:
@@ -75,7 +77,7 @@ class StreamedStep:
         grad_norm = t._clip_and_step()
         t.policy_version += 1
         self.done = True
-        s, seconds = self.sums, time.perf_counter() - self.start
+        s, seconds = self.sums, self.busy + time.perf_counter() - start
         n = max(s["tokens"], 1.0)
         out = {"loss": s["loss"] * scale, "grad_norm": grad_norm, "clip_frac": s["clip"] / n,
                "ratio_mean": s["ratio"] / n, "kl": s["kl"] * scale, "tokens": s["tokens"],

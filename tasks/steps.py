@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 import ray
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
@@ -20,19 +20,19 @@ from rhymerl.config import PipeConfig
 from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
-from rhymerl.rollout import advantages_for, check_groups, rollout_rows
-from rhymerl.trainer import TrainExample
+from rhymerl.rollout import check_groups, rollout_rows, train_examples
 from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import Plan
 from tasks.resume import committed_step
 from workers.stream import StreamedRollout, collect_scores, stream_rollout
 from workers.sync import sync_weights
+from workers.train_feed import GroupFeed
 
 
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: list[Prompt], pipe: PipeConfig,
-                 guard=None, history=None) -> StreamedRollout:
+                 guard=None, history=None, feed=None) -> StreamedRollout:
     """Generate the plan's requests (per worker, in admission order), scoring finished responses
     while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly
     sample indices 0..n-1 of every prompt come back, once each. With `guard`
@@ -40,12 +40,14 @@ def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: lis
     and a worker that dies mid-step re-runs every request planned on it after its restart, its
     earlier results discarded (keeping those that finished before the crash would favour short
     responses). With `history` (`workers.history.WorkerHistory`), a migrated request's prompt
-    history goes to its new worker first."""
+    history goes to its new worker first. With `feed` (`workers.train_feed.GroupFeed`, train.stream),
+    each complete group goes to the trainer while the rest generate; a retry spoils the feed."""
     if guard is not None:
         guard.ensure_current()
     gold = {p.prompt_id: p.answer for p in prompts}
     rule = pipe.migration_rule() if pipe.migrate else None
-    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard, history=history)
+    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard, history=history,
+                         feed=feed)
     check_groups(prompts, out.samples, spec.n)
     return out
 
@@ -90,12 +92,20 @@ def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: 
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
-               scores: list[RewardResult], scale: bool, eps: float) -> dict:
-    """One GRPO update on the trainer actor from the step's samples and rewards."""
-    adv = advantages_for(samples, [s.reward for s in scores], scale=scale, eps=eps)
-    by_id = {p.prompt_id: p for p in prompts}
-    batch = [TrainExample(by_id[s.prompt_id].token_ids, s.token_ids, a, s.logprobs) for s, a in zip(samples, adv)]
-    return ray.get(trainer.train_step.remote(batch))
+               scores: list[RewardResult], scale: bool, eps: float, feed: GroupFeed | None = None) -> dict:
+    """One GRPO update on the trainer actor from the step's samples and rewards.
+
+    With `feed` (train.stream), the update the trainer accumulated group by group during the
+    rollout, when it holds exactly these samples and rewards (`GroupFeed.finish`); else (and
+    then with a warning) the batch path on them. `streamed` (1 or 0) says which, with a feed."""
+    if feed is not None:
+        out = feed.finish(samples, scores)
+        if out is not None:
+            return {**out, "streamed": 1.0}
+        get_run_logger().warning("streamed training aborted, training the batch instead: %s", feed.broken)
+    batch = train_examples(prompts, samples, [s.reward for s in scores], scale, eps)
+    out = ray.get(trainer.train_step.remote(batch))
+    return out if feed is None else {**out, "streamed": 0.0}
 
 
 @task(name="weight-sync", cache_policy=NO_CACHE)

@@ -225,9 +225,43 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
 
         self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
                                threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        self._stream = None  # the step's StreamedStep while groups arrive (train.stream)
+        self._stream_ok = False  # False once an add failed: the stream cannot give the step's update
 
     def train_step(self, batch: list) -> dict:
         return self.trainer.train_step(batch)
+
+    def stream_begin(self) -> None:
+        """Start a streamed step (`rhymerl.train_stream`), dropping any unfinished one."""
+        from rhymerl.train_stream import StreamedStep
+
+        self._stream, self._stream_ok = StreamedStep(self.trainer), True  # it zeroes the gradients
+
+    def stream_add(self, group: list) -> None:
+        """Forward/backward of one complete group's `TrainExample`s. The driver does not wait for
+        this call, so a failure is remembered for `stream_finish` as well as raised."""
+        if self._stream is None:
+            raise RuntimeError("stream_add without stream_begin: the driver starts every streamed step")
+        try:
+            self._stream.add(group)
+        except BaseException:
+            self._stream_ok = False
+            raise
+
+    def stream_finish(self, examples: int) -> dict | None:
+        """The streamed step's optimizer update and `train_step`'s metrics, when every add worked
+        and they held `examples` examples in all; else None, the stream dropped (the caller then
+        trains the batch path)."""
+        step, ok, self._stream = self._stream, self._stream_ok, None
+        if step is None or not ok or step.examples != examples:
+            self.trainer.optimizer.zero_grad(set_to_none=True)
+            return None
+        return step.finish()
+
+    def stream_abort(self) -> None:
+        """Drop the streamed step and its accumulated gradients."""
+        self._stream = None
+        self.trainer.optimizer.zero_grad(set_to_none=True)
 
     def state_for_engine(self) -> dict:
         return self.trainer.state_dict_for_engine()

@@ -70,8 +70,9 @@ class _Driver:
 
     def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
                  rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
-                 guard=None, history=None) -> None:
+                 guard=None, history=None, feed=None) -> None:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
+        self.feed = feed  # workers.train_feed.GroupFeed: complete groups go to the trainer (None: off)
         self.guard = guard  # workers.guard.WorkerGuard: brings a dead worker back (None: fail)
         self.history = history  # workers.history.WorkerHistory: a migrated prompt's history follows it
         self.forecast_peak, self.every_s = forecast_peak, every_s
@@ -88,6 +89,8 @@ class _Driver:
         self.stopping: dict[tuple[str, int], int] = {}  # key -> reserved destination worker
         self.moved: set[tuple[str, int]] = set()
         self.prompts = {r.prompt.prompt_id: r.prompt for reqs in requests for r in reqs}
+        if feed is not None:
+            feed.begin()
         for w, reqs in enumerate(requests):
             if reqs:
                 self.start(w, reqs)
@@ -143,6 +146,8 @@ class _Driver:
                 self.stopping.pop(key, None)  # finished before the stop landed
                 self.index[key] = len(self.out.samples)
                 self.out.samples.append(s)
+                if self.feed is not None:
+                    self.feed.finished(s)
         self.resume([p for p in event.partials if self.counts(sid, (p.prompt_id, p.sample_idx))])
         self.running[sid] = {k: n for k, n in event.running.items() if self.counts(sid, k)}
 
@@ -178,6 +183,8 @@ class _Driver:
         """Drop these finished samples; scoring starts over for the rest (a rare, cheap event)."""
         if not keys:
             return
+        if self.feed is not None:
+            self.feed.discard(keys)
         drop = {self.index.pop(k) for k in keys}
         self.out.samples = [s for i, s in enumerate(self.out.samples) if i not in drop]
         self.index = {(s.prompt_id, s.sample_idx): i for i, s in enumerate(self.out.samples)}
@@ -216,7 +223,7 @@ class _Driver:
 
 def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
                    rule: MigrationRule | None = None, forecast_peak: dict[str, float] | None = None,
-                   every_s: float = 0.25, guard=None, history=None) -> StreamedRollout:
+                   every_s: float = 0.25, guard=None, history=None, feed=None) -> StreamedRollout:
     """Run `requests[w]` on `workers[w]`, scoring finished samples while the rest generate.
 
     `gold[prompt_id]` is the answer the reward checks. With `rule`, stragglers (judged against
@@ -225,13 +232,14 @@ def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingS
     it, discarding its earlier results (see `_Driver.lost`: keeping them would bias the step
     towards short responses). With `history` (`workers.history.WorkerHistory`, the step's
     published HistoSpec bundles), a request that migrates takes its prompt's history to its new
-    worker before it is resubmitted there.
+    worker before it is resubmitted there. With `feed` (`workers.train_feed.GroupFeed`), each
+    prompt's group goes to the trainer as soon as its n samples have finished (streamed training).
     Returns every sample once; its scoring may still be running (see `collect_scores`).
     """
     if len(requests) != len(workers):
         raise ValueError(f"stream_rollout: {len(requests)} request lists for {len(workers)} workers; "
                          "pass one list per worker (empty for an idle one)")
-    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard, history).run()
+    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard, history, feed).run()
 
 
 def collect_scores(rollout: StreamedRollout, gold: dict[str, str]) -> tuple[list[RewardResult], float]:

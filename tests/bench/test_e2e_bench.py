@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from bench.e2e_analysis import SPLIT, compare, epoch_rows, parity, permutation_pvalue, step_split
 from bench.e2e_bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
 from bench.e2e_report import build_report, format_text, write_report
-from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms
+from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms, streamed_step_speedup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,6 +136,25 @@ def test_scale_estimate_rules() -> None:
     assert arms["histospec"]["makespan_s"] == pytest.approx(arms["baseline"]["makespan_s"])
     faster = simulate_arms(ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4))
     assert faster["rhymerl"]["makespan_s"] < faster["histopipe"]["makespan_s"] < faster["baseline"]["makespan_s"]
+
+
+def test_streamed_training_estimate_rules() -> None:
+    spec = ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4)
+    arms = simulate_arms(spec)
+    base = arms["baseline"]
+    # training is train_share of the baseline step (batch path); streaming leaves only a tail of it
+    assert base["train_batch_s"] == pytest.approx(spec.train_share * base["makespan_s"] / spec.rollout_share)
+    for arm in arms.values():
+        assert 0.0 <= arm["train_tail_s"] < arm["train_batch_s"]
+        assert streamed_step_speedup(arm, base["makespan_s"], spec) > amdahl(
+            base["makespan_s"] / arm["makespan_s"], spec.rollout_share)
+    # nothing to train: streaming changes nothing
+    free = replace(spec, train_share=0.0)
+    row = simulate_arms(free)["rhymerl"]
+    assert streamed_step_speedup(row, base["makespan_s"], free) == pytest.approx(
+        amdahl(base["makespan_s"] / row["makespan_s"], free.rollout_share))
+    with pytest.raises(ValueError, match="train_share"):
+        ScaleSettings(accepted_len=2.0, rollout_share=0.95, train_share=0.1)
 
 
 def spec_for(out: Path, seeds: int = 3) -> E2ESettings:

@@ -1,6 +1,8 @@
 """A tiny real run (Prefect harness, Ray, 2 vLLM engines on CPU) with tier 2 placement and
 straggler migration forced on: every step still has exactly prompts x n rows, each sample index
-once, and every migrated row joins its prefix and continuation with one log-prob per token."""
+once, and every migrated row joins its prefix and continuation with one log-prob per token.
+Streamed training is on too (train.stream: groups, migrated samples among them, train while the
+tail generates): every step takes its update from the stream, and the engines get its weights."""
 
 import pytest
 
@@ -20,10 +22,10 @@ def test_forced_migration_keeps_every_sample_once(prefect_harness, local_ray, ti
         "rollout.prompts_per_step=4", f"rollout.n={n}", "rollout.num_workers=2", "rollout.max_tokens=64",
         # Threshold 0 and the whole step as "tail": any running request may move once a worker idles.
         "pipe.policy=tier2", "pipe.migrate=true", "pipe.migrate_threshold=0.0", "pipe.migrate_tail=1.0",
-        "pipe.migrate_per_worker=4", "pipe.gantt=false", "checkpoint.every_steps=0",
+        "pipe.migrate_per_worker=4", "pipe.gantt=false", "checkpoint.every_steps=0", "train.stream=true",
         f'lake.url="{lake_url}"', f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"',
     ])
-    run_flow(config=config_to_dict(cfg))
+    result = run_flow(config=config_to_dict(cfg))
 
     lake = Lake(lake_url)
     per_step = lake.sql("SELECT step, count(*) AS rows, count(DISTINCT (prompt_id, sample_idx)) AS keys, "
@@ -39,3 +41,6 @@ def test_forced_migration_keeps_every_sample_once(prefect_harness, local_ray, ti
     steps = lake.sql("SELECT step, migrations, reward_s, reward_total_s FROM steps ORDER BY step").to_pylist()
     assert [s["migrations"] for s in steps] == [int(r["moved"]) for r in per_step]
     assert all(s["reward_total_s"] > 0 for s in steps)
+    hist = result["history"]
+    assert [h["train_streamed"] for h in hist] == [1.0, 1.0]
+    assert all(h["engine_fingerprint"] == pytest.approx(h["trainer_fingerprint"], rel=1e-6) for h in hist)

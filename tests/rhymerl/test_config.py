@@ -80,3 +80,13 @@ def test_greedy_training_is_refused_naming_the_key():
     # Rule: at temperature 0 every sample of a group is the same, every advantage 0: nothing trains.
     with pytest.raises(ConfigError, match="rollout.temperature.*nothing is learned"):
         load_config(None, ["rollout.temperature=0"])
+
+
+def test_streamed_training_is_off_by_default_and_refused_where_it_cannot_stream():
+    assert load_config(None, []).train.stream is False
+    assert load_config(None, ["train.stream=true"]).train.stream is True
+    # Only a step's first update streams; the sharded trainer takes the whole batch at once.
+    with pytest.raises(ConfigError, match=r"'train.stream'.*updates_per_step = 1 \(got 2\).*train.stream=false"):
+        load_config(None, ["train.stream=true", "train.updates_per_step=2"])
+    with pytest.raises(ConfigError, match=r"'train.stream'.*world_size = 1 \(got 2\).*train.world_size=1"):
+        load_config(None, ["train.stream=true", "train.world_size=2"])

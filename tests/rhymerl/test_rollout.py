@@ -5,7 +5,8 @@ import pytest
 from rhymerl.records import Prompt, Sample
 from rhymerl.report import epoch_summary, format_table
 from rhymerl.reward import RewardResult
-from rhymerl.rollout import advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats
+from rhymerl.rollout import (advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats,
+                             train_examples)
 
 
 def P(i):
@@ -48,6 +49,18 @@ def test_advantages_grouped_by_prompt_in_any_order():
     adv = advantages_for(samples, [1.0, 1.0, 0.0, 1.0], scale=True, eps=0.0)
     assert adv == pytest.approx([0.70710678, 0.0, -0.70710678, 0.0])
     assert advantages_for(samples, [1.0, 1.0, 0.0, 1.0], scale=False, eps=0.0) == pytest.approx([0.5, 0, -0.5, 0])
+
+
+def test_train_examples_are_the_same_for_a_whole_step_and_group_by_group():
+    # Rule (streamed training): advantages are normalised within a group, so a group's examples do
+    # not depend on the other groups of the step.
+    samples, rewards = [S("p0", 0), S("p1", 0), S("p0", 1), S("p1", 1)], [1.0, 1.0, 0.0, 0.5]
+    whole = train_examples([P(0), P(1)], samples, rewards, scale=True, eps=1e-6)
+    p0 = train_examples([P(0)], samples[::2], rewards[::2], scale=True, eps=1e-6)
+    p1 = train_examples([P(1)], samples[1::2], rewards[1::2], scale=True, eps=1e-6)
+    assert whole == [p0[0], p1[0], p0[1], p1[1]]
+    assert whole[0].prompt_ids == (0, 1) and whole[0].sampler_logprobs == (-0.5,) * 3
+    assert whole[0].advantage == pytest.approx(0.5 / 0.5 ** 0.5, rel=1e-5)
 
 
 def test_step_stats_and_rows():

@@ -12,6 +12,7 @@ import pytest
 from rhymerl.vllm.engine import SamplingSettings, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
+from feed_helpers import FakeTrainer
 
 ray = pytest.importorskip("ray")
 
@@ -129,13 +130,13 @@ class RestartGuard:
         self.pids[w] = pid
 
 
-def run(requests, rule, workers=None, guard=None):
+def run(requests, rule, workers=None, guard=None, feed=None):
     from workers.stream import collect_scores, stream_rollout
 
     workers = workers or [FakeWorker.remote(w) for w in range(len(requests))]
     gold = {r.prompt.prompt_id: "7" for reqs in requests for r in reqs}
     out = stream_rollout(workers, requests, SamplingSettings(n=4, max_tokens=100), gold, rule,
-                         {pid: 1.0 for pid in gold}, every_s=0.02, guard=guard)
+                         {pid: 1.0 for pid in gold}, every_s=0.02, guard=guard, feed=feed)
     scores, total_s = collect_scores(out, gold)
     return out, scores, total_s
 
@@ -195,6 +196,30 @@ def test_without_a_rule_nothing_moves(ray_local):
     assert all(s.migrated_from_worker is None for s in out.samples)
 
 
+def feed_for(trainer, requests):
+    from workers.train_feed import GroupFeed
+
+    prompts = list({r.prompt.prompt_id: r.prompt for reqs in requests for r in reqs}.values())
+    return GroupFeed(trainer, prompts, n=4, scale=True, eps=1e-6)
+
+
+def test_each_complete_group_goes_to_the_trainer_once_with_the_steps_scores(ray_local):
+    # Rule (streamed training): a group is handed over once its n samples have finished, before
+    # the step's tail ("long", 100 tokens) does, with the rewards the step then trains on.
+    w0 = [Request(prompt("long"), k) for k in range(4)] + [Request(prompt("a"), k) for k in range(4)]
+    w1 = [Request(prompt("c"), k) for k in range(4)]
+    trainer = FakeTrainer()
+    feed = feed_for(trainer, [w0, w1])
+    out, scores, _ = run([w0, w1], MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=2), feed=feed)
+    groups = trainer.added()
+    assert sorted(len(g) for g in groups) == [4, 4, 4]
+    assert len(groups[-1][0].response_ids) == 100  # the straggling group came last
+    by_key = {(s.prompt_id, s.sample_idx): (s.token_ids, r.reward) for s, r in zip(out.samples, scores)}
+    assert feed.handed == by_key  # every sample once, with the step's score
+    assert feed.finish(out.samples, scores) == {"loss": 0.5}
+    assert trainer.names() == ["begin", "add", "add", "add", "finish"]
+
+
 def test_a_dead_worker_reruns_every_planned_request_migrated_ones_too(ray_local, tmp_path):
     # Worker 0 holds the four "long" stragglers and two short groups; worker 1 one short group.
     # After the first migration (two longs move to worker 1), worker 0's process dies. Rule
@@ -207,7 +232,10 @@ def test_a_dead_worker_reruns_every_planned_request_migrated_ones_too(ray_local,
     guard = RestartGuard(workers)
     w0 = [Request(prompt("long"), k) for k in range(4)] + [Request(prompt(p), k) for p in ("a", "b") for k in range(4)]
     w1 = [Request(prompt("c"), k) for k in range(4)]
-    out, scores, _ = run([w0, w1], MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=2), workers, guard)
+    trainer = FakeTrainer()
+    feed = feed_for(trainer, [w0, w1])
+    out, scores, _ = run([w0, w1], MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=2), workers, guard,
+                         feed)
     [(worker, old_pid, new_pid)] = guard.restarts
     assert worker == 0 and old_pid != new_pid
     keys = sorted((s.prompt_id, s.sample_idx) for s in out.samples)
@@ -218,3 +246,6 @@ def test_a_dead_worker_reruns_every_planned_request_migrated_ones_too(ray_local,
             assert s.text.startswith(f"[{new_pid}]") and f"[{old_pid}]" not in s.text
     assert out.discarded >= 8  # groups a and b had finished before the crash
     assert len(scores) == len(out.samples)
+    # Streamed training: groups a and b had gone to the trainer; the step trains the batch instead.
+    assert "discarded" in feed.broken and feed.finish(out.samples, scores) is None
+    assert trainer.names()[-1] == "abort" and "finish" not in trainer.names()
