@@ -1,8 +1,10 @@
-"""Per arm and train.stream setting: mean step (wall_s), rollout_s, train_s, trainer compute seconds, over epochs >= 1."""
-import json, statistics, sys
+"""Per arm and train.stream setting: mean step (wall_s), rollout_s, train_s, trainer compute seconds, over epochs >= 1.
+
+Reads the benchmark outputs next to this file (stream-*/runs/*.json)."""
+import json, statistics
 from pathlib import Path
 
-for out in sys.argv[1:]:
+for out in sorted(str(p) for p in Path(__file__).parent.glob("stream-*")):
     for f in sorted(Path(out, "runs").glob("*.json")):
         d = json.loads(f.read_text())
         hist = [h for h in d["history"] if h["epoch"] >= 1]
