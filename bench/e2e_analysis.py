@@ -18,8 +18,9 @@ prepared during the previous step); and flow = the epoch's wall time minus its s
 and the history task (the Prefect subflow, the log-epoch task, the history task's own dispatch).
 A step's `recorder_s` (the benchmark's CPU recording, `bench.e2e_cpu`, between its timed parts)
 is taken out of its wall time and the epoch's: it is the instrument's cost, not the system's.
-Records of runs before per-worker bundles carry the epoch's whole bundle in `spec/history_build_s`. Overhead = system I/O + dispatch + flow: everything that is neither the RL work nor
-HistoSpec's index; its fraction is of the epoch's wall time.
+Records of runs before per-worker bundles carry the epoch's whole bundle in `spec/history_build_s`.
+Overhead = system I/O + dispatch + flow: everything that is neither the RL work nor HistoSpec's
+index; its fraction is of the epoch's wall time.
 """
 
 from __future__ import annotations
