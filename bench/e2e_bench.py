@@ -122,6 +122,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     payload = {"arm": arm, "seed": seed, "settings": json.loads(settings), "run_id": out["run_id"],
                "config": config_to_dict(cfg), "history": out["history"],
                "epoch_wall_s": {str(k): v for k, v in out["epoch_wall_s"].items()},
+               "subflow_s": {str(k): v for k, v in out.get("subflow_s", {}).items()},
                "run_wall_s": time.perf_counter() - t0, "started": started, "finished": time.time(),
                "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit(),
                "cpu": recorded}

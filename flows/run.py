@@ -18,6 +18,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from prefect.utilities.annotations import quote
 
 from rhymerl.config import RunConfig, config_from_dict
+from rhymerl.heap import freeze_startup_heap
 from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.rollout import epoch_order, step_batches, step_stats
 from rhymerl.timing import Stopwatch
@@ -58,6 +59,7 @@ class RunState:
     spec_history: object = None  # the epoch's HistoSpec history on the driver (HistorySlicer), if any
     spec_query_s: float = 0.0  # seconds of the epoch's history task (lake query into columns)
     ahead: tuple | None = None  # ((epoch, step), future of its StepInputs): the next step, prepared early
+    epoch_body: dict = field(default_factory=dict)  # epoch -> perf_counter at its subflow body's start, end
     initial_fingerprint: float = 0.0
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
     background: Background = field(default_factory=Background)  # off the critical path (tasks.background)
@@ -74,6 +76,7 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     """Every prompt once, in steps of `rollout.prompts_per_step` (from `start_step` when resuming
     mid-epoch: the order depends on seed and epoch only); returns each step's record."""
     ctx, st = _LIVE[run_id]
+    body_start = time.perf_counter()  # the subflow's own start-up (call -> here) is Prefect's
     cfg = ctx.cfg
     sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
@@ -94,6 +97,7 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     # server) stalled ~2 s in every other epoch when it met the background runs' writes; waiting for
     # them first costs 0.2-0.3 s (measured on 2 cores, default config).
     st.background.flush()
+    st.epoch_body[epoch] = (body_start, time.perf_counter())
     return records
 
 
@@ -259,6 +263,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     ctx = RunContext(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=tuple(prompts), skipped=skipped)
     st = RunState()
     epoch_wall_s: dict[int, float] = {}
+    subflow_s: dict[int, dict] = {}  # per epoch: Prefect's subflow start-up (enter) and wind-down (exit)
     _LIVE[run_id] = (ctx, st)
     status = "failed"
     try:
@@ -269,6 +274,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         st.guard = WorkerGuard.watch(st.workers, st.trainer, cfg.recovery.restart_timeout_s, run_id,
                                      cfg.lake.url, log=log)
         link_runs_task(cfg, run_id, st.tracking)  # Prefect flow run <-> MLflow run, both ways
+        freeze_startup_heap()  # full GC passes walk only what the run allocates from here (rhymerl.heap)
         steps_per_epoch = -(-len(prompts) // cfg.rollout.prompts_per_step)
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, steps_per_epoch, cfg.epochs, cfg.lake.url,
@@ -285,7 +291,10 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                     raise
                 epoch, start_step = _recover_trainer(ctx, st, exc)  # or TrainerLost with the resume command
                 continue
-            epoch_wall_s[epoch] = time.perf_counter() - t  # steps + history + the subflow's own cost
+            done = time.perf_counter()
+            epoch_wall_s[epoch] = done - t  # steps + history + the subflow's own cost
+            body = st.epoch_body.get(epoch, (t, done))
+            subflow_s[epoch] = {"enter_s": body[0] - t, "exit_s": done - body[1]}
             epoch, start_step = epoch + 1, 0
         st.background.flush()
         plot_task(st.tracking, quote(st.history))
@@ -301,7 +310,8 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     return {"run_id": run_id, "mlflow_run_id": mlflow_run_id, "lake": cfg.lake.url,
             "skipped_prompts": skipped, "initial_engine_fingerprint": st.initial_fingerprint,
             "warm_start": st.warm_start,
-            "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s}
+            "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s,
+            "subflow_s": subflow_s}
 
 
 def _quiet_subflow() -> Callable[[], SettingsContext]:

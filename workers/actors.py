@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from rhymerl.config import RunConfig
+from rhymerl.heap import freeze_startup_heap
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings
 from rhymerl.records import Prompt, Request, Sample
 from workers.sync_group import WeightSender
@@ -97,6 +98,7 @@ class RolloutWorker:
         os.environ[INDEX_ENV] = self.history_path
         self.engine = VllmEngine(spec)
         self.node_id = ray.get_runtime_context().get_node_id()
+        freeze_startup_heap()  # its engine core does the same (vLLM's freeze_gc_heap)
         self._stops: set[tuple[str, int]] = set()
         self._stops_lock = threading.Lock()
         self._engine_lock = threading.Lock()
@@ -225,6 +227,7 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
 
         self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
                                threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        freeze_startup_heap()
         self._stream = None  # the step's StreamedStep while groups arrive (train.stream)
         self._stream_ok = False  # False once an add failed: the stream cannot give the step's update
 

