@@ -49,6 +49,7 @@ from pathlib import Path
 import psutil
 
 from rhymerl.config import DataConfig
+from rhymerl.data import BUILTIN_DATASETS
 from rhymerl.errors import ConfigError
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
@@ -86,14 +87,14 @@ class ArmResult:
     note: str = ""  # the speculation guard's message
 
 
-def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int):
-    """The built-in task's first `num_prompts` prompts, tokenized by the model's tokenizer."""
+def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int, dataset: str = "builtin"):
+    """The built-in task's (`dataset`'s) first `num_prompts` prompts, tokenized by the model's tokenizer."""
     from transformers import AutoTokenizer
 
     from rhymerl.data import load_problems, render_prompts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    cfg = DataConfig(num_prompts=num_prompts)
+    cfg = DataConfig(dataset=dataset, num_prompts=num_prompts)
     prompts, _ = render_prompts(load_problems(cfg), cfg.prompt_template,
                                 lambda s: tok.encode(s, add_special_tokens=False),
                                 max_prompt_tokens=max_prompt_tokens, on_long="skip")
@@ -171,12 +172,19 @@ def parse_variant(text: str) -> tuple[str, SpecConfig]:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Every requested arm on the same prompts; returns the JSON-able report."""
+    from rhymerl.long_build import build_settings_for
     from rhymerl.model_build import ensure_builtin_model
 
-    model_dir = str(ensure_builtin_model().absolute())
-    base = EngineSettings(model_dir=model_dir, max_model_len=512, seed=args.seed,
-                          max_num_seqs=args.max_num_seqs or None)
-    prompts = load_prompts(model_dir, args.prompts, 512 - args.max_tokens)
+    build = build_settings_for(args.dataset)
+    model_dir = str(ensure_builtin_model(spec=build).absolute())
+    # The default task's prompts take up to 352 tokens; the long task's answers up to ~2,000 (its
+    # prompts < 20): room for both, and a KV cache for every request at its longest.
+    max_model_len = max(512, args.max_tokens + 64)
+    kv_per_token = build.num_layers * 2 * build.num_kv_heads * (build.hidden_size // build.num_heads) * 4  # fp32 K, V
+    kv_gib = max(0.5, args.prompts * args.n * max_model_len * kv_per_token / 2**30)
+    base = EngineSettings(model_dir=model_dir, max_model_len=max_model_len, seed=args.seed,
+                          max_num_seqs=args.max_num_seqs or None, kv_cache_gib=round(kv_gib, 2))
+    prompts = load_prompts(model_dir, args.prompts, max_model_len - args.max_tokens, args.dataset)
     sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
     bundle_path = Path(tempfile.mkdtemp(prefix="rhymerl-bench-spec-")) / "bundle.npz"
     os.environ[INDEX_ENV] = str(bundle_path)  # the drafter in each engine process reads this file
@@ -202,7 +210,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if ref:
         results = [replace(r, speedup=ref / r.wall_s) for r in results]
     return {"bench": "spec", "date": time.strftime("%Y-%m-%d"), "machine": _machine(),
-            "settings": {"prompts": len(prompts), "n": args.n, "temperature": args.temperature,
+            "settings": {"dataset": args.dataset, "prompts": len(prompts), "n": args.n, "temperature": args.temperature,
                          "max_tokens": args.max_tokens, "repeats": args.repeats,
                          "max_num_seqs": args.max_num_seqs or "vLLM default"},
             "arms": [r.__dict__ for r in results]}
@@ -225,7 +233,8 @@ def format_report(report: dict) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
     s = report["settings"]
-    head = (f"HistoSpec bench, {report['date']}, {report['machine']}: {s['prompts']} prompts x n={s['n']}, "
+    head = (f"HistoSpec bench, {report['date']}, {report['machine']}: {s.get('dataset', 'builtin')}, "
+            f"{s['prompts']} prompts x n={s['n']}, "
             f"T={s['temperature']}, max_tokens {s['max_tokens']}, max_num_seqs {s['max_num_seqs']}, "
             f"median of {s['repeats']}")
     return head + "\n" + "\n".join(lines)
@@ -239,6 +248,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--dataset", choices=BUILTIN_DATASETS, default="builtin",
+                   help="the built-in task and its model; builtin-long: the long-tail task "
+                        "(use --max-tokens 2048)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=0, help="requests per engine step (0: vLLM's default)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.spec_bench import main, parse_variant
+from bench.spec_bench import main, parse_variant, parser
 
 
 def test_a_variant_is_an_arm_with_those_settings():
@@ -19,3 +19,10 @@ def test_a_variant_is_an_arm_with_those_settings():
 def test_bad_variants_exit_2_naming_the_problem(text, says, capsys):
     assert main(["--variant", text]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_dataset_is_one_of_the_built_in_tasks(capsys):
+    assert parser().parse_args(["--dataset", "builtin-long"]).dataset == "builtin-long"
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["--dataset", "gsm8k"])
+    assert exc.value.code == 2 and "builtin-long" in capsys.readouterr().err
