@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from scipy import stats as sstats
 
+from rhymerl.histospec.stats import position_labels
 from rhymerl.report import epoch_summary
 
 WORK = ("rollout_s", "reward_s", "train_s", "sync_s")
@@ -205,6 +206,24 @@ def parity(runs: Sequence[dict], key: str = "accuracy") -> dict:
     return {**out, "se": se, "p_value": p, "smallest_p": smallest,
             "parity": bool(abs(out["diff"]) <= 2 * se and p >= 0.05),
             "note": f"exact permutation test; with {len(b)} vs {len(r)} seeds p cannot go below {smallest:.3f}"}
+
+
+def by_position(runs: Sequence[dict], arm: str = "rhymerl") -> list[dict]:
+    """Per epoch of `arm`, pooled over seeds: tokens per verification step by the response position
+    the step came at (`rhymerl.histospec.stats.POSITION_EDGES`) and each bucket's share of the steps.
+    Empty when no record carries position counts (runs without speculation, older runs)."""
+    labels, out = position_labels(), []
+    epochs = sorted({int(h["epoch"]) for r in runs if r["arm"] == arm for h in r["history"]})
+    for epoch in epochs:
+        recs = [h for r in runs if r["arm"] == arm for h in r["history"] if int(h["epoch"]) == epoch]
+        steps = [sum(float(h.get(f"spec/steps_{b}", 0.0)) for h in recs) for b in labels]
+        if not sum(steps):
+            continue
+        tokens = [sum(float(h.get(f"spec/tokens_{b}", 0.0)) for h in recs) for b in labels]
+        out.append({"epoch": epoch, "buckets": labels, "steps": steps,
+                    "tokens_per_verify": [t / n if n else math.nan for t, n in zip(tokens, steps)],
+                    "step_share": [n / sum(steps) for n in steps]})
+    return out
 
 
 def step_curves(runs: Sequence[dict], arm: str, key: str) -> dict[int, list[float]]:

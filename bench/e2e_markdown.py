@@ -76,6 +76,22 @@ def split_table(report: dict) -> list[str]:
     return _table(["epoch", "part", "baseline s", "RhymeRL s", "R/B"], rows)
 
 
+def position_section(report: dict) -> list[str]:
+    """Tokens per verification by response position (RhymeRL arm, pooled over seeds), per epoch."""
+    rows = report.get("by_position") or []
+    if not rows:
+        return ["No position counts in these runs (speculation off, or runs before they were recorded)."]
+    names = [b.removeprefix("pos").replace("_inf", "+").replace("_", "-") for b in rows[0]["buckets"]]
+    body = [[str(r["epoch"])] + [f"{t:.2f} ({100 * sh:.0f}%)" if n else "n/a"
+                                 for t, sh, n in zip(r["tokens_per_verify"], r["step_share"], r["steps"])]
+            for r in rows]
+    return (["Tokens per verification step (bonus token included) of the RhymeRL arm by the number of "
+             "tokens its request had written before the step, pooled over seeds; in brackets the "
+             "bucket's share of the epoch's verification steps. Positions past 1,000 occur only in long "
+             "responses: that column is the tail's speed-up from drafting.", ""]
+            + _table(["epoch"] + [f"tokens {n}" for n in names], body))
+
+
 def parity_section(report: dict) -> list[str]:
     out = []
     for key, p in report["parity"].items():
@@ -162,6 +178,7 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     lines += cpu_section(cpu.get("arms", {}), cpu.get("epochs", []))
     if "acceptance" in plots:
         lines += ["", f"![acceptance]({plots['acceptance']})", f"![bubble ratio]({plots['bubble']})"]
+    lines += ["", "## Tokens per verification by response position", ""] + position_section(report)
     lines += ["", "## Accuracy parity", ""] + parity_section(report)
     if "curves" in plots:
         lines += ["", f"![reward curves]({plots['curves']})"]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from bench.e2e_analysis import compare, parity
+from bench.e2e_analysis import by_position, compare, parity
 from bench.e2e_cpu import cpu_table
 from bench.e2e_format import SPLIT_LABELS, mean_sd, num
 from bench.e2e_markdown import markdown
@@ -67,6 +67,7 @@ def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
         "runs": [_run_row(r) for r in runs],
         "compare": cmp,
         "parity": {k: parity(runs, k) for k in ("accuracy", "reward_mean")} if runs else {},
+        "by_position": by_position(runs),
     }
     cpu_epochs = overall.get("epochs") or sorted({h["epoch"] for r in runs for h in r["history"]})
     report["cpu"] = {"epochs": cpu_epochs, "arms": cpu_table(runs, cpu_epochs)}

@@ -165,6 +165,9 @@ class BatchDrafter:
         accepted = np.minimum(sizes - 1, drafted)
         self.stats.record_many(drafted, accepted)
         self.lifetime.record_many(drafted, accepted)
+        # Response tokens before the verified step (`n`: its length when drafted for; the prompt's
+        # length is 0 for a prompt not in the bundle, which then counts its prompt too).
+        self.stats.record_positions(req.n[slots] - req.plen[slots], accepted)
         self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
             for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):

@@ -8,6 +8,17 @@ from typing import Sequence
 
 import numpy as np
 
+# Edges of the response-position buckets (tokens a request had written before a verification step):
+# [0, 100), [100, 300), [300, 1000), [1000, inf). Positions past 1,000 occur only in long responses,
+# so the last bucket says how fast a rollout's tail generates.
+POSITION_EDGES = (100, 300, 1000)
+
+
+def position_labels() -> list[str]:
+    """Metric suffixes of the position buckets: "pos0_100", ..., "pos1000_inf"."""
+    lows, highs = (0,) + POSITION_EDGES, POSITION_EDGES + ("inf",)
+    return [f"pos{lo}_{hi}" for lo, hi in zip(lows, highs)]
+
 
 @dataclass
 class SpecStats:
@@ -28,6 +39,10 @@ class SpecStats:
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes included)
+    # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
+    # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
+    pos_steps: list[int] = field(default_factory=lambda: [0] * (len(POSITION_EDGES) + 1))
+    pos_tokens: list[int] = field(default_factory=lambda: [0] * (len(POSITION_EDGES) + 1))
 
     def record(self, drafted: int, accepted: int) -> None:
         """Count one step that verified `drafted` draft tokens and accepted the first `accepted`."""
@@ -70,11 +85,26 @@ class SpecStats:
             for j, v in enumerate(np.bincount(a[with_draft], minlength=size).tolist()):
                 acc[j] += v
 
+    def record_positions(self, positions: np.ndarray, accepted: np.ndarray) -> None:
+        """Count steps by response position: step j came after `positions[j]` response tokens and
+        accepted `accepted[j]` draft tokens (so emitted accepted + 1). Adds to the bucket counters
+        only; `record_many` counts the same steps in the totals."""
+        if not len(positions):
+            return
+        bucket = np.searchsorted(np.asarray(POSITION_EDGES), np.asarray(positions), side="right")
+        size = len(POSITION_EDGES) + 1
+        steps = np.bincount(bucket, minlength=size)
+        emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=size)
+        self.pos_steps = [a + int(b) for a, b in zip(self.pos_steps, steps)]
+        self.pos_tokens = [a + int(b) for a, b in zip(self.pos_tokens, emitted)]
+
     def merge(self, other: "SpecStats") -> None:
         """Add `other`'s counts into these."""
         for name in ("steps", "tokens", "drafts", "drafted", "accepted", "drafter_seconds",
                      "index_seconds", "index_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.pos_steps = [a + b for a, b in zip(self.pos_steps, other.pos_steps)]
+        self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, other.pos_tokens)]
         for mine, theirs in ((self.draft_len_hist, other.draft_len_hist),
                              (self.accept_len_hist, other.accept_len_hist)):
             mine.extend([0] * (len(theirs) - len(mine)))
@@ -124,6 +154,9 @@ class SpecStats:
         }
         for j, rate in enumerate(self.acceptance_by_position()):
             out[f"{prefix}acceptance_pos{j}"] = rate
+        if any(self.pos_steps):  # e.g. spec/steps_pos0_100, spec/tokens_pos1000_inf
+            for label, steps, tokens in zip(position_labels(), self.pos_steps, self.pos_tokens):
+                out[f"{prefix}steps_{label}"], out[f"{prefix}tokens_{label}"] = float(steps), float(tokens)
         return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e_analysis import SPLIT, compare, epoch_rows, parity, permutation_pvalue, step_split
+from bench.e2e_analysis import SPLIT, by_position, compare, epoch_rows, parity, permutation_pvalue, step_split
 from bench.e2e_bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
 from bench.e2e_report import build_report, format_text, write_report
 from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms, streamed_step_speedup
@@ -181,6 +182,24 @@ def test_report_files_from_synthetic_runs(tmp_path: Path) -> None:
     assert saved["scale"]["spec"]["accepted_len"] == 4.0
     assert "speed-up 2.00x" in format_text(report)
     assert build_report([], spec_for(tmp_path), {})["runs"] == []  # nothing finished yet: still a report
+    assert "No position counts in these runs" in md  # synthetic records carry none
+
+
+def test_tokens_per_verification_by_response_position_pools_seeds(tmp_path: Path) -> None:
+    runs = [run("baseline", s, [8.0, 8.0]) for s in range(2)] + [run("rhymerl", s, [8.0, 4.0]) for s in range(2)]
+    for r in runs[2:]:
+        for rec in r["history"]:
+            if rec["epoch"] == 1:  # per step: 30 steps under 100 tokens (60 tokens), 10 past 1,000 (70)
+                rec.update({"spec/steps_pos0_100": 30.0, "spec/tokens_pos0_100": 60.0,
+                            "spec/steps_pos1000_inf": 10.0, "spec/tokens_pos1000_inf": 70.0})
+    rows = by_position(runs)
+    assert [r["epoch"] for r in rows] == [1]  # epoch 0 recorded no positions
+    assert rows[0]["steps"] == [120.0, 0.0, 0.0, 40.0]  # 2 seeds x 2 steps
+    assert rows[0]["tokens_per_verify"][0] == pytest.approx(2.0) and rows[0]["tokens_per_verify"][3] == pytest.approx(7.0)
+    assert math.isnan(rows[0]["tokens_per_verify"][1]) and rows[0]["step_share"][3] == pytest.approx(0.25)
+    write_report(runs, spec_for(tmp_path), {"workers": 4, "max_tokens": 8192})
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "| 1 | 2.00 (75%) | n/a | n/a | 7.00 (25%) |" in md
 
 
 def test_run_plan_alternates_arms_and_resume_keeps_matching_runs(tmp_path: Path) -> None:
