@@ -26,8 +26,9 @@ import pyarrow as pa
 # 1: the first schemas. 2: steps gain speculative-decoding (spec_*) and scheduling (bubble_ratio,
 # makespan_s, forecast_*) columns. 3: rollouts gain HistoPipe migration columns (migrations,
 # migrated_from_worker, migrated_at); steps gain reward_total_s and migrations. 4: steps gain
-# logprob_abs_diff (engine vs trainer log-probs of the sampled tokens).
-SCHEMA_VERSION = 4
+# logprob_abs_diff (engine vs trainer log-probs of the sampled tokens). 5: steps gain
+# spec_steps_by_response_pos and spec_tokens_by_response_pos (verification by response position).
+SCHEMA_VERSION = 5
 
 
 class SchemaError(ValueError):
@@ -102,6 +103,12 @@ STEPS_SCHEMA = _schema("steps", [
          "spec_tokens / spec_steps: tokens per verification step, bonus token counted."),
     _col("spec_acceptance_by_pos", pa.list_(pa.float32()),
          "[j]: share of drafts reaching position j whose token j was accepted."),
+    _col("spec_steps_by_response_pos", pa.list_(pa.int64()),
+         "[b]: verification steps that came after [0,100), [100,300), [300,1000), 1000+ response tokens "
+         "(b = 0..3; HistoSpec only, NULL otherwise)."),
+    _col("spec_tokens_by_response_pos", pa.list_(pa.int64()),
+         "[b]: tokens those steps emitted; / spec_steps_by_response_pos[b]: tokens per verification "
+         "at that response position."),
     _col("spec_drafter_s", pa.float64(), "Seconds the drafter spent proposing (summed over workers)."),
     _col("spec_history_s", pa.float64(),
          "Seconds to cut the step's per-worker HistoSpec bundles (summed over workers; prepared during "

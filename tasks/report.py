@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from rhymerl.histospec.stats import position_labels
 from rhymerl.report import epoch_summary, step_line
 from storage.lake import LakeWriter
 from storage.plots import plot_reward_curve
@@ -66,6 +67,14 @@ _OPTIONAL_COLUMNS = {"spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "
 @task(name="lake-step-row", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def lake_step_task(lake_url: str, run_id: str, record: dict, spec_method: str | None = None) -> bool:
     """Write the step's timings and quality to the lake's steps table (once per step)."""
+    values = step_row(record, spec_method)
+    return LakeWriter(lake_url).write_steps_row(run_id, int(record["epoch"]), int(record["step"]), values)
+
+
+def step_row(record: dict, spec_method: str | None = None) -> dict:
+    """The steps-table columns of a flow step record (`storage.schema.STEPS_SCHEMA`); the spec_*
+    ones only when the record has speculation counters, the by-response-position lists only when
+    it has those (HistoSpec's drafter counts them; vLLM's counters have no positions)."""
     values = {col: record[key] for key, col in _STEP_COLUMNS.items()}
     values["length_max"] = int(values["length_max"])
     values["tokens"] = int(values["tokens"])
@@ -80,4 +89,8 @@ def lake_step_task(lake_url: str, run_id: str, record: dict, spec_method: str | 
         values["spec_acceptance_by_pos"] = [
             record[k] for k in sorted((k for k in record if k.startswith("spec/acceptance_pos")),
                                       key=lambda k: int(k.removeprefix("spec/acceptance_pos")))]
-    return LakeWriter(lake_url).write_steps_row(run_id, int(record["epoch"]), int(record["step"]), values)
+        labels = position_labels()
+        if f"spec/steps_{labels[0]}" in record:
+            for what in ("steps", "tokens"):
+                values[f"spec_{what}_by_response_pos"] = [int(record[f"spec/{what}_{b}"]) for b in labels]
+    return values

@@ -165,8 +165,10 @@ class BatchDrafter:
         accepted = np.minimum(sizes - 1, drafted)
         self.stats.record_many(drafted, accepted)
         self.lifetime.record_many(drafted, accepted)
-        # Response tokens before the verified step (`n`: its length when drafted for; the prompt's
-        # length is 0 for a prompt not in the bundle, which then counts its prompt too).
+        # Position: response tokens before the verified step (`n`, its length when drafted for, less
+        # the prompt's). A migrated request counts those it wrote on its old worker too (its prompt is
+        # in this bundle). A prompt not in the bundle has plen 0: its prompt counts as response, but
+        # such a row never drafts (1-token steps). `lifetime` keeps draft positions only: not here.
         self.stats.record_positions(req.n[slots] - req.plen[slots], accepted)
         self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity

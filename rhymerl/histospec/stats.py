@@ -12,6 +12,7 @@ import numpy as np
 # [0, 100), [100, 300), [300, 1000), [1000, inf). Positions past 1,000 occur only in long responses,
 # so the last bucket says how fast a rollout's tail generates.
 POSITION_EDGES = (100, 300, 1000)
+_EDGES = np.asarray(POSITION_EDGES)  # once, not per engine step
 
 
 def position_labels() -> list[str]:
@@ -91,7 +92,7 @@ class SpecStats:
         only; `record_many` counts the same steps in the totals."""
         if not len(positions):
             return
-        bucket = np.searchsorted(np.asarray(POSITION_EDGES), np.asarray(positions), side="right")
+        bucket = np.searchsorted(_EDGES, np.asarray(positions), side="right")
         size = len(POSITION_EDGES) + 1
         steps = np.bincount(bucket, minlength=size)
         emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=size)
@@ -140,7 +141,9 @@ class SpecStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     def as_metrics(self, prefix: str = "spec/") -> dict[str, float]:
-        """Flat metric names and values for MLflow and the lake (positions as `..._pos{j}`)."""
+        """Flat metric names and values for MLflow and the lake: draft positions as
+        `acceptance_pos{j}`; response-position buckets (only when recorded) as `steps_pos{lo}_{hi}`
+        and `tokens_pos{lo}_{hi}` (`position_labels`; tokens / steps: tokens per verification)."""
         out = {
             f"{prefix}steps": float(self.steps), f"{prefix}tokens": float(self.tokens),
             f"{prefix}drafts": float(self.drafts), f"{prefix}drafted": float(self.drafted),

@@ -24,3 +24,17 @@ def test_a_step_counts_at_the_tokens_its_request_had_written():
     stats = batch.stats
     assert (stats.steps, stats.tokens) == (2, 4)
     assert stats.pos_steps == [2, 0, 0, 0] and stats.pos_tokens == [4, 0, 0, 0]  # both at position 2
+
+
+def test_a_migrated_request_counts_its_prefix_and_an_unknown_prompt_counts_its_prompt():
+    bundle = HistoryBundle((PromptHistory(PROMPT, (PATTERN * 5,), (1.0,)),))
+    batch = BatchDrafter(bundle, SpecConfig(recent_responses=0, cost_aware=False), k=4, max_model_len=256)
+    rows = np.zeros((2, 256), dtype=np.int64)
+    moved = [*PROMPT, *(100 + np.arange(150) % 7)]  # arrives 150 tokens in, written on another worker
+    unknown = [60, 61, 62, *(200 + np.arange(98) % 5)]  # a prompt not in the bundle, 98 tokens in
+    rows[0, :152], rows[1, :101] = moved, unknown
+    batch.propose([[moved[-1]], [unknown[-1]]], np.array([152, 101]), rows)  # first seen: nothing to count
+    rows[0, 152], rows[1, 101] = 9, 9
+    batch.propose([[9], [9]], np.array([153, 102]), rows)  # one token each: no draft token accepted
+    # the moved request at 152 - 2 = 150; the unknown prompt at 101 (plen 0: its 3 prompt tokens count)
+    assert batch.stats.pos_steps == [0, 2, 0, 0] and batch.stats.pos_tokens == [0, 2, 0, 0]
