@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -100,6 +101,31 @@ def load_runs(spec: E2ESettings) -> list[dict]:
     return runs
 
 
+class PrefectRetries(logging.Filter):
+    """Keeps every retry Prefect's HTTP client logs (at DEBUG: "...retryable... Another attempt will be
+    made in Ns"), with when it happened, and drops the client's other DEBUG records. An epoch subflow
+    that once in a while takes ~2 s to start may be such a retry (2 s +- 20% is its first wait)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            return True
+        message = record.getMessage()
+        if "retryable" not in message:
+            return False
+        self.seen.append({"time": record.created, "message": message[:300]})
+        return True
+
+    def install(self) -> "PrefectRetries":
+        client = logging.getLogger("prefect.client")
+        client.setLevel(logging.DEBUG)
+        client.addFilter(self)
+        return self
+
+
 def child_main(result: str, config: str, overrides: list[str], arm: str, seed: int, settings: str) -> int:
     """Run one training run in this process and write its records to `result` (atomically)."""
     from cli.main import _project_env
@@ -115,6 +141,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     load_before, started = os.getloadavg(), time.time()
     t0 = time.perf_counter()
     cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e_cpu)
+    retries = PrefectRetries().install()
     out = run_flow(config=config_to_dict(cfg))
     recorded = cpu.result()
     for rec, step in zip(out["history"], recorded["steps"]):  # the same steps, in the same order
@@ -123,6 +150,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
                "config": config_to_dict(cfg), "history": out["history"],
                "epoch_wall_s": {str(k): v for k, v in out["epoch_wall_s"].items()},
                "subflow_s": {str(k): v for k, v in out.get("subflow_s", {}).items()},
+               "prefect_retries": retries.seen,
                "run_wall_s": time.perf_counter() - t0, "started": started, "finished": time.time(),
                "loadavg_start": list(load_before), "loadavg_end": list(os.getloadavg()), "commit": git_commit(),
                "cpu": recorded}

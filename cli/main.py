@@ -40,13 +40,6 @@ def _project_env() -> None:
     # The temporary local API can take longer than Prefect's 20 s default on a busy 2-core box.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here
-    # Prefect's client keeps idle connections 25 s (Prefect Cloud's balancer keeps them 30 s); its
-    # local server (uvicorn) closes them after 5 s. A request that meets a connection the server is
-    # just closing fails and is retried after ~2 s: the rare 2-2.4 s stall of an epoch subflow's
-    # start in the end-to-end benchmark. Servers started here keep idle connections longer than the
-    # client does: the temporary API (uvicorn reads UVICORN_*) and `prefect server start` (`rhymerl ui`).
-    os.environ.setdefault("UVICORN_TIMEOUT_KEEP_ALIVE", "60")
-    os.environ.setdefault("PREFECT_SERVER_API_KEEPALIVE_TIMEOUT", "60")
 
 
 def _default_config() -> str | None:

@@ -294,3 +294,22 @@ def test_scale_estimate_takes_a_measured_cost_surface(tmp_path: Path) -> None:
     # (0.01 + 0.0896) / (0.01 + 0.0128) - 1
     assert s["verify_overhead"] == pytest.approx(0.0996 / 0.0228 - 1, abs=1e-3)
     assert "measured decode-step surface of m on GPU X" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_prefect_client_retries_are_kept_and_its_other_debug_records_dropped() -> None:
+    import logging
+
+    from bench.e2e_bench import PrefectRetries
+
+    client = logging.getLogger("prefect.client")
+    level = client.level
+    retries = PrefectRetries().install()
+    try:
+        client.debug("Encountered retryable exception during request. Another attempt will be made in 2.1s.")
+        client.debug("Connecting to API at http://127.0.0.1:1234/api/")
+        assert [r["message"][:33] for r in retries.seen] == ["Encountered retryable exception d"]
+        assert retries.filter(logging.makeLogRecord({"levelno": logging.DEBUG, "msg": "other"})) is False
+        assert retries.filter(logging.makeLogRecord({"levelno": logging.WARNING, "msg": "x"})) is True
+    finally:
+        client.removeFilter(retries)
+        client.setLevel(level)
