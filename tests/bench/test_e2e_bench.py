@@ -195,8 +195,9 @@ def test_tokens_per_verification_by_response_position_pools_seeds(tmp_path: Path
     rows = by_position(runs)
     assert [r["epoch"] for r in rows] == [1]  # epoch 0 recorded no positions
     assert rows[0]["steps"] == [120.0, 0.0, 0.0, 40.0]  # 2 seeds x 2 steps
-    assert rows[0]["tokens_per_verify"][0] == pytest.approx(2.0) and rows[0]["tokens_per_verify"][3] == pytest.approx(7.0)
-    assert math.isnan(rows[0]["tokens_per_verify"][1]) and rows[0]["step_share"][3] == pytest.approx(0.25)
+    tpv = rows[0]["tokens_per_verify"]
+    assert tpv[0] == pytest.approx(2.0) and tpv[3] == pytest.approx(7.0)
+    assert math.isnan(tpv[1]) and rows[0]["step_share"][3] == pytest.approx(0.25)
     write_report(runs, spec_for(tmp_path), {"workers": 4, "max_tokens": 8192})
     md = (tmp_path / "REPORT.md").read_text()
     assert "| 1 | 2.00 (75%) | n/a | n/a | 7.00 (25%) |" in md
