@@ -314,3 +314,21 @@ def test_prefect_client_retries_are_kept_and_its_other_debug_records_dropped() -
     finally:
         client.removeFilter(retries)
         client.setLevel(level)
+
+
+def test_the_long_tail_task_is_held_to_its_own_targets(tmp_path: Path) -> None:
+    # Rule (issue 19): on builtin-long, step >= 1.6x, rollout >= 2.0x, rollout >= 70% of the baseline step.
+    runs = [run("baseline", s, [8.0, 8.0, 8.0]) for s in range(2)] + [run("rhymerl", s, [8.0, 4.0, 3.0]) for s in range(2)]
+    for r in runs:
+        r["config"]["data"] = {"dataset": "builtin-long"}
+    report = write_report(runs, spec_for(tmp_path, seeds=2), {"workers": 4, "max_tokens": 8192})
+    t = report["targets"]
+    # epoch 2: baseline 8 + 8 s rollout in a 23 s epoch, RhymeRL 3 + 3 s in 13.5 s (its 0.5 s history)
+    assert t["step_speedup"]["target"] == 1.6 and t["step_speedup"]["measured"] == pytest.approx(23 / 13.5)
+    assert t["step_speedup"]["met"] is True
+    assert t["rollout_speedup"] == {"target": 2.0, "measured": pytest.approx(8 / 3), "met": True}
+    assert t["rollout_share"]["measured"] == pytest.approx(16 / 23) and t["rollout_share"]["met"] is False
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "| rollout >= 70% of the baseline's step | 70% | **no** |" in md and "rollout >= 2.0x" in md
+    default = write_report(runs[:1] + runs[2:3], spec_for(tmp_path, seeds=1), {"workers": 4, "max_tokens": 8192})
+    assert default["targets"]["step_speedup"]["target"] == 1.6  # the runs' dataset decides, not the file name
