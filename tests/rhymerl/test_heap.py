@@ -17,8 +17,8 @@ def _in_generations(obj) -> bool:
 def test_startup_objects_are_frozen_and_later_cycles_still_collected():
     kept = [_Node() for _ in range(3)]  # alive at "start-up": the process keeps them
     try:
-        frozen = freeze_startup_heap()
-        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        # (Not an exact count: a frozen object that dies, e.g. in another thread, leaves the count.)
+        assert freeze_startup_heap() >= len(kept)
         assert not _in_generations(kept[0])  # a full collection no longer walks it
         a, b = _Node(), _Node()  # a cycle made after start-up is garbage the collector still finds
         a.other, b.other = b, a
