@@ -13,6 +13,7 @@ import numpy as np
 # so the last bucket says how fast a rollout's tail generates.
 POSITION_EDGES = (100, 300, 1000)
 _EDGES = np.asarray(POSITION_EDGES)  # once, not per engine step
+_BUCKETS = len(POSITION_EDGES) + 1
 
 
 def position_labels() -> list[str]:
@@ -42,8 +43,8 @@ class SpecStats:
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes included)
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
-    pos_steps: list[int] = field(default_factory=lambda: [0] * (len(POSITION_EDGES) + 1))
-    pos_tokens: list[int] = field(default_factory=lambda: [0] * (len(POSITION_EDGES) + 1))
+    pos_steps: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
+    pos_tokens: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
 
     def record(self, drafted: int, accepted: int) -> None:
         """Count one step that verified `drafted` draft tokens and accepted the first `accepted`."""
@@ -93,9 +94,8 @@ class SpecStats:
         if not len(positions):
             return
         bucket = np.searchsorted(_EDGES, np.asarray(positions), side="right")
-        size = len(POSITION_EDGES) + 1
-        steps = np.bincount(bucket, minlength=size)
-        emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=size)
+        steps = np.bincount(bucket, minlength=_BUCKETS)
+        emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=_BUCKETS)
         self.pos_steps = [a + int(b) for a, b in zip(self.pos_steps, steps)]
         self.pos_tokens = [a + int(b) for a, b in zip(self.pos_tokens, emitted)]
 
