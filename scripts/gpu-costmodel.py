@@ -15,9 +15,12 @@ prefill of 256 x 8k tokens through a 7B model would cost more than the whole bud
 
 The JSON it writes is what `rhymerl.histopipe.cost_surface.load_cost_surface` reads, and what
 `rhymerl bench e2e --cost-json` feeds to the cluster-scale estimate instead of the assumed
-GPU-like cost model. The timing is eager PyTorch with SDPA attention: slower than vLLM's CUDA
-graphs and paged attention in absolute terms, but it has the shape (weight streaming per
-iteration, compute per token, attention per cached token) that the cost model needs.
+GPU-like cost model. On a GPU each point is timed as a CUDA-graph replay of the forward (as vLLM
+replays its decode steps; the eager time is kept beside it as `eager_seconds`, since an eager
+forward on a fast GPU is bound by Python's kernel launches); on the CPU, eagerly. The attention is
+PyTorch's SDPA over a contiguous cache, not vLLM's paged kernels: the absolute times differ, the
+shape (weight streaming per iteration, compute per token, attention per cached token) is what the
+cost model needs.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ SIZES: dict[str, dict] = {
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, tie_word_embeddings=False),
 }
-GRID = {"batch": (1, 8, 32, 64, 128, 256), "query": (1, 4, 8, 17), "context": (256, 1024, 4096, 8192)}
+GRID = {"batch": (1, 8, 32, 64, 128, 256, 512), "query": (1, 4, 8, 17), "context": (256, 1024, 4096, 8192)}
 KV_BYTES_CAP = 48 * 2**30  # skip points whose KV cache alone is larger (the 7B at 256 x 8k needs 120 GB)
 
 
@@ -74,10 +77,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _forward(model: Qwen2ForCausalLM, ids: torch.Tensor, cache: DynamicCache, pos: torch.Tensor) -> None:
+    model(input_ids=ids, past_key_values=cache, cache_position=pos, position_ids=pos.expand(ids.shape[0], -1),
+          use_cache=True)
+
+
 @torch.inference_mode()
 def time_point(model: Qwen2ForCausalLM, batch: int, query: int, context: int, device: str, dtype: torch.dtype,
                repeats: int = 5, warmup: int = 2) -> float:
-    """Median seconds of one forward of (batch, query) new tokens over `context` cached tokens."""
+    """Median seconds of one eager forward of (batch, query) new tokens over `context` cached tokens."""
     cfg = model.config
     cache = random_cache(cfg, batch, context, device, dtype)
     ids = torch.randint(0, cfg.vocab_size, (batch, query), device=device)
@@ -86,13 +94,53 @@ def time_point(model: Qwen2ForCausalLM, batch: int, query: int, context: int, de
     for i in range(warmup + repeats):
         _sync(device)
         t0 = time.perf_counter()
-        model(input_ids=ids, past_key_values=cache, cache_position=pos, position_ids=pos.expand(batch, -1),
-              use_cache=True)
+        _forward(model, ids, cache, pos)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
         cache.crop(-query)  # drop the query tokens again: every repeat sees the same context
     return statistics.median(times)
+
+
+@torch.inference_mode()
+def time_point_graph(model: Qwen2ForCausalLM, batch: int, query: int, context: int, device: str,
+                     dtype: torch.dtype, repeats: int = 5) -> tuple[float, float]:
+    """(median seconds of a CUDA-graph replay of the forward, seconds of the last eager warm-up forward).
+
+    vLLM replays decode steps as CUDA graphs, so an eager forward (hundreds of kernel launches
+    from Python) overstates the fixed cost of a step several times on a fast GPU. The graph
+    captures one forward over this cache; each replay recomputes it on the same buffers (the
+    cache's concatenation writes into the graph's own pool, so every replay sees `context`
+    cached tokens). The original K/V tensors are held so that the replays read live memory.
+    """
+    cfg = model.config
+    cache = random_cache(cfg, batch, context, device, dtype)
+    held = [(layer.keys, layer.values) for layer in cache.layers]
+    ids = torch.randint(0, cfg.vocab_size, (batch, query), device=device)
+    pos = torch.arange(context, context + query, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph requires
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            _forward(model, ids, cache, pos)
+            torch.cuda.synchronize()
+            eager_s = time.perf_counter() - t0
+            cache.crop(-query)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _forward(model, ids, cache, pos)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del graph, held, cache
+    return statistics.median(times), eager_s
 
 
 def build_model(cfg: Qwen2Config, device: str, dtype: torch.dtype) -> Qwen2ForCausalLM:
@@ -128,7 +176,7 @@ def measure(cfg: Qwen2Config, grid: dict, device: str, dtype: torch.dtype, deadl
                     out["skipped"].append({**point, "why": "KV cache over cap"})
                 else:
                     try:
-                        point["seconds"] = time_point(model, batch, query, context, device, dtype, repeats, warmup)
+                        point.update(_time(model, point, device, dtype, repeats, warmup, out))
                         out["points"].append(point)
                     except torch.OutOfMemoryError:
                         out["skipped"].append({**point, "why": "out of memory"})
@@ -137,6 +185,27 @@ def measure(cfg: Qwen2Config, grid: dict, device: str, dtype: torch.dtype, deadl
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return out
+
+
+def _time(model: Qwen2ForCausalLM, point: dict, device: str, dtype: torch.dtype, repeats: int, warmup: int,
+          out: dict) -> dict:
+    """{"seconds": ...} of one point: a CUDA-graph replay on a GPU (eager seconds beside it), else eager.
+
+    If a capture fails (an op that syncs with the host, say), the rest of that model is timed
+    eagerly and the failure is recorded in out["graph_error"].
+    """
+    b, q, c = point["batch"], point["query"], point["context"]
+    if device.startswith("cuda") and "graph_error" not in out:
+        try:
+            seconds, eager_s = time_point_graph(model, b, q, c, device, dtype, repeats)
+            return {"seconds": seconds, "eager_seconds": eager_s, "timing": "cuda-graph"}
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager timing
+            out["graph_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    return {"seconds": time_point(model, b, q, c, device, dtype, repeats, warmup), "timing": "eager"}
 
 
 def device_name(device: str) -> str:

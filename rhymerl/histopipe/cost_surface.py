@@ -3,14 +3,19 @@
 The surface holds the seconds of one forward of `batch` sequences, each feeding `query` new
 tokens over `context` cached tokens. It is fitted as
 
-    seconds = base_s + token_s * batch * query + attn_s * batch * query * context
+    seconds = base_s + token_s * batch * query + kv_s * batch * context + attn_s * batch * query * context
 
 `base_s` is what an iteration pays whatever its size (streaming the weights, launching kernels),
-`token_s` the compute per new token (projections, MLP, logits), `attn_s` the attention per new
-token per cached token. Fitted by non-negative least squares on relative error (every point
-weighs the same whether it took 5 ms or 500 ms). A GPU below its compute roof is flat in batch
-and then linear, so the fit is a chord through that knee: its r2 and worst relative error are kept
-so a report can say how well one line explains the measurements.
+`token_s` the compute per new token (projections, MLP, logits), `kv_s` reading a sequence's cached
+K/V once per iteration, and `attn_s` the attention arithmetic per new token per cached token.
+The `kv_s` term is why verification is cheap on a GPU: decode attention is bound by reading
+the cache, which a step does once however many query tokens it feeds (measured on an H200:
+`bench/results/cost-surface-nvidia-h200.json`, where a fit without it explained r2 0.55-0.63 of
+the variance and overstated a 5-token verification's overhead twentyfold; with it, r2 0.998).
+Fitted by non-negative least squares on relative error (every point weighs the same whether it
+took 5 ms or 500 ms). A GPU below its compute roof is flat in batch and then linear, so the fit
+is a chord through that knee: its r2 and worst relative error are kept so a report can say how
+well the line explains the measurements.
 
 `cost_model(context, query)` gives the `CostModel` of a worker whose sequences hold `context`
 tokens on average and feed `query` tokens per iteration (1 plain decoding; 1 + drafted tokens
@@ -40,6 +45,7 @@ class CostSurface:
     device: str
     base_s: float  # seconds per iteration, whatever its size
     token_s: float  # seconds per new token (batch x query)
+    kv_s: float  # seconds per cached context token read, once per sequence per iteration
     attn_s: float  # seconds per new token per cached context token
     points: int  # measurements the fit used
     r2: float  # share of the variance of the seconds the fit explains
@@ -48,11 +54,12 @@ class CostSurface:
     def step_time(self, batch: float, query: float = 1.0, context: float = 0.0) -> float:
         """Seconds of one forward of `batch` sequences x `query` new tokens over `context` cached ones."""
         tokens = batch * query
-        return self.base_s + self.token_s * tokens + self.attn_s * tokens * context
+        return self.base_s + self.token_s * tokens + self.kv_s * batch * context + self.attn_s * tokens * context
 
     def cost_model(self, context: float, query: float = 1.0, capacity: int = 256, startup_s: float = 0.0) -> CostModel:
         """The per-iteration cost of a worker at mean `context` feeding `query` tokens per sequence."""
-        return CostModel(base_s=self.base_s, per_seq_s=query * (self.token_s + self.attn_s * context),
+        per_seq_s = query * (self.token_s + self.attn_s * context) + self.kv_s * context
+        return CostModel(base_s=self.base_s, per_seq_s=per_seq_s,
                          startup_s=startup_s, capacity=capacity)
 
     def verify_overhead(self, query: float, batch: float, context: float) -> float:
@@ -61,15 +68,16 @@ class CostSurface:
 
 
 def fit_surface(points: Sequence[Mapping[str, float]], model: str = "", device: str = "") -> CostSurface:
-    """Fit base_s, token_s and attn_s (all >= 0) to points {batch, query, context, seconds}."""
-    if len(points) < 3:
-        raise ValueError(f"fit_surface: {model or 'model'} has {len(points)} measured points; need >= 3")
+    """Fit base_s, token_s, kv_s and attn_s (all >= 0) to points {batch, query, context, seconds}."""
+    if len(points) < 4:
+        raise ValueError(f"fit_surface: {model or 'model'} has {len(points)} measured points; need >= 4")
     tokens = np.array([p["batch"] * p["query"] for p in points], dtype=np.float64)
     ctx = np.array([p["context"] for p in points], dtype=np.float64)
+    seqs = np.array([p["batch"] for p in points], dtype=np.float64)
     y = np.array([p["seconds"] for p in points], dtype=np.float64)
     if np.any(y <= 0):
         raise ValueError(f"fit_surface: {model or 'model'} has a point with seconds <= 0")
-    x = np.stack([np.ones_like(y), tokens, tokens * ctx], axis=1)
+    x = np.stack([np.ones_like(y), tokens, seqs * ctx, tokens * ctx], axis=1)
     coef, _ = nnls(x / y[:, None], np.ones_like(y))  # relative error: divide each row by its target
     pred = x @ coef
     ss_tot = float(np.sum((y - y.mean()) ** 2))
@@ -78,7 +86,7 @@ def fit_surface(points: Sequence[Mapping[str, float]], model: str = "", device: 
         raise ValueError(f"fit_surface: {model or 'model'}: fitted a step time of 0; the timings do not "
                          "grow with batch or query")
     return CostSurface(model=model, device=device, base_s=float(coef[0]), token_s=float(coef[1]),
-                       attn_s=float(coef[2]), points=len(y), r2=r2,
+                       kv_s=float(coef[2]), attn_s=float(coef[3]), points=len(y), r2=r2,
                        max_rel_err=float(np.max(np.abs(pred / y - 1.0))))
 
 
