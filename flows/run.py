@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.context import SettingsContext, get_settings_context
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from prefect.utilities.annotations import quote
 
 from rhymerl.config import RunConfig, config_from_dict
@@ -25,14 +23,15 @@ from rhymerl.timing import Stopwatch
 from rhymerl.report import epoch_summary, format_summary
 from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_task
 from tasks.setup import (RunContext, Tracking, finish_run_task, init_ray, new_run_id, prepare_model_task,
-                         prepare_prompts_task, start_actors_task, start_tracking_task)
+                         prepare_prompts_task, quiet_subflow, start_actors_task, start_tracking_task)
 from tasks.background import Background
 from tasks.plan import gantt_task, measure_task
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import (begin_checkpoint, checkpoint_task, lake_rows_task, restore_task, resume_tracking_task,
                           warm_start_task)
-from tasks.spec import StepInputs, history_task, prepare_step_task, publish_history_task, spec_stats_task
+from tasks.spec import (StepInputs, history_task, prepare_epoch_task, prepare_step_task, publish_history_task,
+                        spec_stats_task)
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 from workers.guard import WorkerGuard
 from workers.sync import sync_settings
@@ -59,6 +58,7 @@ class RunState:
     spec_history: object = None  # the epoch's HistoSpec history on the driver (HistorySlicer), if any
     spec_query_s: float = 0.0  # seconds of the epoch's history task (lake query into columns)
     ahead: tuple | None = None  # ((epoch, step), future of its StepInputs): the next step, prepared early
+    next_epoch: tuple | None = None  # (epoch, future of its EpochInputs): prepared in the last step before it
     epoch_body: dict = field(default_factory=dict)  # epoch -> perf_counter at its subflow body's start, end
     initial_fingerprint: float = 0.0
     warm_start: dict | None = None  # model.init_from_run: the checkpoint the trainer started from
@@ -81,15 +81,14 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     sampling = SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens)
     order = epoch_order(list(ctx.prompts), epoch, cfg.seed)
-    t0 = time.perf_counter()
-    st.spec_history = history_task(cfg.spec, cfg.lake.url, run_id, epoch, quote(order))
-    st.spec_query_s = time.perf_counter() - t0
+    _epoch_history(ctx, st, epoch, start_step, order)
     batches = step_batches(order, cfg.rollout.prompts_per_step)
     records = []
     for step, batch in enumerate(batches):
         if step >= start_step:
             after = batches[step + 1] if step + 1 < len(batches) else None
-            records.append(run_step(ctx, st, epoch, step, batch, sampling, after))
+            records.append(run_step(ctx, st, epoch, step, batch, sampling, after,
+                                    next_epoch=after is None and epoch + 1 < cfg.epochs))
     if st.tracking is not None:  # the epoch's summary follows its steps' metrics
         rows = [dict(h) for h in st.history if h["epoch"] == epoch]
         st.mlflow_tail = st.background.submit(log_epoch_task, st.tracking, quote(rows), epoch, after=st.mlflow_tail)
@@ -101,14 +100,45 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     return records
 
 
+def _epoch_history(ctx: RunContext, st: RunState, epoch: int, start_step: int, order: list) -> None:
+    """The epoch's HistoSpec history (and its first step's inputs, `st.ahead`): taken from the
+    previous epoch's last step, which prepared them while it trained, else queried now.
+    `spec_query_s` is what the epoch waited for it: ~0 when prepared ahead."""
+    cfg, (ready, st.next_epoch) = ctx.cfg, (st.next_epoch, None)
+    t0 = time.perf_counter()
+    if ready is not None and ready[0] == epoch and start_step == 0:
+        try:
+            prepared = ready[1].result()
+            st.spec_history, st.ahead = prepared.slicer, ((epoch, 0), prepared.first_ready())
+            st.spec_query_s = time.perf_counter() - t0
+            return
+        except Exception as exc:  # prepared off the critical path; a failure costs only time
+            get_run_logger().warning("preparing epoch %d ahead failed (%s); preparing it now", epoch,
+                                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    st.spec_history = history_task(cfg.spec, cfg.lake.url, ctx.run_id, epoch, quote(order))
+    st.spec_query_s = time.perf_counter() - t0
+
+
+def _prepare_next_epoch(ctx: RunContext, st: RunState, epoch: int, sampling: SamplingSettings) -> None:
+    """Start preparing epoch `epoch + 1` (its history, its first step's plan and bundles): once this
+    epoch's last step is in the lake, everything they read is."""
+    cfg = ctx.cfg
+    order = epoch_order(list(ctx.prompts), epoch + 1, cfg.seed)
+    first = step_batches(order, cfg.rollout.prompts_per_step)[0]
+    st.next_epoch = (epoch + 1, prepare_epoch_task.submit(
+        cfg.spec, cfg.pipe, cfg.lake.url, ctx.run_id, epoch + 1, quote(order), quote(first), len(st.workers),
+        sampling.n, sampling.max_tokens))
+
+
 def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampling: SamplingSettings,
-             next_batch=None) -> dict:
+             next_batch=None, next_epoch: bool = False) -> dict:
     """One on-policy step: every sample comes from the weights after the previous step.
 
     A step the lake committed before a crash (after the last checkpoint) trains on its
     committed rows instead of sampling again, so it is neither lost nor duplicated. The plan and
     each worker's HistoSpec bundle of the step after it (`next_batch`, same epoch) are prepared
-    while this one runs: both depend only on earlier epochs' rows.
+    while this one runs: both depend only on earlier epochs' rows. The last step of an epoch
+    (`next_epoch`) prepares the next epoch's history and first step once its rows are committed.
     """
     cfg, watch = ctx.cfg, Stopwatch()
     with watch("plan_s"):  # ~0 when prepared during the previous step
@@ -131,6 +161,8 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
         get_run_logger().warning("step %d of epoch %d was committed to the lake before this rollout's rows; "
                                  "training on the committed rows", step, epoch)
     samples, scores = committed.samples, committed.scores
+    if next_epoch:
+        _prepare_next_epoch(ctx, st, epoch, sampling)
     with watch("train_s"):
         train = train_task(st.trainer, quote(batch), quote(samples), quote(scores), cfg.train.scale_rewards,
                            cfg.train.adv_eps, feed=quote(feed))
@@ -280,7 +312,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                  run_id, len(prompts), cfg.rollout.n, steps_per_epoch, cfg.epochs, cfg.lake.url,
                  extra={"rhymerl_start": {  # rhymerl.console's start lines
                      "mlflow_run_id": st.tracking.mlflow_run_id, "steps_per_epoch": steps_per_epoch}})
-        epoch, quiet = start_epoch, _quiet_subflow()
+        epoch, quiet = start_epoch, quiet_subflow()
         while epoch < cfg.epochs:
             t = time.perf_counter()
             try:
@@ -312,18 +344,6 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             "warm_start": st.warm_start,
             "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s,
             "subflow_s": subflow_s}
-
-
-def _quiet_subflow() -> Callable[[], SettingsContext]:
-    """Settings for the run's epoch subflows: no heartbeat thread of their own. Prefect's flow
-    engine joins that thread on exit while it sleeps out its current second, which cost every
-    epoch ~1 s (measured: an empty subflow 1.14 s with it, 0.21-0.29 s without). The run flow's
-    heartbeat still marks the process alive; the epochs run inside it. The settings are copied
-    once per run (a copy validates every setting again: 0.05-1 s on 2 busy cores); each call of
-    the result is a context to enter around one epoch."""
-    current = get_settings_context()
-    quiet = current.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-    return lambda: SettingsContext(profile=current.profile, settings=quiet)
 
 
 def _open_run(ctx: RunContext, st: RunState, resume: str | None) -> tuple[int, int]:

@@ -11,10 +11,13 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import SettingsContext, get_settings_context
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from rhymerl.config import RunConfig, config_to_dict, flatten
 from rhymerl.data import load_problems, render_prompts
@@ -183,3 +186,15 @@ def finish_run_task(ctx: RunContext, tracking: Tracking | None, actors: list, st
             ray.kill(actor)
     if started_ray:
         ray.shutdown()
+
+
+def quiet_subflow() -> Callable[[], SettingsContext]:
+    """Settings for the run's epoch subflows: no heartbeat thread of their own. Prefect's flow
+    engine joins that thread on exit while it sleeps out its current second, which cost every
+    epoch ~1 s (measured: an empty subflow 1.14 s with it, 0.21-0.29 s without). The run flow's
+    heartbeat still marks the process alive; the epochs run inside it. The settings are copied
+    once per run (a copy validates every setting again: 0.05-1 s on 2 busy cores); each call of
+    the result is a context to enter around one epoch."""
+    current = get_settings_context()
+    quiet = current.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+    return lambda: SettingsContext(profile=current.profile, settings=quiet)

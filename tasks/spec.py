@@ -1,6 +1,7 @@
 """HistoSpec in the run: the epoch's history from the lake, each worker's share of it per step.
 
-`history_task` runs once per epoch, before its first step: one DuckDB query over the lake
+`history_task` runs once per epoch, before its first step (`prepare_epoch_task` runs it, with the
+first step's plan, during the previous epoch's last training step): one DuckDB query over the lake
 (`prompt_history`) collects each prompt's responses from its last `spec.history_epochs` epochs as
 Arrow, kept on the driver as flat numpy columns (`rhymerl.histospec.columns`: no Python object per
 token). Each step, once HistoPipe's plan has placed the step's requests, `cut_for_workers` cuts one
@@ -14,6 +15,7 @@ lake. `spec_stats_task` collects the workers' acceptance counters after a step's
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import ray
@@ -73,6 +75,36 @@ def prepare_step_task(pipe: PipeConfig, lake_url: str, run_id: str, epoch: int, 
     on the lake's earlier epochs, so the run computes it for step s + 1 while step s runs."""
     plan = plan_task.fn(pipe, lake_url, run_id, epoch, step, prompts, workers, n, max_tokens)
     return StepInputs(plan, cut_for_workers(slicer, plan.placement) if slicer is not None else None)
+
+
+@dataclass(frozen=True)
+class EpochInputs:
+    """What an epoch needs before its first step: its history (None: no HistoSpec), the seconds the
+    history query took, and the first step's inputs."""
+
+    slicer: HistorySlicer | None
+    query_s: float
+    first: StepInputs
+
+    def first_ready(self) -> Future:
+        """The first step's inputs as a done future, the form the run holds a prepared step in."""
+        done: Future = Future()
+        done.set_result(self.first)
+        return done
+
+
+@task(name="prepare-epoch", cache_policy=NO_CACHE, retries=1)
+def prepare_epoch_task(spec: SpecConfig, pipe: PipeConfig, lake_url: str, run_id: str, epoch: int,
+                       order: list[Prompt], first: list[Prompt], workers: int, n: int,
+                       max_tokens: int) -> EpochInputs:
+    """Epoch `epoch`'s history and its first step's plan and bundles. Both read only the rows of
+    earlier epochs, so the run computes them once the previous epoch's last step is in the lake,
+    while that step trains, instead of at the epoch's start."""
+    t0 = time.perf_counter()
+    slicer = history_task.fn(spec, lake_url, run_id, epoch, order)
+    query_s = time.perf_counter() - t0
+    return EpochInputs(slicer, query_s, prepare_step_task.fn(pipe, lake_url, run_id, epoch, 0, first, workers, n,
+                                                             max_tokens, slicer))
 
 
 @task(name="spec-publish", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)

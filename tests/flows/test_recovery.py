@@ -182,7 +182,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, ti
     per_step, n = 8, 8  # 32 requests x up to 128 tokens per worker: seconds of generation
     cfg = _config(tiny_model, tmp_path, "data.num_prompts=16", f"rollout.prompts_per_step={per_step}",
                   f"rollout.n={n}", "rollout.num_workers=2", "rollout.max_tokens=128")
-    real_rollout, real_history, real_take, seen = (flows.run.rollout_task, flows.run.history_task,
+    real_rollout, real_history, real_take, seen = (flows.run.rollout_task, flows.run._epoch_history,
                                                    workers.stream._Driver.take, {"rollouts": 0})
 
     def rollout_arming_the_kill(workers, *args, **kwargs):
@@ -198,16 +198,15 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, ti
             seen["killed_at"] = seen["rollouts"] - 1  # the global step being rolled out
             kill_and_wait(seen["pid"])
 
-    def history_killing_the_trainer(*args, **kwargs):
-        if args[3] == 1 and "trainer_pid" not in seen:  # epoch 1, first time
-            _, st = flows.run._LIVE[args[2]]
+    def history_killing_the_trainer(ctx, st, epoch, *args):  # the start of an epoch, before its steps
+        if epoch == 1 and "trainer_pid" not in seen:  # epoch 1, first time
             seen["trainer_pid"] = ray.get(st.trainer.info.remote())["pid"]
             kill_and_wait(seen["trainer_pid"])
-        return real_history(*args, **kwargs)
+        return real_history(ctx, st, epoch, *args)
 
     monkeypatch.setattr(flows.run, "rollout_task", rollout_arming_the_kill)
     monkeypatch.setattr(workers.stream._Driver, "take", take_then_kill_worker_1)
-    monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
+    monkeypatch.setattr(flows.run, "_epoch_history", history_killing_the_trainer)
     result = flows.run.run_flow(config=config_to_dict(cfg))
 
     _lake_checks(str(tmp_path / "lake"), steps=4, rows=per_step * n)

@@ -104,15 +104,15 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
         f'tracking.uri="{tracking}"', "train.lr=1e-2", "train.weight_decay=0.5", "pipe.gantt=false",
         "recovery.trainer_restarts=0",
     ])
-    real_history, killed = flows.run.history_task, []
+    real_history, killed = flows.run._epoch_history, []
 
-    def history_killing_the_trainer(*args, **kwargs):
-        if args[3] == 1 and not killed:  # epoch 1 of the interrupted run
-            killed.append(ray.get(flows.run._LIVE[args[2]][1].trainer.info.remote())["pid"])
+    def history_killing_the_trainer(ctx, st, epoch, *args):  # the start of an epoch, before its steps
+        if epoch == 1 and not killed:  # epoch 1 of the interrupted run
+            killed.append(ray.get(st.trainer.info.remote())["pid"])
             kill_and_wait(killed[0])
-        return real_history(*args, **kwargs)
+        return real_history(ctx, st, epoch, *args)
 
-    monkeypatch.setattr(flows.run, "history_task", history_killing_the_trainer)
+    monkeypatch.setattr(flows.run, "_epoch_history", history_killing_the_trainer)
     with pytest.raises(TrainerLost) as err:
         flows.run.run_flow(config=config_to_dict(cfg))
     [crashed] = Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist()
@@ -124,7 +124,7 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
     assert Lake(lake_url).sql("SELECT DISTINCT epoch, step FROM rollouts ORDER BY ALL").to_pylist() == [
         {"epoch": 0, "step": 0}, {"epoch": 0, "step": 1}, {"epoch": 1, "step": 0}]
     checkpointed = store.latest(run_id).meta["history"][-1]
-    monkeypatch.setattr(flows.run, "history_task", real_history)
+    monkeypatch.setattr(flows.run, "_epoch_history", real_history)
     result = flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
     # Retrain: on the same data it continues the run; on new data a new run starts from the
     # newest checkpoint's weights (1 epoch of 3 other prompts).

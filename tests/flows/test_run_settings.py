@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from prefect.settings import get_current_settings
 
-from flows.run import _quiet_subflow
+from tasks.setup import quiet_subflow
 
 
 def test_epoch_subflows_run_without_a_heartbeat_thread_of_their_own():
     # Rule: Prefect joins a flow's heartbeat thread on exit while it sleeps out its second (~1 s
     # per epoch); epochs turn it off (the run flow's own heartbeat stays on).
     before = get_current_settings().flows.heartbeat_frequency
-    quiet = _quiet_subflow()
+    quiet = quiet_subflow()
     for _ in range(2):  # the same settings, entered once per epoch
         with quiet():
             assert get_current_settings().flows.heartbeat_frequency is None

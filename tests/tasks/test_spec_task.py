@@ -15,7 +15,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
-from tasks.spec import history_task, prepare_step_task
+from tasks.spec import history_task, prepare_epoch_task, prepare_step_task
 
 
 def P(i: int) -> Prompt:
@@ -49,3 +49,22 @@ def test_each_worker_bundle_holds_the_prompts_its_plan_places(tmp_path, monkeypa
     assert history_task.fn(SpecConfig(method="ngram"), url, "run", 1, prompts) is None  # no bundles needed
     plain = prepare_step_task.fn(PipeConfig(policy="naive"), url, "run", 1, 0, prompts, 2, 2, 64, None)
     assert plain.bundles is None and sum(len(c) for c in plain.plan.placement) == 4
+
+
+def test_an_epoch_prepared_ahead_is_what_its_start_would_compute(tmp_path, monkeypatch):
+    # Rule: prepare_epoch_task (run during the previous epoch's last training step) gives the same
+    # history and first-step plan and bundles as history_task + prepare_step_task at the epoch's start,
+    # and hands the first step over as a done future.
+    monkeypatch.setattr(tasks.spec, "get_run_logger", lambda: logging.getLogger("test"))
+    url, prompts = str(tmp_path / "lake"), [P(i) for i in range(4)]
+    write_epoch(url, prompts, 0)
+    pipe = PipeConfig(policy="lpt")  # the forecast from epoch 0's lengths decides the placement
+    ahead = prepare_epoch_task.fn(SpecConfig(), pipe, url, "run", 1, prompts, prompts[:3], 2, 2, 64)
+    slicer = history_task.fn(SpecConfig(), url, "run", 1, prompts)
+    now = prepare_step_task.fn(pipe, url, "run", 1, 0, prompts[:3], 2, 2, 64, slicer)
+    assert np.array_equal(ahead.slicer.columns.tokens, slicer.columns.tokens) and ahead.query_s > 0
+    first = ahead.first_ready().result()
+    assert first.plan.placement == now.plan.placement and first.plan.forecast_mean == now.plan.forecast_mean
+    assert [b.tobytes() for b in first.bundles.blobs] == [b.tobytes() for b in now.bundles.blobs]
+    assert prepare_epoch_task.fn(SpecConfig(method="ngram"), pipe, url, "run", 1, prompts, prompts[:3], 2, 2,
+                                 64).slicer is None
