@@ -56,7 +56,8 @@ class RunState:
     history: list[dict] = field(default_factory=list)  # every step's record, in order
     reuse: frozenset = frozenset()  # (epoch, step)s trained on their committed lake rows (resume)
     spec_history: object = None  # the epoch's HistoSpec history on the driver (HistorySlicer), if any
-    spec_query_s: float = 0.0  # seconds of the epoch's history task (lake query into columns)
+    spec_query_s: float = 0.0  # seconds the epoch waited for its history (lake query into columns)
+    spec_prepared_s: float | None = None  # seconds the query took when prepared ahead (off the critical path)
     ahead: tuple | None = None  # ((epoch, step), future of its StepInputs): the next step, prepared early
     next_epoch: tuple | None = None  # (epoch, future of its EpochInputs): prepared in the last step before it
     epoch_body: dict = field(default_factory=dict)  # epoch -> perf_counter at its subflow body's start, end
@@ -110,13 +111,13 @@ def _epoch_history(ctx: RunContext, st: RunState, epoch: int, start_step: int, o
         try:
             prepared = ready[1].result()
             st.spec_history, st.ahead = prepared.slicer, ((epoch, 0), prepared.first_ready())
-            st.spec_query_s = time.perf_counter() - t0
+            st.spec_query_s, st.spec_prepared_s = time.perf_counter() - t0, prepared.query_s
             return
         except Exception as exc:  # prepared off the critical path; a failure costs only time
             get_run_logger().warning("preparing epoch %d ahead failed (%s); preparing it now", epoch,
                                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     st.spec_history = history_task(cfg.spec, cfg.lake.url, ctx.run_id, epoch, quote(order))
-    st.spec_query_s = time.perf_counter() - t0
+    st.spec_query_s, st.spec_prepared_s = time.perf_counter() - t0, None
 
 
 def _prepare_next_epoch(ctx: RunContext, st: RunState, epoch: int, sampling: SamplingSettings) -> None:
@@ -268,6 +269,8 @@ def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dic
         record["reused_lake_rows"] = 1.0
     if step == 0 and st.spec_history is not None:  # the epoch's history query, before its steps
         record["spec/history_query_s"] = st.spec_query_s
+        if st.spec_prepared_s is not None:  # run during the previous epoch's last step instead
+            record["spec/history_prepared_s"] = st.spec_prepared_s
     return record
 
 

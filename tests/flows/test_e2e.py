@@ -55,6 +55,8 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
     # Each step's workers receive only that step's prompts: none has history in epoch 0, all do in 1.
     with_history = client.get_metric_history(run.info.run_id, "spec/history_prompts_with_history")
     assert [m.value for m in sorted(with_history, key=lambda m: m.step)] == [0, 0, per_step, per_step]
+    # Epoch 1's history and first plan were prepared during epoch 0's last step (tasks.spec.prepare_epoch_task)
+    assert "spec/history_prepared_s" not in hist[0] and hist[2]["spec/history_prepared_s"] > 0
     spec_rows = lake.sql("SELECT spec_method, spec_steps, spec_tokens, spec_accepted FROM steps").to_pylist()
     row = lake.sql("SELECT sum(length) - count(*) AS d, count(*) AS r FROM rollouts").to_pylist()[0]
     decoded, responses = int(row["d"]), int(row["r"])
