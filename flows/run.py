@@ -105,7 +105,8 @@ def _epoch_history(ctx: RunContext, st: RunState, epoch: int, start_step: int, o
     """The epoch's HistoSpec history (and its first step's inputs, `st.ahead`): taken from the
     previous epoch's last step, which prepared them while it trained, else queried now.
     `spec_query_s` is what the epoch waited for it: ~0 when prepared ahead."""
-    cfg, (ready, st.next_epoch) = ctx.cfg, (st.next_epoch, None)
+    cfg, ready = ctx.cfg, st.next_epoch
+    st.next_epoch = None  # taken once: a retried or recovered epoch queries its history again
     t0 = time.perf_counter()
     if ready is not None and ready[0] == epoch and start_step == 0:
         try:
