@@ -118,6 +118,7 @@ def _train(cfg, args: argparse.Namespace) -> int:
     log_file = Path("logs") / run_id / "run.log"
     out, err = _open_console(cfg, run_id, log_file, args.verbose)
     from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
+    from infra.local_api import local_api
     from rhymerl.data import DatasetError
     from rhymerl.report import format_summary
     from storage.lake import LakeError
@@ -130,7 +131,8 @@ def _train(cfg, args: argparse.Namespace) -> int:
     see = "see above" if args.verbose else f"the log: {log_file}"
     t0 = time.perf_counter()
     try:
-        result = run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
+        with local_api():  # Prefect's temporary API, with short retry waits (infra/local_api.py)
+            result = run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
     except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
         # Bad input the checks before the start could not see: the log has the traceback;
         # the user needs the one line that names the problem and the fix.

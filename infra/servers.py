@@ -108,9 +108,9 @@ def free_port() -> int:
 
 
 def wait_http(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: True,
-              ok: Callable[[bytes], bool] = lambda body: True) -> bool:
-    """Poll `url` until it answers 200 with a body `ok` accepts; False on timeout or when
-    `alive()` turns False (the server process died)."""
+              ok: Callable[[bytes], bool] = lambda body: True, poll_s: float = 1.0) -> bool:
+    """Poll `url` every `poll_s` until it answers 200 with a body `ok` accepts; False on timeout
+    or when `alive()` turns False (the server process died)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and alive():
         try:
@@ -119,7 +119,7 @@ def wait_http(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: Tr
                     return True
         except (urllib.error.URLError, OSError, ValueError):
             pass
-        time.sleep(1.0)
+        time.sleep(poll_s)
     return False
 
 

@@ -1,0 +1,128 @@
+"""The temporary local Prefect API of a run that names no server, with short retry waits.
+
+Without PREFECT_API_URL, Prefect starts a temporary API (uvicorn over a SQLite file in
+PREFECT_HOME) for the process. SQLite lets one writer in at a time; when a write meets
+another (`SQLITE_BUSY_SNAPSHOT` under WAL), the API answers 503 and Prefect's client retries.
+The 503 carries no `Retry-After`, so the client waits 2^1 s (jittered) before the retry,
+which then succeeds at once: 2.1-2.5 s added to an epoch subflow's start, 0-2 times per
+benchmark run (bench/results/e2e-2026-12-04e). Prefect's client honours `Retry-After`
+(`prefect.client.base`, `_send_with_retry`), so this module starts the same app Prefect
+would, wrapped to add `Retry-After: RETRY_AFTER_S` to its 503s: the retry comes ~50 ms later.
+
+`local_api()` is the context `rhymerl run` trains in: it starts the API as a child process
+(same command line and environment as Prefect's own temporary server), points this process's
+Prefect settings at it, and stops it when the process exits (after Prefect's log and event
+workers drained, as Prefect does for its own). With PREFECT_API_URL set it does nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+from infra.servers import ServerError, free_port, wait_http
+
+RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; 2 s waits were pure loss
+_HEADER = b"retry-after"
+
+Message = dict[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class RetryAfter503:
+    """ASGI wrapper: every 503 response of `app` without a Retry-After header gets one."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], seconds: float = RETRY_AFTER_S):
+        self.app = app
+        self.value = f"{seconds:g}".encode()
+
+    async def __call__(self, scope: Message, receive: Callable[[], Awaitable[Message]], send: Send) -> None:
+        if scope.get("type") != "http":  # lifespan and websockets pass through untouched
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hint(message: Message) -> None:
+            if message.get("type") == "http.response.start" and message.get("status") == 503:
+                headers = list(message.get("headers") or [])
+                if not any(name.lower() == _HEADER for name, _ in headers):
+                    message = {**message, "headers": headers + [(_HEADER, self.value)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_hint)
+
+
+def create_app() -> RetryAfter503:
+    """uvicorn's factory: Prefect's API app (settings from the environment), wrapped."""
+    from prefect.server.api.server import create_app as prefect_app
+
+    return RetryAfter503(prefect_app())
+
+
+def _server_env() -> dict[str, str]:
+    """The child's environment: Prefect's own temporary-server flags (no UI, the services an
+    ephemeral server runs) over this process's Prefect settings."""
+    from prefect.settings import get_current_settings
+
+    return {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+
+
+def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:
+    """Start the wrapped API on a free loopback port; returns (api_url, stop). Raises
+    ServerError naming the log when it exits or does not answer within `timeout_s`."""
+    port = free_port()
+    root = Path(__file__).resolve().parents[1]  # so the child imports this `infra`
+    log = Path(os.environ.get("PREFECT_HOME", ".prefect")) / "logs" / f"local-api-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(root), "--factory", "infra.local_api:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, env=_server_env(), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    url = f"http://127.0.0.1:{port}/api"
+    up = wait_http(f"{url}/health", timeout_s, lambda: proc.poll() is None, lambda b: b.strip() == b"true",
+                   poll_s=0.2)
+    if not up:
+        state = "exited" if proc.poll() is not None else f"did not answer in {timeout_s:.0f}s"
+        stop()
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise ServerError(f"the temporary Prefect API {state}; its log {log} ends with:\n{tail}\n"
+                          "(or start a server with `rhymerl ui` and set PREFECT_API_URL)")
+    return url, stop
+
+
+@contextmanager
+def local_api(timeout_s: float | None = None) -> Iterator[str]:
+    """Prefect's settings point at a temporary local API for the block; yields its URL.
+
+    With PREFECT_API_URL set, yields that and starts nothing. The server stays up until the
+    process exits (atexit runs after Prefect's own exit hooks flushed logs and events to it).
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, \
+        temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield PREFECT_API_URL.value()
+        return
+    t0 = time.monotonic()
+    url, stop = start_api(timeout_s or float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
+    atexit.register(stop)
+    print(f"temporary Prefect API at {url} (up in {time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+    with temporary_settings({PREFECT_API_URL: url}):
+        yield url
