@@ -133,6 +133,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     _project_env()
     from bench.e2e_report import git_commit
     from flows.run import run_flow
+    from infra.local_api import local_api
     from rhymerl.config import config_to_dict, load_config
 
     from bench.e2e_cpu import PhaseCpu
@@ -142,7 +143,8 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     t0 = time.perf_counter()
     cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e_cpu)
     retries = PrefectRetries().install()
-    out = run_flow(config=config_to_dict(cfg))
+    with local_api():  # as `rhymerl run`: Prefect's temporary API with short retry waits
+        out = run_flow(config=config_to_dict(cfg))
     recorded = cpu.result()
     for rec, step in zip(out["history"], recorded["steps"]):  # the same steps, in the same order
         rec["recorder_s"] = step.get("recorder_s", 0.0)
