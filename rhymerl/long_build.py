@@ -20,11 +20,16 @@ copy n or add d (docs/long-tail.md).
 
 from __future__ import annotations
 
+import math
 import random
+import sys
+import time
 from dataclasses import dataclass, replace
 
+import torch
+
 from rhymerl.long_problems import LongProblemSettings, draw_long_problem, make_long_problem
-from rhymerl.model_build import BuildSettings
+from rhymerl.model_build import BuildSettings, sft_batch
 from rhymerl.records import Problem
 
 LONG_DATASET = "builtin-long"
@@ -58,6 +63,15 @@ class LongBuildSettings(BuildSettings):
     # One torch thread: on a shared machine two threads ran ~7x slower than one (model_build.py's
     # note); on an idle 2-core machine one is ~1.45x slower than two.
     threads: int = 1
+    # Second stage, after the short chains: chains of long_min_steps..max_steps additions drawn
+    # log-uniform (3-digit counters and totals, positions past 1,000), each problem's loss its own
+    # token mean so a long chain weighs what a short one does. Measured from the 1,000-step model
+    # (2026-12-04, 2 threads): 500 steps took 316 s with the evaluation; accuracy 0.44 -> 0.53,
+    # 300-999 tokens 0 -> 0.25. A share of long chains inside the first stage made it worse (0.14-0.36).
+    long_steps: int = 500
+    long_batch_size: int = 8
+    long_lr: float = 1.5e-3
+    long_min_steps: int = 3
     eval_problems: int = 16  # per length bucket (4 buckets)
     eval_max_tokens: int = 2048
 
@@ -72,6 +86,10 @@ class LongBuildSettings(BuildSettings):
     def draw_problem(self, rng: random.Random, index: int) -> Problem:
         return draw_long_problem(rng, index, replace(self.long_problems, median_steps=self.sft_median_steps))
 
+    def second_stage(self, model, tokenizer, progress: bool) -> list[float]:
+        """SFT on long chains (fields `long_*`); the loss per step."""
+        return train_long_chains(model, tokenizer, self, progress)
+
     def eval_groups(self) -> list[list[Problem]]:
         """`eval_problems` fresh problems per length bucket, one group per bucket."""
         rng = random.Random(self.seed + 1_000_003)
@@ -85,6 +103,52 @@ class LongBuildSettings(BuildSettings):
     def bucket(self, problem: Problem) -> tuple[str, int]:
         tokens = len(problem.solution) + 1  # one token per character, plus EOS
         return "length", max(e for e in LENGTH_EDGES if tokens >= e)
+
+
+def long_chain_batch(rng: random.Random, spec: LongBuildSettings) -> list[Problem]:
+    """One second-stage batch: chain lengths log-uniform over long_min_steps..max_steps."""
+    low, high = math.log(spec.long_min_steps), math.log(spec.max_steps)
+    return [make_long_problem(i, rng.randint(0, spec.max_start), rng.randint(1, spec.max_step),
+                              round(math.exp(rng.uniform(low, high)))) for i in range(spec.long_batch_size)]
+
+
+def sequence_mean_backward(model, tokenizer, problems: list[Problem], chunks: int = 2) -> float:
+    """Accumulate the gradient of the mean over problems of each one's mean token loss; returns it.
+    Length-sorted chunks, as `model_build._sft_backward`, so short chains are not padded to long ones."""
+    problems = sorted(problems, key=lambda p: len(p.solution))
+    size = -(-len(problems) // chunks)
+    total = 0.0
+    for i in range(0, len(problems), size):
+        inputs, targets, mask = sft_batch(problems[i:i + size], tokenizer)
+        nll = torch.nn.functional.cross_entropy(model(input_ids=inputs).logits.transpose(1, 2), targets,
+                                                reduction="none")
+        loss = ((nll * mask).sum(1) / mask.sum(1)).sum() / len(problems)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def train_long_chains(model, tokenizer, spec: LongBuildSettings, progress: bool = True) -> list[float]:
+    """The second SFT stage: `long_steps` AdamW steps, 20 of warm-up then cosine to 10% of `long_lr`."""
+    if spec.long_steps <= 0:
+        return []
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.long_lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
+    rng, losses, smooth, t0 = random.Random(spec.seed + 2), [], 0.0, time.perf_counter()
+    model.train()
+    for step in range(spec.long_steps):
+        warm = min(1.0, (step + 1) / 20)
+        for group in opt.param_groups:
+            group["lr"] = spec.long_lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / spec.long_steps)))
+        opt.zero_grad(set_to_none=True)
+        losses.append(sequence_mean_backward(model, tokenizer, long_chain_batch(rng, spec)))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        smooth = losses[-1] if step == 0 else 0.9 * smooth + 0.1 * losses[-1]
+        if progress and (step % 25 == 0 or step == spec.long_steps - 1):
+            print(f"[rhymerl build] long chains: step {step + 1}/{spec.long_steps} loss {smooth:.4f} "
+                  f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    model.eval()
+    return losses
 
 
 def build_settings_for(dataset: str) -> BuildSettings:

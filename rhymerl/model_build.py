@@ -148,6 +148,10 @@ class BuildSettings:
         """(name, key) of the evaluation bucket `problem` is reported in."""
         return "terms", len(parse_terms(problem.question))
 
+    def second_stage(self, model, tokenizer, progress: bool) -> list[float]:
+        """SFT after `train_sft` (the long recipe's stage on long chains); the loss per step. None here."""
+        return []
+
     def fingerprint(self) -> str:
         """Stable sha256 hex of the recipe (same on every process and machine)."""
         blob = json.dumps({"format": _FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -278,6 +282,7 @@ def _train_and_evaluate(spec: BuildSettings, progress: bool):
             tokenizer = build_tokenizer()
             model = Qwen2ForCausalLM(_model_config(spec, tokenizer)).float()
             losses = train_sft(model, tokenizer, spec, progress)
+            stage2 = spec.second_stage(model, tokenizer, progress)
             t_train = time.perf_counter() - t0
             metrics = evaluate(model, tokenizer, spec) if spec.eval_problems > 0 else {}
             t_eval = time.perf_counter() - t0 - t_train
@@ -290,6 +295,8 @@ def _train_and_evaluate(spec: BuildSettings, progress: bool):
     info = {"fingerprint": spec.fingerprint(), "spec": dataclasses.asdict(spec),
             "format_version": _FORMAT_VERSION, "steps_run": len(losses),
             "final_loss": sum(losses[-10:]) / len(losses[-10:]), "eval": metrics,
+            "second_stage_steps": len(stage2),
+            "second_stage_final_loss": sum(stage2[-10:]) / len(stage2[-10:]) if stage2 else None,
             "train_seconds": round(t_train, 1), "eval_seconds": round(t_eval, 1),
             "torch_version": torch.__version__}
     return model, tokenizer, info

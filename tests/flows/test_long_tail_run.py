@@ -16,7 +16,8 @@ def tiny_long_model(tmp_path_factory):
     from rhymerl.long_build import LongBuildSettings
     from rhymerl.model_build import build_model
 
-    spec = replace(LongBuildSettings(), steps=8, batch_size=8, max_steps=24, eval_problems=0)
+    spec = replace(LongBuildSettings(), steps=8, batch_size=8, max_steps=24, long_steps=2, long_batch_size=2,
+                   eval_problems=0)
     return build_model(tmp_path_factory.mktemp("model") / "tiny-long", spec, progress=False)
 
 
