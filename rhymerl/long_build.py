@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rhymerl.long_problems import LongProblemSettings, draw_long_problem, make_long_problem
-from rhymerl.model_build import BuildSettings, sft_batch
+from rhymerl.model_build import BuildSettings, sft_backward
 from rhymerl.records import Problem
 
 LONG_DATASET = "builtin-long"
@@ -67,9 +67,10 @@ class LongBuildSettings(BuildSettings):
     threads: int = 1
     # Second stage, after the short chains: chains of long_min_steps..max_steps additions drawn
     # log-uniform (3-digit counters and totals, positions past 1,000), each problem's loss its own
-    # token mean so a long chain weighs what a short one does. Measured from the 1,000-step model
-    # (2026-12-04, 2 threads): 500 steps took 316 s with the evaluation; accuracy 0.44 -> 0.53,
-    # 300-999 tokens 0 -> 0.25. A share of long chains inside the first stage made it worse (0.14-0.36).
+    # token mean so a long chain weighs what a short one does (`sft_backward(per_sequence=True)`).
+    # Measured from the 1,000-step model (2026-12-04, 2 threads): 500 steps took 316 s with the
+    # evaluation; accuracy 0.44 -> 0.53, 300-999 tokens 0 -> 0.25. A share of long chains inside the
+    # first stage made it worse (0.14-0.36).
     long_steps: int = 500
     long_batch_size: int = 8
     long_lr: float = 1.5e-3
@@ -114,22 +115,6 @@ def long_chain_batch(rng: random.Random, spec: LongBuildSettings) -> list[Proble
                               round(math.exp(rng.uniform(low, high)))) for i in range(spec.long_batch_size)]
 
 
-def sequence_mean_backward(model, tokenizer, problems: list[Problem], chunks: int = 2) -> float:
-    """Accumulate the gradient of the mean over problems of each one's mean token loss; returns it.
-    Length-sorted chunks, as `model_build._sft_backward`, so short chains are not padded to long ones."""
-    problems = sorted(problems, key=lambda p: len(p.solution))
-    size = -(-len(problems) // chunks)
-    total = 0.0
-    for i in range(0, len(problems), size):
-        inputs, targets, mask = sft_batch(problems[i:i + size], tokenizer)
-        nll = torch.nn.functional.cross_entropy(model(input_ids=inputs).logits.transpose(1, 2), targets,
-                                                reduction="none")
-        loss = ((nll * mask).sum(1) / mask.sum(1)).sum() / len(problems)
-        loss.backward()
-        total += loss.item()
-    return total
-
-
 def train_long_chains(model, tokenizer, spec: LongBuildSettings, progress: bool = True) -> list[float]:
     """The second SFT stage: `long_steps` AdamW steps, 20 of warm-up then cosine to 10% of `long_lr`."""
     if spec.long_steps <= 0:
@@ -142,7 +127,7 @@ def train_long_chains(model, tokenizer, spec: LongBuildSettings, progress: bool 
         for group in opt.param_groups:
             group["lr"] = spec.long_lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / spec.long_steps)))
         opt.zero_grad(set_to_none=True)
-        losses.append(sequence_mean_backward(model, tokenizer, long_chain_batch(rng, spec)))
+        losses.append(sft_backward(model, tokenizer, long_chain_batch(rng, spec), chunks=2, per_sequence=True))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         smooth = losses[-1] if step == 0 else 0.9 * smooth + 0.1 * losses[-1]

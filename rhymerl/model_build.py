@@ -210,8 +210,10 @@ def sft_problems(spec: BuildSettings) -> Iterator[list[Problem]]:
         yield [spec.draw_problem(rng, i) for i in range(spec.batch_size)]
 
 
-def _sft_backward(model, tokenizer, problems: list[Problem], chunks: int) -> float:
-    """Accumulate the gradient of the batch's mean token loss; returns that loss.
+def sft_backward(model, tokenizer, problems: list[Problem], chunks: int, per_sequence: bool = False) -> float:
+    """Accumulate the gradient of the batch's mean token loss; returns that loss. With `per_sequence`,
+    the mean over problems of each one's mean token loss instead (a long solution weighs what a
+    short one does).
 
     With chunks > 1 the batch is sorted by length and cut into `chunks` micro-batches, so a few
     long solutions do not pad every short one to their length; the loss is still the whole batch's.
@@ -225,7 +227,10 @@ def _sft_backward(model, tokenizer, problems: list[Problem], chunks: int) -> flo
     for inputs, targets, mask in parts:
         logits = model(input_ids=inputs).logits  # (B, T, V)
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-        loss = (nll * mask).sum() / total
+        if per_sequence:
+            loss = ((nll * mask).sum(1) / mask.sum(1)).sum() / len(problems)
+        else:
+            loss = (nll * mask).sum() / total
         loss.backward()
         loss_sum += loss.item()
     return loss_sum
@@ -248,7 +253,7 @@ def train_sft(model, tokenizer, spec: BuildSettings, progress: bool = True) -> l
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, spec)
         opt.zero_grad(set_to_none=True)
-        losses.append(_sft_backward(model, tokenizer, problems, spec.sft_chunks))
+        losses.append(sft_backward(model, tokenizer, problems, spec.sft_chunks))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         smooth = losses[-1] if step == 0 else 0.9 * smooth + 0.1 * losses[-1]

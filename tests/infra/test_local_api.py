@@ -66,7 +66,7 @@ def test_prefects_client_retries_after_the_hint_instead_of_two_seconds(monkeypat
         assert slept[0] >= 1.0
 
 
-def test_a_configured_api_url_is_used_as_is(monkeypatch):
+def test_a_configured_api_url_is_used_as_is():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}), local_api() as url:

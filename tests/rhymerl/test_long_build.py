@@ -6,8 +6,7 @@ from dataclasses import replace
 import torch
 
 from rhymerl import model_build
-from rhymerl.long_build import (LENGTH_EDGES, LongBuildSettings, build_settings_for, long_chain_batch,
-                                sequence_mean_backward)
+from rhymerl.long_build import LENGTH_EDGES, LongBuildSettings, build_settings_for, long_chain_batch
 from rhymerl.long_problems import parse_long_question
 from rhymerl.model_build import BUILD_INFO, BuildSettings, build_tokenizer, ensure_builtin_model, sft_problems
 
@@ -58,7 +57,7 @@ def test_sft_draws_long_problems_and_sorted_chunks_keep_the_batch_loss():
     grads = []
     for chunks in (1, 4):
         model.zero_grad()
-        loss = model_build._sft_backward(model, tok, batch, chunks)
+        loss = model_build.sft_backward(model, tok, batch, chunks)
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))
     assert abs(grads[0][0] - grads[1][0]) < 1e-5
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
@@ -87,11 +86,13 @@ def test_the_second_stage_weighs_each_problem_alike():
     results = []
     for chunks in (1, 3):
         model.zero_grad()
-        results.append((sequence_mean_backward(model, tok, batch, chunks), [p.grad.clone() for p in model.parameters()]))
+        loss = model_build.sft_backward(model, tok, batch, chunks, per_sequence=True)
+        results.append((loss, [p.grad.clone() for p in model.parameters()]))
     means = []
     for p in batch:
         inputs, targets, mask = model_build.sft_batch([p], tok)
-        nll = torch.nn.functional.cross_entropy(model(input_ids=inputs).logits.transpose(1, 2), targets, reduction="none")
+        logits = model(input_ids=inputs).logits
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         means.append(float((nll * mask).sum() / mask.sum()))
     assert abs(results[0][0] - sum(means) / 3) < 1e-5 and abs(results[1][0] - sum(means) / 3) < 1e-5
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[0][1], results[1][1]))
