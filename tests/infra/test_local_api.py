@@ -74,14 +74,19 @@ def test_a_configured_api_url_is_used_as_is():
 
 
 def test_the_temporary_api_starts_answers_and_stops(tmp_path, monkeypatch):
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
-    url, stop = start_api(timeout_s=180)
+    # The child runs with this process's Prefect settings: here, a database file of the test's own.
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))  # its log folder
+    db = tmp_path / "api.db"
+    with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{db}"}):
+        url, stop = start_api(timeout_s=180)
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=10) as resp:
             assert resp.read().strip() == b"true"
         with urllib.request.urlopen(f"{url}/admin/version", timeout=10) as resp:
             assert resp.status == 200
-        assert (tmp_path / "prefect.db").is_file()  # its state in this PREFECT_HOME, as Prefect's own
+        assert db.is_file()
     finally:
         stop()
     with pytest.raises(OSError):
