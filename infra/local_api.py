@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
-from infra.servers import ServerError, free_port, wait_http
+from infra.servers import Child, ServerError, free_port, wait_http
 
 RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; 2 s waits were pure loss
 _HEADER = b"retry-after"
@@ -82,29 +82,17 @@ def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(root), "--factory", "infra.local_api:create_app",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, env=_server_env(), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
+    with open(log, "ab") as out:  # its own process group, so Child.stop reaches uvicorn's workers too
+        child = Child("the temporary Prefect API", subprocess.Popen(
+            argv, env=_server_env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True), log)
     url = f"http://127.0.0.1:{port}/api"
-    up = wait_http(f"{url}/health", timeout_s, lambda: proc.poll() is None, lambda b: b.strip() == b"true",
-                   poll_s=0.2)
-    if not up:
-        state = "exited" if proc.poll() is not None else f"did not answer in {timeout_s:.0f}s"
-        stop()
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise ServerError(f"the temporary Prefect API {state}; its log {log} ends with:\n{tail}\n"
+    if not wait_http(f"{url}/health", timeout_s, child.alive, lambda b: b.strip() == b"true", poll_s=0.2):
+        state = "exited" if not child.alive() else f"did not answer in {timeout_s:.0f}s"
+        child.stop()
+        raise ServerError(f"{child.name} {state}; its log {log} ends with:\n{child.tail()}\n"
                           "(or start a server with `rhymerl ui` and set PREFECT_API_URL)")
-    return url, stop
+    return url, child.stop
 
 
 @contextmanager
