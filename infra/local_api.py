@@ -6,8 +6,15 @@ another (`SQLITE_BUSY_SNAPSHOT` under WAL), the API answers 503 and Prefect's cl
 The 503 carries no `Retry-After`, so the client waits 2^1 s (jittered) before the retry,
 which then succeeds at once: 2.1-2.5 s added to an epoch subflow's start, 0-2 times per
 benchmark run (bench/results/e2e-2026-12-04e). Prefect's client honours `Retry-After`
-(`prefect.client.base`, `_send_with_retry`), so this module starts the same app Prefect
-would, wrapped to add `Retry-After: RETRY_AFTER_S` to its 503s: the retry comes ~50 ms later.
+(`prefect.client.base`, `_send_with_retry`). This module starts the same app Prefect would,
+wrapped: a 503 is first replayed in the server after short waits (20-800 ms), and one that is
+still left goes out with `Retry-After: RETRY_AFTER_S`, so the client retries ~50 ms later.
+
+Two more differences from Prefect's own temporary server, both about this machine's 2 cores:
+it waits for its first start as long as a fresh database's migrations take (20 s, Prefect's
+limit, was not enough on a slow 2-core machine), and it does not run the automation services
+(triggers, actions) or the telemetry heartbeat: nobody can define an automation on an API that
+lives for one process, and evaluating every event against none took ~15% of the server's CPU.
 
 `local_api()` is the context `rhymerl run` trains in: it starts the API as a child process
 (same command line and environment as Prefect's own temporary server), points this process's
@@ -17,6 +24,7 @@ workers drained, as Prefect does for its own). With PREFECT_API_URL set it does 
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import subprocess
@@ -29,32 +37,85 @@ from typing import Any, Awaitable, Callable, Iterator
 from infra.servers import Child, ServerError, free_port, wait_http
 
 RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; 2 s waits were pure loss
+# The server replays a request that met SQLITE_BUSY itself, after these waits, before the client
+# sees a 503: with Retry-After alone the client's 5 retries spanned 0.25 s, which a busy server
+# outlasted (seen under a profiler: the task run failed). ~1.6 s per client attempt, ~10 s in all.
+SERVER_RETRY_WAITS_S = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 _HEADER = b"retry-after"
+# A fresh database's migrations took 19.9 s on a quiet 2-core machine (Prefect allows 20 s).
+FIRST_START_S = 180.0
 
 Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
 class RetryAfter503:
-    """ASGI wrapper: every 503 response of `app` without a Retry-After header gets one."""
+    """ASGI wrapper for Prefect's API: a request answered 503 (a database write that met another
+    writer; Prefect's transaction rolled back, so a replay is what its client would send anyway)
+    is replayed after each of `waits`; a 503 still left then goes to the client with a Retry-After
+    header. Other answers, websockets and lifespan pass through untouched."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], seconds: float = RETRY_AFTER_S):
-        self.app = app
+    def __init__(self, app: Callable[..., Awaitable[None]], seconds: float = RETRY_AFTER_S,
+                 waits: tuple[float, ...] = SERVER_RETRY_WAITS_S):
+        self.app, self.waits = app, waits
         self.value = f"{seconds:g}".encode()
 
-    async def __call__(self, scope: Message, receive: Callable[[], Awaitable[Message]], send: Send) -> None:
-        if scope.get("type") != "http":  # lifespan and websockets pass through untouched
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
+        body = await _read_body(receive)
+        for wait in (*self.waits, None):
+            # A copy each time: Starlette's routers rewrite the scope's path as they route it.
+            refused = await self._attempt(dict(scope), _replay(body, receive), send, last=wait is None)
+            if not refused:
+                return
+            await asyncio.sleep(wait)
 
-        async def send_with_hint(message: Message) -> None:
+    async def _attempt(self, scope: Message, receive: Receive, send: Send, last: bool) -> bool:
+        """One pass through the app; True when it answered 503 and the answer was held back."""
+        refused = False
+
+        async def forward(message: Message) -> None:
+            nonlocal refused
             if message.get("type") == "http.response.start" and message.get("status") == 503:
+                if not last:
+                    refused = True
+                    return
                 headers = list(message.get("headers") or [])
                 if not any(name.lower() == _HEADER for name, _ in headers):
                     message = {**message, "headers": headers + [(_HEADER, self.value)]}
-            await send(message)
+            if not refused:
+                await send(message)
 
-        await self.app(scope, receive, send_with_hint)
+        try:
+            await self.app(scope, receive, forward)
+        except Exception:
+            # Starlette's error middleware sends the handler's answer (Prefect's 503) and then
+            # raises the error again for the server to log: held back, the request is replayed.
+            if not refused:
+                raise
+        return refused
+
+
+async def _read_body(receive: Receive) -> list[Message]:
+    """The request's messages up to its last body chunk (or a disconnect), to replay."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message.get("type") != "http.request" or not message.get("more_body", False):
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that gives `messages` again, then whatever the connection sends next."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+    return replayed
 
 
 def create_app() -> RetryAfter503:
@@ -66,11 +127,12 @@ def create_app() -> RetryAfter503:
 
 def _server_env() -> dict[str, str]:
     """The child's environment: Prefect's own temporary-server flags (no UI, the services an
-    ephemeral server runs) over this process's Prefect settings."""
+    ephemeral server runs, less automations and telemetry) over this process's Prefect settings."""
     from prefect.settings import get_current_settings
 
     return {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+            "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
 def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:
@@ -109,7 +171,8 @@ def local_api(timeout_s: float | None = None) -> Iterator[str]:
         yield PREFECT_API_URL.value()
         return
     t0 = time.monotonic()
-    url, stop = start_api(timeout_s or float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
+    limit = max(float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()), FIRST_START_S)
+    url, stop = start_api(timeout_s or limit)
     atexit.register(stop)
     print(f"temporary Prefect API at {url} (up in {time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
     with temporary_settings({PREFECT_API_URL: url}):

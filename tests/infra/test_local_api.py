@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 
 import httpx
@@ -12,38 +13,83 @@ from infra.local_api import RETRY_AFTER_S, RetryAfter503, local_api, start_api
 
 
 def _app(statuses: list[int], headers: list[tuple[bytes, bytes]] | None = None):
-    """An ASGI app answering the given statuses in turn (then 200)."""
+    """An ASGI app answering the given statuses in turn (then 200), echoing the request body."""
     calls = []
 
     async def app(scope, receive, send):
-        calls.append(scope["path"])
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        calls.append((scope["path"], body))
         status = statuses.pop(0) if statuses else 200
         await send({"type": "http.response.start", "status": status, "headers": list(headers or [])})
-        await send({"type": "http.response.body", "body": b"{}"})
+        await send({"type": "http.response.body", "body": body or b"{}"})
     app.calls = calls
     return app
 
 
-def _get(app, path: str = "/x") -> httpx.Response:
+def _send(app, path: str = "/x", body: bytes | None = None) -> httpx.Response:
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-            return await client.get(path)
+            if body is None:
+                return await client.get(path)
+            return await client.post(path, content=body)
     return asyncio.run(go())
 
 
-def test_503_gets_a_retry_after_and_other_answers_are_untouched():
-    assert _get(RetryAfter503(_app([503])), "/a").headers["retry-after"] == f"{RETRY_AFTER_S:g}"
-    assert "retry-after" not in _get(RetryAfter503(_app([200]))).headers
-    assert "retry-after" not in _get(RetryAfter503(_app([500]))).headers
+def test_a_503_is_replayed_in_the_server_with_the_same_body():
+    inner = _app([503, 503])
+    answer = _send(RetryAfter503(inner, waits=(0.0, 0.0, 0.0)), "/api/task_runs/", b'{"name": "t"}')
+    assert answer.status_code == 200 and answer.content == b'{"name": "t"}'
+    assert inner.calls == [("/api/task_runs/", b'{"name": "t"}')] * 3
+    assert "retry-after" not in answer.headers
+
+
+def test_a_503_left_after_the_server_retries_gets_a_retry_after_and_other_answers_are_untouched():
+    inner = _app([503] * 3)
+    answer = _send(RetryAfter503(inner, waits=(0.0, 0.0)), "/a")
+    assert answer.status_code == 503 and len(inner.calls) == 3  # the first try and two replays
+    assert answer.headers["retry-after"] == f"{RETRY_AFTER_S:g}"
+    for status in (200, 500):  # a 500 is not a busy database: never replayed
+        inner = _app([status])
+        answer = _send(RetryAfter503(inner, waits=(0.0,)))
+        assert answer.status_code == status and len(inner.calls) == 1 and "retry-after" not in answer.headers
     # A server that already says how long to wait is believed.
-    kept = _get(RetryAfter503(_app([503], [(b"Retry-After", b"7")])))
+    kept = _send(RetryAfter503(_app([503], [(b"Retry-After", b"7")]), waits=()))
     assert kept.headers.get_list("retry-after") == ["7"]
 
 
-@pytest.mark.parametrize("wrapped", [True, False])
-def test_prefects_client_retries_after_the_hint_instead_of_two_seconds(monkeypatch, wrapped):
-    # Prefect's own client against an API whose first answer is a 503 (SQLite busy): with the
-    # hint it sleeps ~RETRY_AFTER_S before the retry; without, 2^1 s (Prefect's back-off) +- jitter.
+def test_a_replay_through_starlettes_routing_and_error_handler_reaches_the_same_endpoint():
+    # As in Prefect's app: a mounted router (which rewrites the scope's path while routing) and a
+    # catch-all handler that answers 503 and then raises the error again (Starlette's error middleware).
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Mount, Route
+
+    seen = []
+
+    async def endpoint(request):
+        seen.append(await request.body())
+        if len(seen) < 3:
+            raise RuntimeError("database is locked")
+        return JSONResponse({"tries": len(seen)})
+
+    async def busy(request, exc):
+        return JSONResponse({"exception_message": "Service Unavailable"}, status_code=503)
+    app = Starlette(routes=[Mount("/api", routes=[Route("/task_runs/", endpoint, methods=["POST"])])],
+                    exception_handlers={Exception: busy})
+    answer = _send(RetryAfter503(app, waits=(0.0, 0.0)), "/api/task_runs/", b"{}")
+    assert answer.status_code == 200 and answer.json() == {"tries": 3} and seen == [b"{}"] * 3
+
+
+@pytest.mark.parametrize("waits", [None, (), "unwrapped"])
+def test_prefects_client_waits_milliseconds_not_two_seconds(monkeypatch, waits):
+    # Prefect's own client against an API whose first answer is a 503 (SQLite busy). Wrapped, the
+    # server's own replay answers it (no client retry); with the server's retries used up the client
+    # sleeps ~RETRY_AFTER_S before its retry; unwrapped, 2^1 s (Prefect's back-off) +- jitter.
     import prefect.client.base as base
 
     slept: list[float] = []
@@ -52,18 +98,20 @@ def test_prefects_client_retries_after_the_hint_instead_of_two_seconds(monkeypat
         slept.append(seconds)
     monkeypatch.setattr(base.anyio, "sleep", no_sleep)
     inner = _app([503])
-    app = RetryAfter503(inner) if wrapped else inner
+    app = inner if waits == "unwrapped" else RetryAfter503(inner) if waits is None else RetryAfter503(inner, waits=waits)
 
     async def go():
         async with base.PrefectHttpxAsyncClient(transport=httpx.ASGITransport(app=app),
                                                 base_url="http://t") as client:
             return await client.get("/api/flow_runs/")
     assert asyncio.run(go()).status_code == 200
-    assert len(inner.calls) == 2 and len(slept) == 1
-    if wrapped:
-        assert RETRY_AFTER_S <= slept[0] <= RETRY_AFTER_S * 1.5
+    assert len(inner.calls) == 2
+    if waits is None:
+        assert slept == []
+    elif waits == ():
+        assert len(slept) == 1 and RETRY_AFTER_S <= slept[0] <= RETRY_AFTER_S * 1.5
     else:
-        assert slept[0] >= 1.0
+        assert len(slept) == 1 and slept[0] >= 1.0
 
 
 def test_a_configured_api_url_is_used_as_is():
@@ -86,6 +134,9 @@ def test_the_temporary_api_starts_answers_and_stops(tmp_path, monkeypatch):
             assert resp.read().strip() == b"true"
         with urllib.request.urlopen(f"{url}/admin/version", timeout=10) as resp:
             assert resp.status == 200
+        with urllib.request.urlopen(f"{url}/admin/settings", timeout=10) as resp:
+            server = json.load(resp)["server"]  # no automations on a per-process API, no heartbeat
+        assert server["services"]["triggers"]["enabled"] is False and server["analytics_enabled"] is False
         assert db.is_file()
     finally:
         stop()
