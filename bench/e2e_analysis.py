@@ -9,7 +9,7 @@ Time split of one step (seconds, all measured by `run_step` except the remainder
 - system I/O: plan (HistoPipe's DuckDB length query + placement), lake write, measure (bubble
   ratio, Gantt PNG), log (MLflow metrics + the lake's steps row), checkpoint;
 - dispatch = the step's wall time minus all of the above: Prefect task start/finish, Ray round
-  trips without a timing of their own (spec-stats), Python between tasks.
+  trips without a timing of their own (spec_stats), Python between tasks.
 
 Per epoch on top: index build = HistoSpec's history: the epoch's history task
 (`spec/history_query_s`, the DuckDB query into columns, before the steps) plus each step's

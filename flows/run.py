@@ -25,13 +25,13 @@ from tasks.report import lake_step_task, log_epoch_task, log_step_task, plot_tas
 from tasks.setup import (RunContext, Tracking, finish_run_task, init_ray, new_run_id, prepare_model_task,
                          prepare_prompts_task, quiet_subflow, start_actors_task, start_tracking_task)
 from tasks.background import Background
-from tasks.plan import gantt_task, measure_task
+from tasks.plan import gantt_task, step_measures
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import (begin_checkpoint, checkpoint_task, lake_rows_task, restore_task, resume_tracking_task,
                           warm_start_task)
 from tasks.spec import (StepInputs, history_task, prepare_epoch_task, prepare_step_task, publish_history_task,
-                        spec_stats_task)
+                        spec_stats)
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 from workers.guard import WorkerGuard
 from workers.sync import sync_settings
@@ -173,7 +173,7 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
     st.policy_version += 1
     watch.seconds.update(sync_s=sync["sync_s"], step_s=watch.total())
     with watch("measure_s"):
-        pipe = measure_task(quote(plan), quote(samples), len(st.workers))
+        pipe = step_measures(plan, samples, len(st.workers))
     record = _record(st, epoch, step, step_stats(samples, scores), dict(watch.seconds), pipe, sync, train)
     record["migrations"] = float(migrations)
     record.update(shipped)  # spec/history_*: what each worker's bundle held and was sent
@@ -241,7 +241,7 @@ def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, samplin
     with watch("rollout_s"):
         rollout = rollout_task(st.workers, quote(plan), sampling, quote(batch), cfg.pipe, guard=st.guard,
                                history=quote(history), feed=quote(feed))
-    speculation = spec_stats_task(st.workers)
+    speculation = spec_stats(st.workers)
     with watch("reward_s"):  # what scoring still added after the rollout
         scores, watch.seconds["reward_total_s"] = reward_task(quote(batch), quote(rollout))
     shipped = {**inputs.bundles.metrics(), **history.sent_metrics()} if history is not None else {}

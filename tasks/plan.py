@@ -1,9 +1,10 @@
 """HistoPipe in the run: place a step's prompt groups on workers from lake history, then measure.
 
 `plan_task` reads the run's earlier response lengths from the lake (DuckDB), forecasts each
-prompt's lengths and asks a scheduling policy for a placement; `measure_task` computes the step's
-bubble ratio and forecast quality from what actually happened, and `gantt_task` (off the step's
-critical path) draws its Gantt chart.
+prompt's lengths and asks a scheduling policy for a placement; `step_measures` computes the step's
+bubble ratio and forecast quality from what actually happened (a plain call: ~ms of arithmetic is
+not worth a Prefect task run, ~70 ms of API and flow CPU on 2 cores), and `gantt_task` (off the
+step's critical path) draws its Gantt chart.
 """
 
 from __future__ import annotations
@@ -97,8 +98,7 @@ def tail_seconds(ends: Sequence[float], quantile: float = 0.9) -> float:
     return float(order[-1] - order[max(0, math.ceil(quantile * len(order)) - 1)])
 
 
-@task(name="measure", cache_policy=NO_CACHE)
-def measure_task(plan: Plan, samples: list[Sample], workers: int) -> dict[str, float]:
+def step_measures(plan: Plan, samples: list[Sample], workers: int) -> dict[str, float]:
     """Bubble ratio, makespan and tail (`tail_seconds`) of the step; forecast quality where history
     existed."""
     result = measure(_rows(samples), workers)

@@ -9,7 +9,8 @@ bundle per worker holding only the prompts it serves (`prepare_step_task` does i
 for the next step while the current one runs), and `publish_history_task` sends each worker its own
 through Ray's object store; the worker writes it to the file its engine's drafter re-reads. A
 migrated request's prompt follows it (`workers.history.WorkerHistory.carry`). No worker queries the
-lake. `spec_stats_task` collects the workers' acceptance counters after a step's rollout.
+lake. `spec_stats` collects the workers' acceptance counters after a step's rollout (a plain call:
+one Ray round trip is not worth a Prefect task run, ~70 ms of API and flow CPU on 2 cores).
 """
 
 from __future__ import annotations
@@ -116,8 +117,7 @@ def publish_history_task(workers: list, slicer: HistorySlicer, bundles: StepBund
     return history
 
 
-@task(name="spec-stats", cache_policy=NO_CACHE)
-def spec_stats_task(workers: list) -> SpecStats | None:
+def spec_stats(workers: list) -> SpecStats | None:
     """The step's speculation counters summed over workers; None when speculation is off."""
     parts = [p for p in ray.get([w.spec_stats.remote() for w in workers]) if p is not None]
     if not parts:

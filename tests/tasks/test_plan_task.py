@@ -7,7 +7,7 @@ from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
-from tasks.plan import measure_task, plan_task, tail_seconds
+from tasks.plan import step_measures, plan_task, tail_seconds
 
 
 def P(i, prompt_len=4):
@@ -53,7 +53,7 @@ def test_measure_bubble_ratio(tmp_path):
     prompts = [P(0), P(1)]
     plan = plan_task.fn(PipeConfig(policy="naive"), str(tmp_path), "run", 0, 0, prompts, 2, 1, 64)
     samples = [S("p0", 0, 10, worker=0, start=0.0, end=4.0), S("p1", 0, 5, worker=1, start=0.0, end=1.0)]
-    out = measure_task.fn(plan, samples, 2)
+    out = step_measures(plan, samples, 2)
     assert out["bubble_ratio"] == pytest.approx(0.375) and out["makespan_s"] == pytest.approx(4.0)
     assert out["tail_s"] == pytest.approx(0.0)  # of 2 requests the 90th percentile is the last
 
