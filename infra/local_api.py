@@ -20,6 +20,8 @@ lives for one process, and evaluating every event against none took ~15% of the 
 (same command line and environment as Prefect's own temporary server), points this process's
 Prefect settings at it, and stops it when the process exits (after Prefect's log and event
 workers drained, as Prefect does for its own). With PREFECT_API_URL set it does nothing.
+`rhymerl ui`'s server (`infra.servers.ServerStack`) runs the same wrapped app, with the UI and
+every service, from `api_argv`.
 """
 
 from __future__ import annotations
@@ -135,15 +137,22 @@ def _server_env() -> dict[str, str]:
             "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
+def api_argv(host: str, port: int) -> list[str]:
+    """The command line of a Prefect API server wrapped by `create_app`: what `prefect server start`
+    runs (uvicorn over Prefect's app factory, 5 s keep-alive), with this module's factory. The
+    UI and the services follow the environment (`PREFECT_UI_ENABLED`, `PREFECT__SERVER_EPHEMERAL`)."""
+    root = Path(__file__).resolve().parents[1]  # so the child imports this `infra`
+    return [sys.executable, "-m", "uvicorn", "--app-dir", str(root), "--factory", "infra.local_api:create_app",
+            "--host", host, "--port", str(port), "--timeout-keep-alive", "5", "--lifespan", "on"]
+
+
 def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:
     """Start the wrapped API on a free loopback port; returns (api_url, stop). Raises
     ServerError naming the log when it exits or does not answer within `timeout_s`."""
     port = free_port()
-    root = Path(__file__).resolve().parents[1]  # so the child imports this `infra`
     log = Path(os.environ.get("PREFECT_HOME", ".prefect")) / "logs" / f"local-api-{port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(root), "--factory", "infra.local_api:create_app",
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    argv = api_argv("127.0.0.1", port) + ["--log-level", "error"]
     with open(log, "ab") as out:  # its own process group, so Child.stop reaches uvicorn's workers too
         child = Child("the temporary Prefect API", subprocess.Popen(
             argv, env=_server_env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

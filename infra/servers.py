@@ -190,11 +190,11 @@ class ServerStack:
         env.update(dict(self.cfg.extra_env))
         return env
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> Child:
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Child:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.cfg.log_dir / f"{name}.log"
         with open(log, "ab") as out:
-            proc = subprocess.Popen(list(argv), cwd=self.cfg.project, env=self.env(), stdout=out,
+            proc = subprocess.Popen(list(argv), cwd=self.cfg.project, env={**self.env(), **(env or {})}, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         child = Child(name, proc, log)
@@ -222,8 +222,12 @@ class ServerStack:
         """Start the servers (and deploy, and the worker, as configured); raises ServerError."""
         self._check_ports()
         try:
-            server = self._spawn("prefect-server", [_bin("prefect"), "server", "start", "--host",
-                                                    self.cfg.host, "--port", str(self.cfg.prefect_port)])
+            from infra.local_api import api_argv  # it imports this module
+
+            # Prefect's server as `prefect server start` runs it (UI, every service), but with the
+            # short in-server retries of a busy SQLite database (infra.local_api.RetryAfter503).
+            server = self._spawn("prefect-server", api_argv(self.cfg.host, self.cfg.prefect_port),
+                                 {"PREFECT__SERVER_FINAL": "1"})
             if self.cfg.start_mlflow:
                 mlflow = self._spawn("mlflow-ui", [
                     _bin("mlflow"), "server", "--backend-store-uri", self.cfg.mlflow_tracking_uri,

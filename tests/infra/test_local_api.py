@@ -98,7 +98,10 @@ def test_prefects_client_waits_milliseconds_not_two_seconds(monkeypatch, waits):
         slept.append(seconds)
     monkeypatch.setattr(base.anyio, "sleep", no_sleep)
     inner = _app([503])
-    app = inner if waits == "unwrapped" else RetryAfter503(inner) if waits is None else RetryAfter503(inner, waits=waits)
+    if waits == "unwrapped":
+        app = inner
+    else:
+        app = RetryAfter503(inner) if waits is None else RetryAfter503(inner, waits=waits)
 
     async def go():
         async with base.PrefectHttpxAsyncClient(transport=httpx.ASGITransport(app=app),
