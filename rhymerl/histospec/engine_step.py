@@ -100,7 +100,7 @@ class BatchDrafter:
         self.prompts: dict[int, _Prompt] = {}
         self.requests = RequestTable(max(1, self.k))
         self.step = 0
-        self.cost = StepCostModel()
+        self.cost = StepCostModel(decay=1.0 - 1.0 / self.spec.cost_memory)
         self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
         self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
@@ -171,10 +171,22 @@ class BatchDrafter:
         # such a row never drafts (1-token steps). `lifetime` keeps draft positions only: not here.
         self.stats.record_positions(req.n[slots] - req.plen[slots], accepted)
         self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
+        if self.spec.fail_backoff:
+            self._back_off(slots, drafted, accepted)
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
             for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
         return int(len(slots) + drafted.sum())
+
+    def _back_off(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Count each drafting request's fully rejected drafts in a row; from the second on, it
+        skips drafting for 2^(fails - 1) steps (at most `spec.fail_backoff`). Only what earlier
+        steps' verifications decided is read, so the sampled distribution stays the target's."""
+        req, tried = self.requests, drafted > 0
+        s, missed = slots[tried], accepted[tried] == 0
+        req.fails[s] = np.where(missed, req.fails[s] + 1, 0)
+        pause = np.minimum(2 ** np.clip(req.fails[s] - 1, 0, 30), self.spec.fail_backoff)
+        req.resume[s] = np.where(req.fails[s] >= 2, self.step + pause, 0)
 
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
@@ -227,7 +239,7 @@ class BatchDrafter:
         for k in np.unique(prompts[prompts >= 0]).tolist():
             self.prompts[k].last_step = self.step
         budgets = np.minimum(np.minimum(req.budget[slots], self.k), self.max_model_len - ends)
-        return (prompts >= 0) & (budgets > 0), budgets
+        return (prompts >= 0) & (budgets > 0) & (req.resume[slots] <= self.step), budgets
 
     def _drafts(self, rows: np.ndarray, slots: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
                 tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -87,10 +87,12 @@ class RequestTable:
     that sequence holds), `tree` / `tree_n` (its handle in the cross-prompt tree, -1: none, and how
     many of its row's tokens the tree holds), `forecast` / `plen`
     (its prompt's longest earlier response, 0: none, and the prompt's length), `step` (the last
-    step that saw it). `keys` / `slots`: the key each live slot was stored under.
+    step that saw it), `fails` / `resume` (its fully rejected drafts in a row, and the first step
+    it may draft again: `spec.fail_backoff`). `keys` / `slots`: the key each live slot was stored under.
     """
 
-    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "sib_n", "tree", "tree_n", "forecast", "plen", "step")
+    INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "sib_n", "tree", "tree_n", "forecast", "plen", "step",
+                  "fails", "resume")
 
     def __init__(self, width: int, capacity: int = 64) -> None:
         self.width = width  # the longest draft (vLLM's num_speculative_tokens)

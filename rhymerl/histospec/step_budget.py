@@ -51,7 +51,7 @@ CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a ne
 class StepCostModel:
     """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
 
-    decay: float = 0.95  # weight of older steps per new one (memory of ~20 steps)
+    decay: float = 0.99  # weight of older steps per new one: ~100 steps (the run's is spec.cost_memory)
     n: float = 0.0
     sx: float = 0.0
     sy: float = 0.0

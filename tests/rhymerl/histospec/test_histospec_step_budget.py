@@ -30,7 +30,7 @@ def test_cost_model_follows_a_changing_engine_and_never_makes_tokens_free():
     model = StepCostModel()
     for t in range(100):
         model.observe(100 + t % 7, 0.01 + 0.001 * (100 + t % 7))
-    for t in range(100):  # the engine gets 4x slower per token (e.g. a bigger batch shape)
+    for t in range(300):  # the engine gets 4x slower per token (e.g. a bigger batch shape): ~3 memories
         model.observe(100 + t % 7, 0.01 + 0.004 * (100 + t % 7))
     assert model.coefficients()[1] == pytest.approx(0.004, rel=0.1)
     flat = StepCostModel()

@@ -290,3 +290,29 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
         n = int(batch.num[seq])
         assert side.sequence(seq) == [*prompt, *row[3:n].tolist()]
         assert bd.recent.lengths[seq] >= n - 3 - (hp.TREE_CHUNK - 1)  # the tree lags by < TREE_CHUNK
+
+
+def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time():
+    # Rule (spec.fail_backoff): from a request's second fully rejected draft in a row it skips
+    # drafting 2, 4, 8, ... steps (capped); a draft with an accepted token resets the count.
+    prompt, hist = (50, 51, 52), (1, 2) * 30  # every context ending in 1 drafts 2 1 2 1
+    bundle = HistoryBundle((PromptHistory(prompt, (hist,), (1.0,)),))
+    spec = SpecConfig(siblings=False, recent_responses=0, cost_aware=False, min_match=1, max_match=2,
+                      max_spec_factor=0.0, budget_rule="fixed", max_budget=4, fail_backoff=8)
+    bd = BatchDrafter(bundle, spec, k=4, max_model_len=512)
+    batch = FakeBatch([prompt + (1,)], width=512)
+    drafted_at = []
+    for step in range(1, 29):
+        if step > 1:
+            batch.append(0, [1])  # the model disagrees with the draft's first token (2) every time
+        if bd.propose([[1]], batch.num, batch.tokens)[0]:
+            drafted_at.append(step)
+    assert drafted_at == [1, 2, 5, 10, 19, 28]  # pauses of 2, 4, 8, then 8 (the cap)
+    batch.append(0, [2, 2])  # step 28's draft 2 1 2 1: its first token accepted, then a 2 sampled
+    assert bd.propose([[2, 2]], batch.num, batch.tokens)[0] == [1, 2, 1, 2]  # drafts again at once
+    assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (28, 6 * 4, 1)  # the same request
+    off = BatchDrafter(bundle, SpecConfig(**{**spec.__dict__, "fail_backoff": 0}), k=4, max_model_len=512)
+    batch = FakeBatch([prompt + (1,)], width=512)
+    for _ in range(6):  # without the back-off every step drafts
+        assert off.propose([[1]], batch.num, batch.tokens)[0] == [2, 1, 2, 1]
+        batch.append(0, [1])
