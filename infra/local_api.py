@@ -14,7 +14,7 @@ Two more differences from Prefect's own temporary server, both about this machin
 it waits for its first start as long as a fresh database's migrations take (20 s, Prefect's
 limit, was not enough on a slow 2-core machine), and it does not run the automation services
 (triggers, actions) or the telemetry heartbeat: nobody can define an automation on an API that
-lives for one process, and evaluating every event against none took ~15% of the server's CPU.
+lives for one process, and evaluating every event against none took ~13% of the server's CPU.
 
 `local_api()` is the context `rhymerl run` trains in: it starts the API as a child process
 (same command line and environment as Prefect's own temporary server), points this process's

@@ -194,8 +194,8 @@ class ServerStack:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.cfg.log_dir / f"{name}.log"
         with open(log, "ab") as out:
-            proc = subprocess.Popen(list(argv), cwd=self.cfg.project, env={**self.env(), **(env or {})}, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(list(argv), cwd=self.cfg.project, env={**self.env(), **(env or {})},
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         child = Child(name, proc, log)
         self.children.append(child)
