@@ -21,7 +21,7 @@ lives for one process, and evaluating every event against none took ~13% of the 
 Prefect settings at it, and stops it when the process exits (after Prefect's log and event
 workers drained, as Prefect does for its own). With PREFECT_API_URL set it does nothing.
 `rhymerl ui`'s server (`infra.servers.ServerStack`) runs the same wrapped app, with the UI and
-every service, from `api_argv`.
+every service, from `infra.servers.api_argv`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
-from infra.servers import Child, ServerError, free_port, wait_http
+from infra.servers import Child, ServerError, api_argv, free_port, wait_http
 
 RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; 2 s waits were pure loss
 # The server replays a request that met SQLITE_BUSY itself, after these waits, before the client
@@ -135,15 +135,6 @@ def _server_env() -> dict[str, str]:
     return {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
             "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
             "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
-
-def api_argv(host: str, port: int) -> list[str]:
-    """The command line of a Prefect API server wrapped by `create_app`: what `prefect server start`
-    runs (uvicorn over Prefect's app factory, 5 s keep-alive), with this module's factory. The
-    UI and the services follow the environment (`PREFECT_UI_ENABLED`, `PREFECT__SERVER_EPHEMERAL`)."""
-    root = Path(__file__).resolve().parents[1]  # so the child imports this `infra`
-    return [sys.executable, "-m", "uvicorn", "--app-dir", str(root), "--factory", "infra.local_api:create_app",
-            "--host", host, "--port", str(port), "--timeout-keep-alive", "5", "--lifespan", "on"]
 
 
 def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:

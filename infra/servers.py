@@ -154,6 +154,16 @@ class Child:
                 continue
 
 
+def api_argv(host: str, port: int) -> list[str]:
+    """The command line of a Prefect API server wrapped by `infra.local_api.create_app` (replays of
+    SQLite-busy answers): what `prefect server start` runs (uvicorn over an app factory, 5 s
+    keep-alive). The UI and the services follow the environment (`PREFECT_UI_ENABLED`,
+    `PREFECT__SERVER_EPHEMERAL`)."""
+    root = Path(__file__).resolve().parents[1]  # so the child imports this `infra`
+    return [sys.executable, "-m", "uvicorn", "--app-dir", str(root), "--factory", "infra.local_api:create_app",
+            "--host", host, "--port", str(port), "--timeout-keep-alive", "5", "--lifespan", "on"]
+
+
 def _bin(name: str) -> str:
     """A console script of this interpreter's environment (the venv's prefect, mlflow)."""
     path = Path(sys.executable).parent / name
@@ -222,8 +232,6 @@ class ServerStack:
         """Start the servers (and deploy, and the worker, as configured); raises ServerError."""
         self._check_ports()
         try:
-            from infra.local_api import api_argv  # it imports this module
-
             # Prefect's server as `prefect server start` runs it (UI, every service), but with the
             # short in-server retries of a busy SQLite database (infra.local_api.RetryAfter503).
             server = self._spawn("prefect-server", api_argv(self.cfg.host, self.cfg.prefect_port),
