@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
+COST_MEMORY_STEPS = 100  # the fit's memory (spec.cost_memory's default; see SpecConfig for why 100)
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
 CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
 
@@ -51,7 +52,7 @@ CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a ne
 class StepCostModel:
     """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
 
-    decay: float = 0.99  # weight of older steps per new one: ~100 steps (the run's is spec.cost_memory)
+    decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS  # weight of older steps per new one (spec.cost_memory)
     n: float = 0.0
     sx: float = 0.0
     sy: float = 0.0
