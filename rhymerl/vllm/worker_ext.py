@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from rhymerl.vllm.spec_guard import GuardReport, self_check, vllm_version
-from rhymerl.vllm.spec_verify import KERNELS
+from rhymerl.vllm.spec_verify import KERNELS, skip_empty_verification
 from rhymerl.weight_group import GroupAddress, open_group
 
 # Parameters that hold the same values in the engine as in the Hugging Face model. vLLM fuses
@@ -130,8 +130,12 @@ class WeightSyncExtension:
         return weights_fingerprint(self.model_runner.model.named_parameters())
 
     def rhymerl_install_exact_verifier(self) -> int:
-        """Install RhymeRL's exact verifier in this worker; returns how many kernels were replaced."""
+        """Install RhymeRL's exact verifier in this worker; returns how many kernels were replaced.
+        Steps without drafts then skip the rejection sampler (`skip_empty_verification`)."""
         install_exact_verifier()
+        sampler = getattr(self.model_runner, "rejection_sampler", None)
+        if sampler is not None:
+            skip_empty_verification(sampler)
         return len(KERNELS)
 
     def rhymerl_spec_self_check(self, rows: int, alpha: float) -> dict:
