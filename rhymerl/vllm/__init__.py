@@ -4,6 +4,7 @@
 engine's `EngineSpeculation`), `histospec_proposer` (HistoSpec as vLLM's `custom_class` drafter),
 `worker_ext` (the worker extension: weights in place, verifier install, self-check), `spec_verify`
 (RhymeRL's exact rejection-sampling kernels), `spec_guard` (start an engine only with a lossless
-verifier), `fixed_drafter` (fixed drafts, for the losslessness test). vLLM itself is imported lazily,
-inside functions, so importing this package does not load it.
+verifier), `fixed_drafter` (fixed drafts, for the losslessness test), `step_trace` (per-step timing of
+the engine, for benchmarks; off unless asked for). vLLM itself is imported lazily, inside functions, so
+importing this package does not load it.
 """
