@@ -1,7 +1,7 @@
 """Summarise `rhymerl.vllm.step_trace` files: per engine process, per generate call, steps and seconds by how
 many requests were running (the tail is the steps with few).
 
-    python -m bench.step_table TAG [--dir /tmp/rhymerl-steps] [--json]
+    rhymerl bench steps TAG [--dir /tmp/rhymerl-steps] [--json]
 
 One block per engine process (in start order: with `rhymerl bench spec`, the arms in their order, the
 first being the plain engine that also samples the history). A generate call ends with the step after
@@ -55,7 +55,7 @@ def _pid(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="rhymerl bench steps", description=__doc__.splitlines()[0])
     ap.add_argument("tag")
     ap.add_argument("--dir", default=os.environ.get("RHYMERL_TRACE_DIR", "/tmp/rhymerl-steps"))
     ap.add_argument("--json", action="store_true")

@@ -12,7 +12,7 @@ drafts from the worker). Example, the long task in one engine per arm:
 
     RHYMERL_TRACE_STEPS=run1 PYTHONPATH=bench/step_trace rhymerl bench spec --dataset builtin-long \\
         --prompts 32 --max-tokens 2048 --arms plain,siblings
-    python -m bench.step_table run1
+    rhymerl bench steps run1
 
 Without RHYMERL_TRACE_STEPS `install()` does nothing. It patches two methods of vLLM 0.32's EngineCore
 once the module is imported (an import hook, since the engine process imports it while unpickling).
