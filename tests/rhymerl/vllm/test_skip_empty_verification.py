@@ -93,6 +93,7 @@ def test_the_shortcut_skips_the_rejection_sampler_only_when_no_request_drafts():
     sampler = _samplers()
     calls = _counting(sampler)
     skip_empty_verification(sampler)
+    skip_empty_verification(sampler)  # a second install changes nothing
     sampling = _sampling(4, 1.0, None)
     empty = _metadata([[], [], [], []])
     sampler(empty, None, _rows(4), sampling)
