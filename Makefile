@@ -23,7 +23,7 @@ help:
 	@echo "make test   - install (first time) and run the whole test suite"
 	@echo "make model  - build the built-in tiny model only"
 	@echo "make arctic - (re)build arctic-inference (vLLM's suffix method; part of setup, ~1.5 min)"
-	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/); e2e in its --quick size"
+	@echo "make bench  - benchmarks (tables on stdout, JSON in $(BENCH_OUT)/); e2e in its --quick size, default and long-tail"
 	@echo "make bench-e2e - the full end-to-end benchmark, RhymeRL vs baseline (~1 h on 2 cores)"
 	@echo "make ui     - Prefect UI (deployments train/retrain/lake-report + a worker) and MLflow UI on 127.0.0.1"
 	@echo "make docs   - rewrite docs/configuration.md from the config dataclasses"
@@ -116,6 +116,9 @@ bench: $(STAMP) $(ARCTIC_STAMP)
 	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
 	$(BIN)/python -m bench.spec_scale_bench --json-out $(BENCH_OUT)/spec-scale.json
 	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
+	$(BIN)/rhymerl model build --dataset builtin-long
+	$(BIN)/python -m bench.e2e_bench --config configs/long-tail.toml --quick --out $(BENCH_OUT)/e2e-long-quick \
+		--json-out $(BENCH_OUT)/e2e-long-quick.json
 	$(BIN)/python -m pytest -q -rs -m bench
 
 # The headline benchmark at full size: 5 seeds x 5 epochs x 128 prompts per arm, 40-60 min on 2 cores.
