@@ -40,10 +40,6 @@ def weights_fingerprint(named_params: Iterable[tuple[str, torch.Tensor]]) -> flo
                      if name.endswith(_COMPARABLE_SUFFIXES)))
 
 
-
-_NOT_SCANNED = ("llvmlite", "numba")
-
-
 def install_exact_verifier() -> None:
     """Register `rhymerl.vllm.spec_verify.KERNELS` through vLLM's kernel-override registry (this process).
 
@@ -64,15 +60,31 @@ def install_exact_verifier() -> None:
         if tuple(have) != want:
             raise RuntimeError(f"vLLM {vllm_version()} changed {name}'s arguments to {tuple(have)}; "
                                f"rhymerl.vllm.spec_verify implements {want}: update it before speculating")
-    # vLLM 0.32's registration scans every loaded module and calls `vars(x).get` on attributes
-    # that have a `__dict__`; llvmlite's ctypes wrappers (loaded by numba, which vLLM's n-gram
-    # drafter uses) answer that with a non-dict and the scan raises. Neither package holds a
-    # sampler kernel, so they are hidden from the scan for its duration.
-    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in _NOT_SCANNED}
+    # vLLM 0.32's registration scans every attribute of every loaded module: `hasattr(x, "__dict__")`,
+    # then `vars(x).get(...)`. Some attributes break that scan: llvmlite's ctypes wrappers (loaded by
+    # numba) answer `vars` with a non-dict, and an unbound Flask/werkzeug proxy (loaded with MLflow)
+    # raises on `hasattr`. No such module holds a sampler kernel, so they are hidden from the scan for
+    # its duration (found by making the scan's own calls, guarded).
+    hidden = {name: sys.modules.pop(name) for name in _unscannable_modules()}
     try:
         register_kernels(KERNELS)
     finally:
         sys.modules.update(hidden)
+
+
+def _unscannable_modules() -> list[str]:
+    """Names of loaded modules with an attribute on which vLLM's kernel scan would raise."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        for value in list(namespace.values()) if namespace else ():
+            try:
+                if hasattr(value, "__dict__"):
+                    vars(value).get("kernel")
+            except Exception:  # noqa: BLE001 - whatever the attribute raises, the scan would too
+                found.append(name)
+                break
+    return found
 
 
 class WeightSyncExtension:

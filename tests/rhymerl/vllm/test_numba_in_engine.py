@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -20,3 +21,23 @@ def test_vllm_kernel_scan_survives_the_numba_kernels():
     pytest.importorskip("vllm")
     done = subprocess.run([sys.executable, "-c", SCAN], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "scanned" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_exact_verifier_installs_beside_modules_the_scan_trips_over(monkeypatch):
+    # Rule: a loaded module holding an attribute the registry's scan raises on (here an unbound
+    # werkzeug proxy, as Flask holds once MLflow is imported) does not stop the install; the module
+    # is back in sys.modules afterwards.
+    pytest.importorskip("vllm")
+    from contextvars import ContextVar
+
+    from werkzeug.local import LocalProxy
+
+    from rhymerl.vllm.worker_ext import install_exact_verifier
+
+    module = types.ModuleType("rhymerl_test_unbound_proxy")
+    module.proxy = LocalProxy(ContextVar("rhymerl_test_unbound"), unbound_message="unbound")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(RuntimeError, match="unbound"):
+        hasattr(module.proxy, "__dict__")  # the scan's own first call on it
+    install_exact_verifier()
+    assert sys.modules[module.__name__] is module
