@@ -25,7 +25,8 @@ MIN_SHARE = 0.25
 
 def summarise(path: str) -> dict | None:
     """The table of one trace file, or None when it holds no full generate call."""
-    rows = [line.split() for line in open(path) if line.strip()]
+    with open(path) as fh:
+        rows = [line.split() for line in fh if line.strip()]
     if not rows:
         return None
     a = np.array(rows, dtype=float)

@@ -2,7 +2,8 @@
 
 Put `bench/step_trace` first on PYTHONPATH and name a tag in RHYMERL_TRACE_STEPS: every Python process
 then runs that folder's `sitecustomize.py` at start-up, which calls `install()`, and the process that
-loads vLLM's engine core (vLLM spawns it) writes one line per engine step to `$RHYMERL_TRACE_DIR/<tag>-<pid>.txt` (default /tmp/rhymerl-steps):
+loads vLLM's engine core (vLLM spawns it) writes one line per engine step to
+`$RHYMERL_TRACE_DIR/<tag>-<pid>.txt` (default /tmp/rhymerl-steps):
 
     start_s  step_s  post_step_s  running_requests  scheduled_tokens
 
