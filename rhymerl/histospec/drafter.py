@@ -299,8 +299,8 @@ class SpecConfig:
     # The fit's memory. At ~20 steps (decay 0.95) a full batch's step sizes barely vary and the slope
     # often fell to ~0 (tokens free: nothing trimmed; 25% of steps under 6 us/token against ~38 us
     # fitted over a whole long-tail rollout); at 100 steps its 1st percentile was 29 us.
-    cost_memory: int = option(COST_MEMORY_STEPS, "steps the step-cost fit remembers (exponential forgetting; cost_aware)",
-                              ">= 2")
+    cost_memory: int = option(COST_MEMORY_STEPS,
+                              "steps the step-cost fit remembers (exponential forgetting; cost_aware)", ">= 2")
     cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
                               "measured step cost (rhymerl.histospec.step_budget; engine only, not replay)")
     # DAS-style length-aware speculation (rhymerl.histospec.step_budget.tail_rows): on a compute-bound

@@ -16,7 +16,7 @@ def test_calls_split_at_gaps_and_warm_ups_are_left_out(tmp_path):
     # tokens (warm-ups) do not count; per
     # bucket, steps and seconds are per call, milliseconds and tokens per step.
     warm = [(i * 0.001, 0.001, 0.0, 2 if i < 9 else 0, 2) for i in range(10)]
-    call = [(1.0 + i * 0.01, 0.004 if i >= 300 else 0.020, 0.001, 4 if i >= 300 else 200, 4 if i >= 300 else 200)
+    call = [(1.0 + i * 0.01, 0.004, 0.001, 4, 4) if i >= 300 else (1.0 + i * 0.01, 0.020, 0.001, 200, 200)
             for i in range(600)]
     call[-1] = call[-1][:3] + (0, 4)  # the last step: nothing runs after it
     second = [(7.0 + t - 1.0, s, p, r, k) for t, s, p, r, k in call]
