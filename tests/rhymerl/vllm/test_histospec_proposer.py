@@ -4,6 +4,7 @@ row is, per-request budgets, siblings, settings from `additional_config`, the bu
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
@@ -59,12 +60,14 @@ def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
     assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (2, 6, 3)
 
 
-def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
+@pytest.mark.parametrize("behind", [False, True])
+def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings(behind):
     # Rows are identified by content, so a request moved to another row keeps its state; an
-    # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
+    # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind: with what it
+    # had before this step when the siblings grow behind the step (spec.grow_behind).
     prompt = (50, 51, 52)
     bundle = HistoryBundle((PromptHistory(prompt),))
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8,
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8, grow_behind=behind,
                       recent_responses=0)  # siblings only (the cross-prompt tree lags by < TREE_CHUNK)
     bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1, 2, 3, 4), prompt + (9,), (7, 7, 7, 7)])
@@ -73,7 +76,8 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     batch2 = FakeBatch([prompt + (9, 1, 2), prompt + (1, 2, 3, 4, 5)])  # rows swapped, one gone
     # Row 0 now holds the second request, two tokens longer; row 1 the first, one token longer.
     out = bd.propose([[1, 2], [5]], batch2.num, batch2.tokens)
-    assert out[0] == [3, 4, 5]  # from the sibling 1 2 3 4 5
+    # from the sibling 1 2 3 4 5; behind the step its 5, sampled this step, is not indexed yet
+    assert out[0] == ([3, 4] if behind else [3, 4, 5])
     assert bd.stats.steps == 2  # both requests were recognised, not restarted
     assert prompt_id_of(prompt) == prompt_id_of(list(batch2.tokens[0, :3]))
 
@@ -256,20 +260,25 @@ def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
         assert drafted > 0 and arms[0].stats.accepted == arms[1].stats.accepted > 0
 
 
-def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowance(monkeypatch):
+@pytest.mark.parametrize("behind", [False, True])
+def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowance(monkeypatch, behind):
     # Rule: a step adds at most its requests' new tokens plus SIDE_CATCH_UP more to the siblings
     # (TREE_CATCH_UP more to the tree); what is left waits for later steps, the siblings drafting
     # from what is indexed meanwhile; caught up, each sibling and tree response holds its whole row.
-    import rhymerl.histospec.engine_step as hp
+    # The same whether a step grows them itself or its helper thread does (`spec.grow_behind`).
+    import rhymerl.histospec.growth as hp
+    from rhymerl.histospec.tree import TREE_CHUNK
 
     monkeypatch.setattr(hp, "SIDE_CATCH_UP", 8)
     monkeypatch.setattr(hp, "TREE_CATCH_UP", 6)
     prompt = (50, 51, 52)
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False)
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False,
+                      grow_behind=behind)
     bd = BatchDrafter(HistoryBundle((PromptHistory(prompt),)), spec, k=4, max_model_len=64)
     body = tuple(range(1, 21))  # both requests arrive 20 tokens in (moved from another worker)
     batch = FakeBatch([prompt + body, prompt + body[:12] + (99,) * 8])
     out = bd.propose([[20], [99]], batch.num, batch.tokens)
+    bd.growth.finish()
     side = bd.prompts[0].index.side
     # the first request takes its sampled token plus the whole allowance (1 + 8); the second its token
     assert side.lens[:2].tolist() == [3 + 9, 3 + 1] and bd.lagging == 11 + 19 + 13 + 19
@@ -281,15 +290,16 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
             batch.append(i, [7])
         held = side.num_tokens, bd.recent.num_tokens
         bd.propose([[7], [7]], batch.num, batch.tokens)
+        bd.growth.finish()
         assert side.num_tokens - held[0] <= 2 + 8  # the step's 2 new tokens, 8 more
         # a request in step adds its last < TREE_CHUNK tokens and this step's, 6 more in all
-        assert bd.recent.num_tokens - held[1] <= 2 * (hp.TREE_CHUNK - 1 + 1) + 6
+        assert bd.recent.num_tokens - held[1] <= 2 * (TREE_CHUNK - 1 + 1) + 6
         steps += 1
     assert steps == 5  # the siblings' 30 tokens behind, 8 a step after the first
     for seq, row in enumerate(batch.tokens):
         n = int(batch.num[seq])
         assert side.sequence(seq) == [*prompt, *row[3:n].tolist()]
-        assert bd.recent.lengths[seq] >= n - 3 - (hp.TREE_CHUNK - 1)  # the tree lags by < TREE_CHUNK
+        assert bd.recent.lengths[seq] >= n - 3 - (TREE_CHUNK - 1)  # the tree lags by < TREE_CHUNK
 
 
 def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time():
