@@ -164,7 +164,7 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
     out = {"length": length, "history": history, "requests": requests, "context": n0,
            "prompts": len(groups)}
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
-        arm_spec = replace(spec, grow_behind=False) if arm == "new_inline" else spec
+        arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
         out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py")
     if "suffix" in arms:
         out["suffix"] = _draft_suffix(groups, rows, n0, requests, steps, history)
@@ -223,7 +223,8 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
             "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3,
             "step_wall_max_ms": max(wall for wall, _ in timed) * 1e3,
             "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward_s * 1e3,
-            "timed_context": timed_context, "acceptance_rate": (stats.accepted - accepted) / max(1, stats.drafted - drafted)}
+            "timed_context": timed_context,
+            "acceptance_rate": (stats.accepted - accepted) / max(1, stats.drafted - drafted)}
 
 
 def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int,

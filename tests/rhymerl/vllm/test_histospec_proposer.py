@@ -60,14 +60,12 @@ def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
     assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (2, 6, 3)
 
 
-@pytest.mark.parametrize("behind", [False, True])
-def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings(behind):
+def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     # Rows are identified by content, so a request moved to another row keeps its state; an
-    # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind: with what it
-    # had before this step when the siblings grow behind the step (spec.grow_behind).
+    # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
     prompt = (50, 51, 52)
     bundle = HistoryBundle((PromptHistory(prompt),))
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8, grow_behind=behind,
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8,
                       recent_responses=0)  # siblings only (the cross-prompt tree lags by < TREE_CHUNK)
     bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1, 2, 3, 4), prompt + (9,), (7, 7, 7, 7)])
@@ -76,8 +74,7 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings(behind
     batch2 = FakeBatch([prompt + (9, 1, 2), prompt + (1, 2, 3, 4, 5)])  # rows swapped, one gone
     # Row 0 now holds the second request, two tokens longer; row 1 the first, one token longer.
     out = bd.propose([[1, 2], [5]], batch2.num, batch2.tokens)
-    # from the sibling 1 2 3 4 5; behind the step its 5, sampled this step, is not indexed yet
-    assert out[0] == ([3, 4] if behind else [3, 4, 5])
+    assert out[0] == [3, 4, 5]  # from the sibling 1 2 3 4 5
     assert bd.stats.steps == 2  # both requests were recognised, not restarted
     assert prompt_id_of(prompt) == prompt_id_of(list(batch2.tokens[0, :3]))
 
@@ -265,7 +262,7 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
     # Rule: a step adds at most its requests' new tokens plus SIDE_CATCH_UP more to the siblings
     # (TREE_CATCH_UP more to the tree); what is left waits for later steps, the siblings drafting
     # from what is indexed meanwhile; caught up, each sibling and tree response holds its whole row.
-    # The same whether a step grows them itself or its helper thread does (`spec.grow_behind`).
+    # The same whether a step grows the tree itself or its helper thread does (`spec.grow_behind`).
     import rhymerl.histospec.growth as hp
     from rhymerl.histospec.tree import TREE_CHUNK
 
@@ -273,7 +270,7 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
     monkeypatch.setattr(hp, "TREE_CATCH_UP", 6)
     prompt = (50, 51, 52)
     spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False,
-                      grow_behind=behind)
+                      grow_behind="on" if behind else "off")
     bd = BatchDrafter(HistoryBundle((PromptHistory(prompt),)), spec, k=4, max_model_len=64)
     body = tuple(range(1, 21))  # both requests arrive 20 tokens in (moved from another worker)
     batch = FakeBatch([prompt + body, prompt + body[:12] + (99,) * 8])
