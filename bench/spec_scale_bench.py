@@ -16,8 +16,14 @@ Arms, side by side in one process (the machine is shared and noisy; compare with
   (`rhymerl.histospec.batch`);
 - new_py: the same `BatchDrafter` drafting row by row in Python (`batched=False`, the reference the
   compiled path equals; drafting only, so no build columns);
+- new_inline (with `--spec engine`): new with the cross-prompt tree grown in the step
+  (`spec.grow_behind = "off"`; new grows it on its helper thread, "on");
 - arctic: Arctic Inference's `SuffixTree` (depth 24, the engine of vLLM's `suffix`) per prompt,
-  drafting with its stock settings (factor 1, min_token_prob 0.1).
+  drafting with its stock settings (factor 1, min_token_prob 0.1);
+- suffix: what vLLM's `suffix` method does per step (`SuffixDecodingProposer.propose`): each row's new
+  tokens into its request's tree and the global cache, then the library's speculate over both; the
+  cache first holds every prompt's history responses and the requests' prefixes (skipped where that
+  exceeds `SUFFIX_TOKENS`: the trees take ~355 B per token).
 
 Per (L, H), one prompt's index: bytes per indexed token beyond the tokens themselves (old: Python heap
 by tracemalloc minus 4 B/token; new: array bytes; arctic: the library's `estimate_memory`, all of it),
@@ -34,8 +40,13 @@ trimming off):
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
   step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
   the engine hands the drafter are built before the clock starts; new's wall time beside
-  it in the JSON as step_wall_ms; old and arctic draft from 2 prompts'
-  indexes, as building all of them would take minutes and costs nothing per draft);
+  it in the JSON as step_wall_ms, its helper thread's CPU per step as grow_behind_ms; old and arctic
+  draft from 2 prompts' indexes, as building all of them would take minutes and costs nothing per
+  draft). new, new_py and suffix steps accept what a model sampling the row's own tokens would: a
+  draft's longest prefix equal to the row's next tokens, then one token (`acceptance_rate` in the
+  JSON, ~0.6-0.75), and 10 ms pass between timed steps (the engine's forward pass). Before
+  2026-12-05 every step accepted nothing, so `spec.fail_backoff` paused most rows and the figures
+  were 2-3x too low;
 - index memory per engine (R / 16 prompts, tokens included). Per (L, H, P), arithmetic on those
   figures: the epoch's history tokens, and what a worker held when every worker received every
   prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
@@ -70,6 +81,7 @@ QUICK = {"lengths": (96,), "histories": (4,), "requests": (32,), "epochs": (10,)
 SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the prompt's index alone
 ENGINE_SPEC = SpecConfig(cost_aware=False)  # --spec engine: siblings and the cross-prompt tree too
 TARGETS = {"bytes_per_token": 16, "build_tokens_per_s": 2e6, "step_ms_256": 1.0}
+SUFFIX_TOKENS = 10_000_000  # the suffix arm's history + request prefixes at most (~3.5 GB of its trees)
 FORWARD_S = 0.010  # the engine's forward pass between timed steps: a GPU decode step at 256 x 8K is 8-30 ms
 
 
@@ -166,8 +178,10 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
         arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
         out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py")
-    if "suffix" in arms:
-        out["suffix"] = _draft_suffix(groups, rows, n0, requests, steps, history)
+    if "suffix" in arms:  # the library's trees hold ~355 B per token: cap what one point may put in them
+        held = len(groups) * history * length + requests * n0
+        out["suffix"] = (_draft_suffix(groups, rows, n0, requests, steps, history) if held <= SUFFIX_TOKENS else
+                         {"skipped": f"{held / 1e6:.1f}M tokens for its trees (> {SUFFIX_TOKENS / 1e6:.0f}M)"})
     two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
     for arm in [a for a in arms if a in ("old", "arctic")]:
         make = {"old": _old, "arctic": _arctic}[arm]
@@ -337,7 +351,8 @@ def table(result: dict) -> str:
     lines += ["", "| L | H | R | context | " + " | ".join(f"{a} stall ms | {a} ms/step | {a} us/req" for a in arms)
               + " |", "|---" * (4 + 3 * len(arms)) + "|"]
     for d in result["drafts"]:
-        cells = [f"{d[a]['stall_ms']:.1f} | {d[a]['step_ms']:.2f} | {d[a]['us_per_request']:.1f}" for a in arms]
+        cells = [f"{d[a]['stall_ms']:.1f} | {d[a]['step_ms']:.2f} | {d[a]['us_per_request']:.1f}"
+                 if "skipped" not in d[a] else "- | - | -" for a in arms]
         lines.append(f"| {d['length']} | {d['history']} | {d['requests']} | {d['context']} | " + " | ".join(cells) + " |")
     lines += ["", "| L | H | P | history tokens | per worker before (tuples) | now (arrays) | indexed (new) |",
               "|---|---|---|---|---|---|---|"]
