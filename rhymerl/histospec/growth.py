@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+
 import numpy as np
 
 from rhymerl.histospec.tree import RecentTree
