@@ -82,6 +82,9 @@ SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the p
 ENGINE_SPEC = SpecConfig(cost_aware=False)  # --spec engine: siblings and the cross-prompt tree too
 TARGETS = {"bytes_per_token": 16, "build_tokens_per_s": 2e6, "step_ms_256": 1.0}
 SUFFIX_TOKENS = 10_000_000  # the suffix arm's history + request prefixes at most (~3.5 GB of its trees)
+# Arms without an index build of their own: new_py and new_inline draft from new's index, suffix keeps
+# its trees itself (their memory is in its drafting point).
+UNBUILT = ("new_py", "new_inline", "suffix")
 FORWARD_S = 0.010  # the engine's forward pass between timed steps: a GPU decode step at 256 x 8K is 8-30 ms
 
 
@@ -326,7 +329,7 @@ def epoch_point(length: int, history: int, prompts: int, new_bpt: float) -> dict
 
 def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt") -> dict:
     rng = np.random.default_rng(seed)
-    built = [a for a in arms if a not in ("new_py", "new_inline", "suffix")]
+    built = [a for a in arms if a not in UNBUILT]
     builds = [build_point(rng, L, H, built) for L in grid["lengths"] for H in grid["histories"]]
     drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC)
               for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
@@ -341,7 +344,7 @@ def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt"
 def table(result: dict) -> str:
     """Markdown tables of `result`."""
     arms = result["arms"]
-    built = [a for a in arms if a not in ("new_py", "new_inline", "suffix")]
+    built = [a for a in arms if a not in UNBUILT]
     lines = ["| L | H | tokens | " + " | ".join(f"{a} B/token | {a} Mtok/s | {a} peak MB" for a in built) + " |",
              "|---" * (3 + 3 * len(built)) + "|"]
     for b in result["builds"]:
