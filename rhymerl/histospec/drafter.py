@@ -35,6 +35,7 @@ from rhymerl.histospec.step_budget import COST_MEMORY_STEPS
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.options import option
 
+GROW_BEHIND = ("auto", "on", "off")  # spec.grow_behind
 METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, then vLLM's two model-free ones
 # A continuation seen m times gets at most m / (m + PRIOR): few sightings are weak evidence, so a draft
 # from one sibling's tokens must score well to beat the cross-prompt tree's (whose library estimates
@@ -356,8 +357,8 @@ class SpecConfig:
         check(0.0 <= self.tail_fraction <= 1.0, "tail_fraction", "must be in 0..1 (0: off)")
         check(self.fail_backoff >= 0, "fail_backoff", "must be >= 0 (0: off)")
         check(self.cost_memory >= 2, "cost_memory", "must be >= 2 steps")
-        check(self.grow_behind in ("auto", "on", "off"), "grow_behind",
-              f"got {self.grow_behind!r}; allowed values: 'auto', 'on', 'off'")
+        check(self.grow_behind in GROW_BEHIND, "grow_behind",
+              f"got {self.grow_behind!r}; allowed values: {', '.join(map(repr, GROW_BEHIND))}")
         check(self.verifier in ("exact", "vllm"), "verifier",
               f"got {self.verifier!r}; allowed values: 'exact', 'vllm'")
 
