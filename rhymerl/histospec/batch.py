@@ -84,7 +84,7 @@ class BatchIndexDrafter:
         out_score = np.zeros(count, dtype=np.float64)
         out_prob = np.zeros((count, width), dtype=np.float64)
         sib = self.sides
-        kernel.draft_rows(self.slots.texts, self.slots.sas, self.slots.keys, self.slots.starts, self.slots.rewards,
+        kernel.draft_rows(self.slots.texts, self.slots.sas, self.slots.keys, self.slots.samples, self.slots.starts, self.slots.rewards,
                           slots, sib.tok, sib.lens, sib.hkey, sib.hhead, sib.ocode, sib.oprev, sib.rewards, sides,
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,

@@ -25,6 +25,7 @@ from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.side import sibling_match
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
+SAMPLE = 64  # a history's search keys sampled every SAMPLE entries (`FlatSlots`: ~1/8 byte per token)
 
 
 def _answer_dict_probes_plainly() -> None:
@@ -57,6 +58,28 @@ def _lower(key, lo, hi, v):
 
 
 @njit(cache=True)
+def _first_at_least(key, sample, v):
+    """bisect_left(key, v), the sampled keys (sample[j] = key[j * SAMPLE]) searched first: the
+    bisection's first levels read a small array the rows of a step share (in cache) instead of
+    one cache line each deep in a history's keys."""
+    j = _lower(sample, 0, sample.shape[0], v)
+    if j == 0:
+        return 0
+    return _lower(key, (j - 1) * SAMPLE + 1, min(key.shape[0], j * SAMPLE), v)
+
+
+@njit(cache=True)
+def _first_at_least_from(key, lo, v):
+    """bisect_left(key, v, lo): galloping from lo (the range after lo is short: one n-gram's)."""
+    size, step, hi = key.shape[0], 1, lo
+    while hi < size and key[hi] < v:
+        lo = hi + 1
+        hi = lo + step
+        step *= 2
+    return _lower(key, lo, min(hi, size), v)
+
+
+@njit(cache=True)
 def _bisect_back(text, sa, lo, hi, back, tok, right):
     """bisect_left (right: bisect_right) of `tok` in sa[lo:hi] keyed by text[g - back]."""
     while lo < hi:
@@ -70,7 +93,7 @@ def _bisect_back(text, sa, lo, hi, back, tok, right):
 
 
 @njit(cache=True)
-def match(text, sa, key, q, nq, min_match):
+def match(text, sa, key, sample, q, nq, min_match):
     """(n, lo, hi) as `FlatIndex.match_range` for the reversed tail q[:nq] (q[j]: j + 1 back)."""
     size = key.shape[0]
     if nq < min_match or size == 0:
@@ -78,8 +101,8 @@ def match(text, sa, key, q, nq, min_match):
     k1 = np.uint64(q[0] + 1) << np.uint64(32)
     if nq >= 2:
         k2 = k1 | np.uint64(q[1] + 1)
-        lo = _lower(key, 0, size, k2)
-        hi = _lower(key, lo, size, k2 + np.uint64(1))
+        lo = _first_at_least(key, sample, k2)
+        hi = _first_at_least_from(key, lo, k2 + np.uint64(1))
         if lo < hi:
             n = 2
             while n < nq:
@@ -97,8 +120,8 @@ def match(text, sa, key, q, nq, min_match):
             if n >= min_match:
                 return n, lo, hi
             return 0, 0, 0
-    lo = _lower(key, 0, size, k1)
-    hi = _lower(key, lo, size, k1 + (np.uint64(1) << np.uint64(32)))
+    lo = _first_at_least(key, sample, k1)
+    hi = _first_at_least_from(key, lo, k1 + (np.uint64(1) << np.uint64(32)))
     if lo < hi and min_match <= 1:
         return 1, lo, hi
     return 0, 0, 0
@@ -139,10 +162,10 @@ def _best_group(conts, order, codes, rewards, lo, hi, depth, reward_weighted):
 
 
 @njit(cache=True)
-def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob, prior, out, out_prob):
+def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob, prior, out, out_prob, order):
     """`drafter.follow` over the m non-empty continuations conts[:m] (lens, codes, rewards each):
     writes the draft to `out` and its tokens' probabilities to `out_prob`; (its length, its score,
-    the probabilities summed one by one as `sum` does in Python)."""
+    the probabilities summed one by one as `sum` does in Python). `order`: room for m indexes."""
     if m == 0:
         return 0, 0.0
     prob = m / (m + prior)
@@ -155,7 +178,8 @@ def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_pr
             out_prob[t] = prob
             score += prob
         return lens[0], score
-    order = np.arange(m)
+    for a in range(m):
+        order[a] = a
     for a in range(1, m):  # stable insertion sort (m <= MAX_CANDIDATES + siblings)
         cur, b = order[a], a
         while b > 0 and _less(conts, lens, cur, order[b - 1]):
@@ -207,7 +231,7 @@ def _seq_of(starts, code):
 
 
 @njit(cache=True)
-def draft_rows(texts, sas, keys, starts, seq_rewards, slots, s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev,
+def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev,
                s_rewards, sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match, max_spec_factor,
                reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
@@ -227,6 +251,8 @@ def draft_rows(texts, sas, keys, starts, seq_rewards, slots, s_tok, s_lens, s_hk
     lens = np.empty(limit, dtype=np.int64)
     codes = np.empty(limit, dtype=np.int64)
     rewards = np.zeros(limit)
+    order = np.empty(limit, dtype=np.int64)  # follow's sort of a row's candidates
+    near = np.empty(limit, dtype=np.int32)  # (as sas) a row's occurrences when they are few
     for r in range(slots.shape[0]):
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
         num, slot, side = nums[r], slots[r], sides[r]
@@ -235,7 +261,7 @@ def draft_rows(texts, sas, keys, starts, seq_rewards, slots, s_tok, s_lens, s_hk
             q[j] = rows[row_ids[r], num - 1 - j]
         nf, lo, hi = 0, 0, 0
         if slot >= 0:
-            nf, lo, hi = match(texts[slot], sas[slot], keys[slot], q, nq, min_match)
+            nf, lo, hi = match(texts[slot], sas[slot], keys[slot], samples[slot], q, nq, min_match)
         n, flim, found_n, extra = nf, limit, 0, 0
         if side >= 0:
             seq_lens = s_lens[side]
@@ -256,9 +282,13 @@ def draft_rows(texts, sas, keys, starts, seq_rewards, slots, s_tok, s_lens, s_hk
         m = 0
         if k:
             text = texts[slot]
-            g = sas[slot][lo:hi].copy()
-            if hi - lo > 4 * k:
-                g = np.partition(g, hi - lo - k)[hi - lo - k:]
+            if hi - lo <= limit:  # no copy to allocate: the common case of a long match
+                g = near[:hi - lo]
+                g[:] = sas[slot][lo:hi]
+            else:
+                g = sas[slot][lo:hi].copy()
+                if hi - lo > 4 * k:
+                    g = np.partition(g, hi - lo - k)[hi - lo - k:]
             g.sort()
             for c in g[g.shape[0] - k:]:
                 size = 0
@@ -281,6 +311,6 @@ def draft_rows(texts, sas, keys, starts, seq_rewards, slots, s_tok, s_lens, s_hk
                     rewards[m] = seq_rew[seq] if reward_weighted else 0.0
                     m += 1
         size, score = follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob,
-                             prior, out[r], out_prob[r])
+                             prior, out[r], out_prob[r], order)
         if size:
             out_len[r], out_n[r], out_score[r] = size, n, score

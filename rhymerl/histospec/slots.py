@@ -16,6 +16,7 @@ import numpy as np
 from numba import typed, types
 
 from rhymerl.histospec.flat import PromptIndex
+from rhymerl.histospec.kernel import SAMPLE
 from rhymerl.histospec.side import SideIndex, append_many, appending_many
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
@@ -59,11 +60,12 @@ class _Slots:
 
 
 class FlatSlots(_Slots):
-    """The arrays of attached `FlatIndex`es: texts, sas, keys, starts, rewards (the history's)."""
+    """The arrays of attached `FlatIndex`es: texts, sas, keys, samples (every `kernel.SAMPLE`th
+    key), starts, rewards (the history's)."""
 
     def __init__(self) -> None:
-        super().__init__((_I32, _I32, _U64, _I64, _F64))
-        self.texts, self.sas, self.keys, self.starts, self.rewards = self.lists
+        super().__init__((_I32, _I32, _U64, _U64, _I64, _F64))
+        self.texts, self.sas, self.keys, self.samples, self.starts, self.rewards = self.lists
 
     def slot(self, index: PromptIndex) -> int:
         """The slot of `index`'s history (-1: not attached yet)."""
@@ -73,8 +75,9 @@ class FlatSlots(_Slots):
         got = self._slot.get(id(flat))
         if got is not None:
             return got[0]
+        key = np.ascontiguousarray(flat.key, np.uint64)
         return self._put(flat, (np.ascontiguousarray(flat.text, np.int32), np.ascontiguousarray(flat.sa, np.int32),
-                                np.ascontiguousarray(flat.key, np.uint64), np.ascontiguousarray(flat.starts, np.int64),
+                                key, key[::SAMPLE].copy(), np.ascontiguousarray(flat.starts, np.int64),
                                 np.asarray(index.rewards[:index.base], dtype=np.float64)))
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
