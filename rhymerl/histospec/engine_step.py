@@ -170,21 +170,11 @@ class BatchDrafter:
         self.stats.record_positions(req.n[slots] - req.plen[slots], accepted)
         self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
         if self.spec.fail_backoff:
-            self._back_off(slots, drafted, accepted)
+            req.back_off(slots, drafted, accepted, self.step, self.spec.fail_backoff)
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
             for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
         return int(len(slots) + drafted.sum())
-
-    def _back_off(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """Count each drafting request's fully rejected drafts in a row; from the second on, it
-        skips drafting for 2^(fails - 1) steps (at most `spec.fail_backoff`). Only what earlier
-        steps' verifications decided is read, so the sampled distribution stays the target's."""
-        req, tried = self.requests, drafted > 0
-        s, missed = slots[tried], accepted[tried] == 0
-        req.fails[s] = np.where(missed, req.fails[s] + 1, 0)
-        pause = np.minimum(2 ** np.clip(req.fails[s] - 1, 0, 30), self.spec.fail_backoff)
-        req.resume[s] = np.where(req.fails[s] >= 2, self.step + pause, 0)
 
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
