@@ -379,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="draft from the prompt's index alone, or with the engine's defaults (siblings, "
                         "cross-prompt tree)")
     args = parser.parse_args(argv)
-    arms = ["old", "new_py", "new"] + (["new_inline"] if args.spec == "engine" else []) + (
+    # `new` drafts first: an engine's process holds no other arm's memory, and the others (the old
+    # dict index, the Python path) left the heap and caches in a state that slowed it by ~10-30%.
+    arms = ["new"] + (["new_inline"] if args.spec == "engine" else []) + ["new_py", "old"] + (
         ["arctic", "suffix"] if has_arctic_inference() else [])
     if "arctic" not in arms:
         print("note: arctic-inference missing, its arm left out (make setup builds it)", file=sys.stderr)
