@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                         "cross-prompt tree)")
     args = parser.parse_args(argv)
     # `new` drafts first: an engine's process holds no other arm's memory, and the others (the old
-    # dict index, the Python path) left the heap and caches in a state that slowed it by ~10-30%.
+    # dict index, the Python path) left the heap and caches in a state that slowed it by ~30-40%
+    # (1.70 against 1.23 ms, `bench/results/spec-scale-2026-12-05b/`).
     arms = ["new"] + (["new_inline"] if args.spec == "engine" else []) + ["new_py", "old"] + (
         ["arctic", "suffix"] if has_arctic_inference() else [])
     if "arctic" not in arms:

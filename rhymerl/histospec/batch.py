@@ -83,8 +83,8 @@ class BatchIndexDrafter:
         out_n = np.zeros(count, dtype=np.int64)
         out_score = np.zeros(count, dtype=np.float64)
         out_prob = np.zeros((count, width), dtype=np.float64)
-        sib = self.sides
-        kernel.draft_rows(self.slots.texts, self.slots.sas, self.slots.keys, self.slots.samples, self.slots.starts, self.slots.rewards,
+        sib, flat = self.sides, self.slots
+        kernel.draft_rows(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
                           slots, sib.tok, sib.lens, sib.hkey, sib.hhead, sib.ocode, sib.oprev, sib.rewards, sides,
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,

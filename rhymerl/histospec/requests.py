@@ -115,8 +115,7 @@ class RequestTable:
         for dtype in (np.int32, np.int64):  # compile (or load) the kernels now, not inside a step
             row_keys(np.zeros((1, 1), dtype), np.zeros(1, np.int64), np.ones(1, np.int64))
         match_keys(np.ones(1, np.uint64), np.ones(1, np.uint64))
-        self.back_off(np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), 0, 1)
-        self.fails[0] = self.resume[0] = 0
+        self.back_off(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 1)
 
     def alloc(self) -> int:
         """A free slot, its fields reset (the arrays double when full)."""
