@@ -231,7 +231,7 @@ def _seq_of(starts, code):
 
 
 @njit(cache=True)
-def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev,
+def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_table, s_ocode, s_oprev,
                s_rewards, sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match, max_spec_factor,
                reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
@@ -265,7 +265,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
         n, flim, found_n, extra = nf, limit, 0, 0
         if side >= 0:
             seq_lens = s_lens[side]
-            n, found_n = sibling_match(seq_lens, s_hkey[side], s_hhead[side], s_ocode[side], s_oprev[side], q, nq,
+            n, found_n = sibling_match(seq_lens, s_table[side], s_ocode[side], s_oprev[side], q, nq,
                                        nf, min_match, limit, tail, found)
             flim = limit - found_n if nf == n else 0
             for c in range(found_n):  # an occurrence at a sibling's end continues nothing

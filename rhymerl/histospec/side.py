@@ -8,9 +8,11 @@ here: the same n-gram occurrence table as `rhymerl.histospec.index.SuffixIndex` 
 answers, but stored as flat arrays instead of a dict of Python lists:
 
 - the sequences: one int32 row per sibling (prompt tail + response), doubled when one outgrows it;
-- the table: open addressing (linear probing, at most half full), each key's slot pointing at its
-  newest occurrence; every occurrence points at the one before it with the same key, so a key's
-  occurrences are a chain, newest first (its `limit` most recent are its first `limit` links).
+- the table: open addressing (linear probing, at most half full), each slot a (key, newest
+  occurrence) pair in one row, so a probe reads one cache line (key and head in two arrays cost two:
+  ~20% of an engine step's sibling growth); every occurrence points at the one before it with the
+  same key, so a key's occurrences are a chain, newest first (its `limit` most recent are its first
+  `limit` links).
 
 Why: at 256 requests per engine step the dict table cost ~25 us per request per step in Python (the
 keys of the growing tails, the appends, the longest-match loop): more than the whole step may spend
@@ -18,6 +20,7 @@ drafting (issue 17). Here growing all of a prompt's siblings by a step is one co
 batch drafter reads the siblings' continuations in its one drafting call (`rhymerl.histospec.kernel`).
 Memory: 16 bytes per occurrence (code, link) x (max_match - min_match + 1) n-grams per token, plus
 the table (<= 32 bytes per distinct n-gram) and 4 bytes per token; siblings are one step's responses.
+A slot's key is stored as the int64 with the same bits as its uint64 hash; a free slot's head is -1.
 `tests/rhymerl/histospec/test_histospec_side.py` checks it against `SuffixIndex`.
 """
 
@@ -42,36 +45,36 @@ def _home(key, mask):
 
 
 @njit(cache=True)
-def _find(hkey, hhead, key):
+def _find(table, key):
     """The newest occurrence of `key` (-1: none)."""
-    mask = hkey.shape[0] - 1
+    mask, bits = table.shape[0] - 1, np.int64(key)
     i = _home(key, mask)
-    while hhead[i] != -1:
-        if hkey[i] == key:
-            return hhead[i]
+    while table[i, 1] != -1:
+        if table[i, 0] == bits:
+            return table[i, 1]
         i = (i + 1) & mask
     return -1
 
 
 @njit(cache=True)
-def _insert(hkey, hhead, ocode, oprev, state, key, code):
+def _insert(table, ocode, oprev, state, key, code):
     """File occurrence `code` under `key` (capacity ensured by the caller)."""
-    mask = hkey.shape[0] - 1
+    mask, bits = table.shape[0] - 1, np.int64(key)
     o = state[NOCC]
     ocode[o], oprev[o] = code, -1
     state[NOCC] = o + 1
     i = _home(key, mask)
-    while hhead[i] != -1:
-        if hkey[i] == key:
-            oprev[o], hhead[i] = hhead[i], o
+    while table[i, 1] != -1:
+        if table[i, 0] == bits:
+            oprev[o], table[i, 1] = table[i, 1], o
             return
         i = (i + 1) & mask
-    hkey[i], hhead[i] = key, o
+    table[i, 0], table[i, 1] = bits, o
     state[NKEYS] += 1
 
 
 @njit(cache=True)
-def _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, first_end, lo, hi):
+def _index_range(tok, lens, table, ocode, oprev, state, seq, first_end, lo, hi):
     """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
     first_end..lens[seq] (`SuffixIndex._index_range`)."""
     base = seq * STRIDE
@@ -80,36 +83,35 @@ def _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, first_end, lo
         for n in range(1, min(hi, end) + 1):
             key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
             if n >= lo:
-                _insert(hkey, hhead, ocode, oprev, state, key, base + end)
+                _insert(table, ocode, oprev, state, key, base + end)
 
 
 @njit(cache=True)
-def _append(tok, lens, hkey, hhead, ocode, oprev, state, seq, rows, row, a, b, lo, hi):
+def _append(tok, lens, table, ocode, oprev, state, seq, rows, row, a, b, lo, hi):
     """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
     engine's token rows are read in place: no list of the new tokens is built)."""
     start = lens[seq]
     for t in range(b - a):
         tok[seq, start + t] = rows[row, a + t]
     lens[seq] = start + b - a
-    _index_range(tok, lens, hkey, hhead, ocode, oprev, state, seq, start + 1, lo, hi)
+    _index_range(tok, lens, table, ocode, oprev, state, seq, start + 1, lo, hi)
 
 
 @njit(cache=True)
-def _append_rows(tok, lens, hkey, hhead, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
+def _append_rows(tok, lens, table, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
     """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
     for j in range(seqs.shape[0]):
-        _append(tok, lens, hkey, hhead, ocode, oprev, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+        _append(tok, lens, table, ocode, oprev, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
 
 
 @njit(cache=True)
-def append_many(s_tok, s_lens, s_hkey, s_hhead, s_ocode, s_oprev, s_state, sides, seqs, rows, row_ids, starts, ends,
-                lo, hi):
+def append_many(s_tok, s_lens, s_table, s_ocode, s_oprev, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
     """`_append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
     row j goes to sequence seqs[j] of index sides[j]."""
     for j in range(seqs.shape[0]):
         k = sides[j]
-        _append(s_tok[k], s_lens[k], s_hkey[k], s_hhead[k], s_ocode[k], s_oprev[k], s_state[k], seqs[j], rows,
-                row_ids[j], starts[j], ends[j], lo, hi)
+        _append(s_tok[k], s_lens[k], s_table[k], s_ocode[k], s_oprev[k], s_state[k], seqs[j], rows, row_ids[j],
+                starts[j], ends[j], lo, hi)
 
 
 @njit(cache=True)
@@ -140,15 +142,15 @@ def _appending(lens, nseq, seqs, starts, ends):
 
 
 @njit(cache=True)
-def _rehash(hkey, hhead, ocode, oprev, new_key, new_head):
+def _rehash(table, new):
     """Move every key into a larger table (chains are untouched: they live in the occurrences)."""
-    mask = new_key.shape[0] - 1
-    for i in range(hkey.shape[0]):
-        if hhead[i] != -1:
-            j = _home(hkey[i], mask)
-            while new_head[j] != -1:
+    mask = new.shape[0] - 1
+    for i in range(table.shape[0]):
+        if table[i, 1] != -1:
+            j = _home(np.uint64(table[i, 0]), mask)
+            while new[j, 1] != -1:
                 j = (j + 1) & mask
-            new_key[j], new_head[j] = hkey[i], hhead[i]
+            new[j, 0], new[j, 1] = table[i, 0], table[i, 1]
 
 
 @njit(cache=True)
@@ -162,11 +164,11 @@ def tail_keys(q, nq, out):
 
 
 @njit(cache=True)
-def longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo):
+def longest(lens, table, ocode, oprev, keys, nq, lo):
     """The longest n (lo..nq) whose key keys[n - 1] occurred with a token after it; 0 if none
     (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing)."""
     for n in range(nq, lo - 1, -1):
-        o = _find(hkey, hhead, keys[n - 1])
+        o = _find(table, keys[n - 1])
         while o != -1:
             code = ocode[o]
             if code % STRIDE < lens[code // STRIDE]:
@@ -176,9 +178,9 @@ def longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo):
 
 
 @njit(cache=True)
-def recent(hkey, hhead, ocode, oprev, key, limit, out):
+def recent(table, ocode, oprev, key, limit, out):
     """The `limit` most recent occurrences of `key` into out[:count], oldest first; count."""
-    o, count = _find(hkey, hhead, key), 0
+    o, count = _find(table, key), 0
     while o != -1 and count < limit:
         out[count] = ocode[o]
         count += 1
@@ -204,8 +206,7 @@ class SideIndex:
         self.tok = np.zeros((4, 64), dtype=np.int32)
         self.lens = np.zeros(4, dtype=np.int64)
         self.rewards = np.zeros(4, dtype=np.float64)
-        self.hkey = np.zeros(64, dtype=np.uint64)
-        self.hhead = np.full(64, -1, dtype=np.int64)
+        self.table = np.full((64, 2), -1, dtype=np.int64)  # (key bits, newest occurrence) per slot
         self.ocode = np.zeros(64, dtype=np.int64)
         self.oprev = np.zeros(64, dtype=np.int64)
         self.generation = 0  # bumped whenever an array above is reallocated (`rhymerl.histospec.slots`)
@@ -222,8 +223,8 @@ class SideIndex:
         self.rewards[seq] = float(reward)
         self.lens[seq] = len(self.prefix)
         self.tok[seq, :len(self.prefix)] = self.prefix
-        _index_range(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq, 1,
-                     self.min_match, self.max_match)  # n-grams inside the prefix itself
+        _index_range(self.tok, self.lens, self.table, self.ocode, self.oprev, self.state, seq, 1, self.min_match,
+                     self.max_match)  # n-grams inside the prefix itself
         self.extend(seq, tokens)
         return seq
 
@@ -244,8 +245,8 @@ class SideIndex:
         if longest < 0:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
         self._room(int(self.state[NSEQ]), int(longest), int(total))
-        _append_rows(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, seq_ids,
-                     tokens, np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
+        _append_rows(self.tok, self.lens, self.table, self.ocode, self.oprev, self.state, seq_ids, tokens,
+                     np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
 
     def reserve(self, longest: int, total: int) -> None:
         """Make room for appending `total` tokens in all, the longest sequence then `longest` tokens
@@ -282,12 +283,11 @@ class SideIndex:
                 grown[:len(getattr(self, name))] = getattr(self, name)
                 setattr(self, name, grown)
         keys = int(self.state[NKEYS]) + more
-        if 2 * keys > len(self.hkey):
+        if 2 * keys > len(self.table):
             self.generation += 1
-            size = _pow2(2 * keys)
-            new_key, new_head = np.zeros(size, dtype=np.uint64), np.full(size, -1, dtype=np.int64)
-            _rehash(self.hkey, self.hhead, self.ocode, self.oprev, new_key, new_head)
-            self.hkey, self.hhead = new_key, new_head
+            new = np.full((_pow2(2 * keys), 2), -1, dtype=np.int64)
+            _rehash(self.table, new)
+            self.table = new
 
     # ------------------------------------------------------------------ querying
 
@@ -303,7 +303,7 @@ class SideIndex:
         if not self.state[NOCC]:
             return 0
         keys, nq = self._keys(tail)
-        return int(longest(self.lens, self.hkey, self.hhead, self.ocode, self.oprev, keys, nq, self.min_match))
+        return int(longest(self.lens, self.table, self.ocode, self.oprev, keys, nq, self.min_match))
 
     def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
         """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
@@ -314,7 +314,7 @@ class SideIndex:
         if n > nq:
             raise ValueError(f"n={n} is longer than the tail ({nq} tokens of it are matched)")
         out = np.zeros(max(1, min(limit, int(self.state[NOCC]))), dtype=np.int64)
-        count = recent(self.hkey, self.hhead, self.ocode, self.oprev, keys[n - 1], len(out), out)
+        count = recent(self.table, self.ocode, self.oprev, keys[n - 1], len(out), out)
         return out[:count].tolist()
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
@@ -342,8 +342,7 @@ class SideIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays."""
-        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.hkey, self.hhead, self.ocode,
-                                      self.oprev))
+        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.table, self.ocode, self.oprev))
 
     def __len__(self) -> int:
         return int(self.state[NSEQ])
@@ -355,7 +354,7 @@ def _pow2(n: int) -> int:
 
 
 @njit(cache=True)
-def sibling_match(lens, hkey, hhead, ocode, oprev, q, nq, n_flat, lo, limit, keys, codes):
+def sibling_match(lens, table, ocode, oprev, q, nq, n_flat, lo, limit, keys, codes):
     """For a row whose tail, reversed, is q[:nq] and whose history matched its last n_flat tokens:
     (n, count), n the match length (the longer of the history's and the siblings'; 0: none) and the
     siblings' `limit` most recent occurrences of its last n tokens in codes[:count], oldest first
@@ -363,7 +362,7 @@ def sibling_match(lens, hkey, hhead, ocode, oprev, q, nq, n_flat, lo, limit, key
     tail_keys(q, nq, keys)
     n = n_flat
     if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
-        n = max(longest(lens, hkey, hhead, ocode, oprev, keys, nq, lo), n)
+        n = max(longest(lens, table, ocode, oprev, keys, nq, lo), n)
     if n == 0:
         return 0, 0
-    return n, recent(hkey, hhead, ocode, oprev, keys[n - 1], limit, codes)
+    return n, recent(table, ocode, oprev, keys[n - 1], limit, codes)

@@ -21,7 +21,7 @@ from rhymerl.histospec.side import SideIndex, append_many, appending_many
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
-_I32_2D = types.Array(types.int32, 2, "C")
+_I32_2D, _I64_2D = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
 
 
 class _Slots:
@@ -86,11 +86,11 @@ class FlatSlots(_Slots):
 
 
 class SideSlots(_Slots):
-    """The arrays of `SideIndex`es (siblings): tok, lens, hkey, hhead, ocode, oprev, rewards, state."""
+    """The arrays of `SideIndex`es (siblings): tok, lens, table, ocode, oprev, rewards, state."""
 
     def __init__(self) -> None:
-        super().__init__((_I32_2D, _I64, _U64, _I64, _I64, _I64, _F64, _I64))
-        self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.rewards, self.state = self.lists
+        super().__init__((_I32_2D, _I64, _I64_2D, _I64, _I64, _F64, _I64))
+        self.tok, self.lens, self.table, self.ocode, self.oprev, self.rewards, self.state = self.lists
         side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step
         side.add([1])
         for dtype in (np.int32, np.int64):
@@ -103,8 +103,8 @@ class SideSlots(_Slots):
         got = self._slot.get(id(side))
         if got is not None and got[1] == side.generation:
             return got[0]
-        return self._put(side, (side.tok, side.lens, side.hkey, side.hhead, side.ocode, side.oprev, side.rewards,
-                                side.state), side.generation)
+        return self._put(side, (side.tok, side.lens, side.table, side.ocode, side.oprev, side.rewards, side.state),
+                         side.generation)
 
     def extend_rows(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
                     row_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
@@ -123,7 +123,7 @@ class SideSlots(_Slots):
         for side, k in zip(sides, at.tolist()):
             side.reserve(longest[k], total[k])
             self.slot(side)  # its arrays, if reserve reallocated them
-        append_many(self.tok, self.lens, self.hkey, self.hhead, self.ocode, self.oprev, self.state, rows_at, seq_ids,
+        append_many(self.tok, self.lens, self.table, self.ocode, self.oprev, self.state, rows_at, seq_ids,
                      tokens, np.asarray(row_ids, np.int64), starts, ends, sides[0].min_match, sides[0].max_match)
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
