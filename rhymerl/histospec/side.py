@@ -9,8 +9,8 @@ answers, but stored as flat arrays instead of a dict of Python lists:
 
 - the sequences: one int32 row per sibling (prompt tail + response), doubled when one outgrows it;
 - the table: open addressing (linear probing, at most half full), each slot a (key, newest
-  occurrence) pair in one row, so a probe reads one cache line (key and head in two arrays cost two:
-  ~20% of an engine step's sibling growth); every occurrence points at the one before it with the
+  occurrence) pair in one row, so a probe reads one cache line (key and head in two arrays read two:
+  inserts took ~25% longer in a standalone trial); every occurrence points at the one before it with the
   same key, so a key's occurrences are a chain, newest first (its `limit` most recent are its first
   `limit` links).
 
