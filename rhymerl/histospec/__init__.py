@@ -7,6 +7,10 @@ tree of recent responses, on Arctic Inference's suffix tree), `budget` (budget r
 (`rhymerl.vllm.histospec_proposer`) plugs the drafter into vLLM as a `custom_class` proposer.
 """
 
+from rhymerl.histospec.compiled import fresh_cache
+
+fresh_cache()  # before any compiled module loads its numba cache (see rhymerl.histospec.compiled)
+
 from rhymerl.histospec.budget import BUDGET_RULES
 from rhymerl.histospec.drafter import Draft, Drafter, HistoSpecDrafter, NgramDrafter, SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory, SuffixIndex

@@ -85,7 +85,7 @@ class BatchIndexDrafter:
         out_prob = np.zeros((count, width), dtype=np.float64)
         sib, flat = self.sides, self.slots
         kernel.draft_rows(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
-                          slots, sib.tok, sib.lens, sib.table, sib.ocode, sib.oprev, sib.rewards, sides,
+                          slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sides,
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
                           float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob)

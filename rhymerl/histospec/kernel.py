@@ -231,8 +231,8 @@ def _seq_of(starts, code):
 
 
 @njit(cache=True)
-def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_table, s_ocode, s_oprev,
-               s_rewards, sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match, max_spec_factor,
+def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_table, s_links, s_rewards,
+               sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match, max_spec_factor,
                reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
     none) and its siblings s_*[sides[r]] (-1: none; their codes shifted by shifts[r] past the history's),
@@ -265,7 +265,8 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
         n, flim, found_n, extra = nf, limit, 0, 0
         if side >= 0:
             seq_lens = s_lens[side]
-            n, found_n = sibling_match(seq_lens, s_table[side], s_ocode[side], s_oprev[side], q, nq,
+            seq_tok = s_tok[side]
+            n, found_n = sibling_match(seq_lens, s_table[side], s_links[side], seq_tok.shape[1], q, nq,
                                        nf, min_match, limit, tail, found)
             flim = limit - found_n if nf == n else 0
             for c in range(found_n):  # an occurrence at a sibling's end continues nothing
@@ -301,7 +302,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                         rewards[m] = seq_rewards[slot][_seq_of(starts[slot], c)]
                     m += 1
         if extra:
-            seq_tok, seq_rew = s_tok[side], s_rewards[side]
+            seq_rew = s_rewards[side]
             for c in range(found_n):
                 seq, pos = found[c] // STRIDE, found[c] % STRIDE
                 size = min(budgets[r], seq_lens[seq] - pos, width, budget)

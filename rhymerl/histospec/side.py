@@ -8,19 +8,25 @@ here: the same n-gram occurrence table as `rhymerl.histospec.index.SuffixIndex` 
 answers, but stored as flat arrays instead of a dict of Python lists:
 
 - the sequences: one int32 row per sibling (prompt tail + response), doubled when one outgrows it;
+  a position's local code is seq * cols + position (cols: the rows' width, a power of two);
 - the table: open addressing (linear probing, at most half full), each slot a (key, newest
-  occurrence) pair in one row, so a probe reads one cache line (key and head in two arrays read two:
-  inserts took ~25% longer in a standalone trial); every occurrence points at the one before it with the
-  same key, so a key's occurrences are a chain, newest first (its `limit` most recent are its first
-  `limit` links).
+  occurrence's local code) pair in one row, so a probe reads one cache line (key and head in two
+  arrays read two: inserts took ~25% longer in a standalone trial);
+- the links: for every position and n, the local code of the n-gram's occurrence before the one
+  ending there (int32, -1: none), so a key's occurrences are a chain, newest first (its `limit` most
+  recent are its first `limit` links). A position's links for all n sit side by side: one cache line
+  written per new token.
 
 Why: at 256 requests per engine step the dict table cost ~25 us per request per step in Python (the
 keys of the growing tails, the appends, the longest-match loop): more than the whole step may spend
 drafting (issue 17). Here growing all of a prompt's siblings by a step is one compiled call, and the
 batch drafter reads the siblings' continuations in its one drafting call (`rhymerl.histospec.kernel`).
-Memory: 16 bytes per occurrence (code, link) x (max_match - min_match + 1) n-grams per token, plus
-the table (<= 32 bytes per distinct n-gram) and 4 bytes per token; siblings are one step's responses.
-A slot's key is stored as the int64 with the same bits as its uint64 hash; a free slot's head is -1.
+Memory: 4 bytes of link per n-gram length (7 by default) and 4 of token per position of the rows,
+plus the table (16 bytes a slot, 32-64 per distinct n-gram). `rhymerl bench spec-scale --spec engine`
+at 256 requests x 8K-token contexts (16 prompts, rhyming siblings, ~1.8 distinct n-grams per token):
+128 bytes per sibling token, 403 MB for 3.15M tokens (a link record of (code, link) per occurrence,
+int64 each, took 261, 822 MB; it was also ~7% slower per step, 2026-12-05). The table holds a
+slot's key as the int64 with the same bits as its uint64 hash; a free slot's head is -1.
 `tests/rhymerl/histospec/test_histospec_side.py` checks it against `SuffixIndex`.
 """
 
@@ -57,61 +63,67 @@ def _find(table, key):
 
 
 @njit(cache=True)
-def _insert(table, ocode, oprev, state, key, code):
-    """File occurrence `code` under `key` (capacity ensured by the caller)."""
+def _insert(table, links, level, state, key, code):
+    """File the occurrence `code` (local: seq * cols + position) under `key`, an n-gram of
+    `level` + lo tokens (capacity ensured by the caller)."""
     mask, bits = table.shape[0] - 1, np.int64(key)
-    o = state[NOCC]
-    ocode[o], oprev[o] = code, -1
-    state[NOCC] = o + 1
+    state[NOCC] += 1
     i = _home(key, mask)
     while table[i, 1] != -1:
         if table[i, 0] == bits:
-            oprev[o], table[i, 1] = table[i, 1], o
+            links[code, level], table[i, 1] = table[i, 1], code
             return
         i = (i + 1) & mask
-    table[i, 0], table[i, 1] = bits, o
+    table[i, 0], table[i, 1] = bits, code
+    links[code, level] = -1
     state[NKEYS] += 1
 
 
 @njit(cache=True)
-def _index_range(tok, lens, table, ocode, oprev, state, seq, first_end, lo, hi):
+def _index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
     """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
     first_end..lens[seq] (`SuffixIndex._index_range`)."""
-    base = seq * STRIDE
+    base = seq * tok.shape[1]
     for end in range(first_end, lens[seq] + 1):
         key = _U_SEED
         for n in range(1, min(hi, end) + 1):
             key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
             if n >= lo:
-                _insert(table, ocode, oprev, state, key, base + end)
+                _insert(table, links, n - lo, state, key, base + end)
 
 
 @njit(cache=True)
-def _append(tok, lens, table, ocode, oprev, state, seq, rows, row, a, b, lo, hi):
+def _append(tok, lens, table, links, state, seq, rows, row, a, b, lo, hi):
     """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
     engine's token rows are read in place: no list of the new tokens is built)."""
     start = lens[seq]
     for t in range(b - a):
         tok[seq, start + t] = rows[row, a + t]
     lens[seq] = start + b - a
-    _index_range(tok, lens, table, ocode, oprev, state, seq, start + 1, lo, hi)
+    _index_range(tok, lens, table, links, state, seq, start + 1, lo, hi)
 
 
 @njit(cache=True)
-def _append_rows(tok, lens, table, ocode, oprev, state, seqs, rows, row_ids, starts, ends, lo, hi):
+def _append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, ends, lo, hi):
     """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
     for j in range(seqs.shape[0]):
-        _append(tok, lens, table, ocode, oprev, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+        _append(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
 
 
 @njit(cache=True)
-def append_many(s_tok, s_lens, s_table, s_ocode, s_oprev, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
+def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
     """`_append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
-    row j goes to sequence seqs[j] of index sides[j]."""
+    row j goes to sequence seqs[j] of index sides[j]. An index's arrays are taken from the lists
+    (~40 ns an item) when the index differs from the row before's: rows grouped by index take each
+    index's once."""
+    k = -1
+    tok, lens, table, links, state = s_tok[sides[0]], s_lens[sides[0]], s_table[sides[0]], s_links[sides[0]], \
+        s_state[sides[0]]
     for j in range(seqs.shape[0]):
-        k = sides[j]
-        _append(s_tok[k], s_lens[k], s_table[k], s_ocode[k], s_oprev[k], s_state[k], seqs[j], rows, row_ids[j],
-                starts[j], ends[j], lo, hi)
+        if sides[j] != k:
+            k = sides[j]
+            tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
+        _append(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
 
 
 @njit(cache=True)
@@ -143,7 +155,7 @@ def _appending(lens, nseq, seqs, starts, ends):
 
 @njit(cache=True)
 def _rehash(table, new):
-    """Move every key into a larger table (chains are untouched: they live in the occurrences)."""
+    """Move every key into a larger table (chains are untouched: they live in the links)."""
     mask = new.shape[0] - 1
     for i in range(table.shape[0]):
         if table[i, 1] != -1:
@@ -164,27 +176,39 @@ def tail_keys(q, nq, out):
 
 
 @njit(cache=True)
-def longest(lens, table, ocode, oprev, keys, nq, lo):
+def _log2(cols):
+    """log2 of a power of two."""
+    shift = 0
+    while (1 << shift) < cols:
+        shift += 1
+    return shift
+
+
+@njit(cache=True)
+def longest(lens, table, links, cols, keys, nq, lo):
     """The longest n (lo..nq) whose key keys[n - 1] occurred with a token after it; 0 if none
-    (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing)."""
+    (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing). `cols`: the
+    token rows' width, a power of two (local codes are seq * cols + position)."""
+    shift, mask = _log2(cols), cols - 1
     for n in range(nq, lo - 1, -1):
         o = _find(table, keys[n - 1])
         while o != -1:
-            code = ocode[o]
-            if code % STRIDE < lens[code // STRIDE]:
+            if o & mask < lens[o >> shift]:
                 return n
-            o = oprev[o]
+            o = links[o, n - lo]
     return 0
 
 
 @njit(cache=True)
-def recent(table, ocode, oprev, key, limit, out):
-    """The `limit` most recent occurrences of `key` into out[:count], oldest first; count."""
+def recent(table, links, cols, key, level, limit, out):
+    """The `limit` most recent occurrences of `key` (an n-gram of `level` + lo tokens) into
+    out[:count] as codes (seq_id * STRIDE + position), oldest first; count."""
+    shift, mask = _log2(cols), cols - 1
     o, count = _find(table, key), 0
     while o != -1 and count < limit:
-        out[count] = ocode[o]
+        out[count] = (o >> shift) * STRIDE + (o & mask)
         count += 1
-        o = oprev[o]
+        o = links[o, level]
     out[:count] = out[:count][::-1].copy()
     return count
 
@@ -207,8 +231,7 @@ class SideIndex:
         self.lens = np.zeros(4, dtype=np.int64)
         self.rewards = np.zeros(4, dtype=np.float64)
         self.table = np.full((64, 2), -1, dtype=np.int64)  # (key bits, newest occurrence) per slot
-        self.ocode = np.zeros(64, dtype=np.int64)
-        self.oprev = np.zeros(64, dtype=np.int64)
+        self.links = np.zeros((self.tok.size, max_match - min_match + 1), dtype=np.int32)  # per position and n
         self.generation = 0  # bumped whenever an array above is reallocated (`rhymerl.histospec.slots`)
 
     # ------------------------------------------------------------------ growing
@@ -223,7 +246,7 @@ class SideIndex:
         self.rewards[seq] = float(reward)
         self.lens[seq] = len(self.prefix)
         self.tok[seq, :len(self.prefix)] = self.prefix
-        _index_range(self.tok, self.lens, self.table, self.ocode, self.oprev, self.state, seq, 1, self.min_match,
+        _index_range(self.tok, self.lens, self.table, self.links, self.state, seq, 1, self.min_match,
                      self.max_match)  # n-grams inside the prefix itself
         self.extend(seq, tokens)
         return seq
@@ -245,7 +268,7 @@ class SideIndex:
         if longest < 0:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
         self._room(int(self.state[NSEQ]), int(longest), int(total))
-        _append_rows(self.tok, self.lens, self.table, self.ocode, self.oprev, self.state, seq_ids, tokens,
+        _append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
                      np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
 
     def reserve(self, longest: int, total: int) -> None:
@@ -262,32 +285,37 @@ class SideIndex:
         """Grow the arrays (by doubling) for `seqs` sequences, one of `length` tokens, and
         `new_tokens` more indexed tokens."""
         rows, cols = self.tok.shape
-        if seqs > rows or length > cols:
-            self.generation += 1
-            tok = np.zeros((max(rows, _pow2(seqs)), max(cols, _pow2(length))), dtype=np.int32)
-            tok[:rows, :cols] = self.tok
-            self.tok = tok
-            for name in ("lens", "rewards"):
-                old = getattr(self, name)
-                if len(old) < tok.shape[0]:
-                    grown = np.zeros(tok.shape[0], dtype=old.dtype)
-                    grown[:len(old)] = old
-                    setattr(self, name, grown)
-        more = new_tokens * (self.max_match - self.min_match + 1)
-        need = int(self.state[NOCC]) + more
-        if need > len(self.ocode):
-            self.generation += 1
-            size = _pow2(need)
-            for name in ("ocode", "oprev"):
-                grown = np.zeros(size, dtype=np.int64)
-                grown[:len(getattr(self, name))] = getattr(self, name)
-                setattr(self, name, grown)
-        keys = int(self.state[NKEYS]) + more
+        if seqs > rows or length >= cols:  # a position may be `length` (a sequence's end): cols > length
+            self._grow(max(rows, _pow2(seqs)), max(cols, _pow2(length + 1)))
+        # At most half full even if every new n-gram were a new key: at 2/3 full, probes ran long
+        # enough (clusters of ~4 slots) to make an engine step ~40% slower.
+        keys = int(self.state[NKEYS]) + new_tokens * (self.max_match - self.min_match + 1)
         if 2 * keys > len(self.table):
             self.generation += 1
             new = np.full((_pow2(2 * keys), 2), -1, dtype=np.int64)
             _rehash(self.table, new)
             self.table = new
+
+    def _grow(self, rows: int, cols: int) -> None:
+        """Reallocate the token rows as rows x cols and the links to match; a local code (seq *
+        cols + position) is rewritten for the new width, in the links and the table's heads."""
+        if rows * cols >= 2 ** 31:
+            raise ValueError(f"siblings of {rows} sequences x {cols} tokens overflow the index's int32 positions; "
+                             "keep fewer sequences per prompt index (spec.siblings off or a shorter max_model_len)")
+        old_rows, old_cols = self.tok.shape
+        self.generation += 1
+        tok = np.zeros((rows, cols), dtype=np.int32)
+        tok[:old_rows, :old_cols] = self.tok
+        levels = self.links.shape[1]
+        links = np.zeros((rows, cols, levels), dtype=np.int32)
+        old = self.links.reshape(old_rows, old_cols, levels)
+        links[:old_rows, :old_cols] = _widen(old, old_cols, cols)
+        self.table[:, 1] = _widen(self.table[:, 1], old_cols, cols)
+        self.tok, self.links = tok, links.reshape(rows * cols, levels)
+        for name in ("lens", "rewards"):
+            grown = np.zeros(rows, dtype=getattr(self, name).dtype)
+            grown[:old_rows] = getattr(self, name)
+            setattr(self, name, grown)
 
     # ------------------------------------------------------------------ querying
 
@@ -303,7 +331,7 @@ class SideIndex:
         if not self.state[NOCC]:
             return 0
         keys, nq = self._keys(tail)
-        return int(longest(self.lens, self.table, self.ocode, self.oprev, keys, nq, self.min_match))
+        return int(longest(self.lens, self.table, self.links, self.tok.shape[1], keys, nq, self.min_match))
 
     def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
         """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
@@ -314,7 +342,7 @@ class SideIndex:
         if n > nq:
             raise ValueError(f"n={n} is longer than the tail ({nq} tokens of it are matched)")
         out = np.zeros(max(1, min(limit, int(self.state[NOCC]))), dtype=np.int64)
-        count = recent(self.table, self.ocode, self.oprev, keys[n - 1], len(out), out)
+        count = recent(self.table, self.links, self.tok.shape[1], keys[n - 1], n - self.min_match, len(out), out)
         return out[:count].tolist()
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
@@ -342,10 +370,17 @@ class SideIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays."""
-        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.table, self.ocode, self.oprev))
+        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.table, self.links))
 
     def __len__(self) -> int:
         return int(self.state[NSEQ])
+
+
+def _widen(codes: np.ndarray, old_cols: int, cols: int) -> np.ndarray:
+    """Local codes (seq * old_cols + position; -1: none) rewritten for rows `cols` wide."""
+    if cols == old_cols:
+        return codes
+    return np.where(codes >= 0, codes // old_cols * cols + codes % old_cols, codes).astype(codes.dtype)
 
 
 def _pow2(n: int) -> int:
@@ -354,7 +389,7 @@ def _pow2(n: int) -> int:
 
 
 @njit(cache=True)
-def sibling_match(lens, table, ocode, oprev, q, nq, n_flat, lo, limit, keys, codes):
+def sibling_match(lens, table, links, cols, q, nq, n_flat, lo, limit, keys, codes):
     """For a row whose tail, reversed, is q[:nq] and whose history matched its last n_flat tokens:
     (n, count), n the match length (the longer of the history's and the siblings'; 0: none) and the
     siblings' `limit` most recent occurrences of its last n tokens in codes[:count], oldest first
@@ -362,7 +397,7 @@ def sibling_match(lens, table, ocode, oprev, q, nq, n_flat, lo, limit, keys, cod
     tail_keys(q, nq, keys)
     n = n_flat
     if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
-        n = max(longest(lens, table, ocode, oprev, keys, nq, lo), n)
+        n = max(longest(lens, table, links, cols, keys, nq, lo), n)
     if n == 0:
         return 0, 0
-    return n, recent(table, ocode, oprev, keys[n - 1], limit, codes)
+    return n, recent(table, links, cols, keys[n - 1], n - lo, limit, codes)

@@ -86,11 +86,11 @@ class FlatSlots(_Slots):
 
 
 class SideSlots(_Slots):
-    """The arrays of `SideIndex`es (siblings): tok, lens, table, ocode, oprev, rewards, state."""
+    """The arrays of `SideIndex`es (siblings): tok, lens, table, links, rewards, state."""
 
     def __init__(self) -> None:
-        super().__init__((_I32_2D, _I64, _I64_2D, _I64, _I64, _F64, _I64))
-        self.tok, self.lens, self.table, self.ocode, self.oprev, self.rewards, self.state = self.lists
+        super().__init__((_I32_2D, _I64, _I64_2D, _I32_2D, _F64, _I64))
+        self.tok, self.lens, self.table, self.links, self.rewards, self.state = self.lists
         side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step
         side.add([1])
         for dtype in (np.int32, np.int64):
@@ -103,7 +103,7 @@ class SideSlots(_Slots):
         got = self._slot.get(id(side))
         if got is not None and got[1] == side.generation:
             return got[0]
-        return self._put(side, (side.tok, side.lens, side.table, side.ocode, side.oprev, side.rewards, side.state),
+        return self._put(side, (side.tok, side.lens, side.table, side.links, side.rewards, side.state),
                          side.generation)
 
     def extend_rows(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
@@ -123,8 +123,9 @@ class SideSlots(_Slots):
         for side, k in zip(sides, at.tolist()):
             side.reserve(longest[k], total[k])
             self.slot(side)  # its arrays, if reserve reallocated them
-        append_many(self.tok, self.lens, self.table, self.ocode, self.oprev, self.state, rows_at, seq_ids,
-                     tokens, np.asarray(row_ids, np.int64), starts, ends, sides[0].min_match, sides[0].max_match)
+        by = np.argsort(rows_at, kind="stable")  # each index's rows together, in their order
+        append_many(self.tok, self.lens, self.table, self.links, self.state, rows_at[by], seq_ids[by], tokens,
+                    np.asarray(row_ids, np.int64)[by], starts[by], ends[by], sides[0].min_match, sides[0].max_match)
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
         """Free the slots of siblings not among `indexes`' (their prompts were dropped)."""
