@@ -47,7 +47,9 @@ trimming off):
   JSON, ~0.6-0.75), and 10 ms pass between timed steps (the engine's forward pass). Before
   2026-12-05 every step accepted nothing, so `spec.fail_backoff` paused most rows and the figures
   were 2-3x too low;
-- index memory per engine (R / 16 prompts, tokens included). Per (L, H, P), arithmetic on those
+- index memory per engine (R / 16 prompts, tokens included); with `--spec engine`, the siblings'
+  indexes too (`sibling_bytes`, `sibling_bytes_per_token` in the JSON: every running request's
+  tokens, prompt tails included, with their n-gram table and links). Per (L, H, P), arithmetic on those
   figures: the epoch's history tokens, and what a worker held when every worker received every
   prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
   flat arrays it reads now (4 B per token; routing each worker only its prompts is issue 17 item 3).
@@ -234,9 +236,13 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
         time.sleep(forward_s)
     per_step = statistics.median(cpu for _, cpu in timed)
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
+    sides = [p.index.side for p in drafter.prompts.values()]  # the siblings' indexes (empty without siblings)
+    sibling_tokens, sibling_bytes = sum(s.num_tokens for s in sides), sum(s.nbytes for s in sides)
     drafter.wait_for_builds()  # the last step's growth, to count it
     return {"stall_ms": stall * 1e3, "steps_while_building": building_steps, "build_wait_s": build_wait,
             "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6, "index_bytes": index_bytes,
+            "sibling_tokens": sibling_tokens, "sibling_bytes": sibling_bytes,
+            "sibling_bytes_per_token": sibling_bytes / max(1, sibling_tokens),
             "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3,
             "step_wall_max_ms": max(wall for wall, _ in timed) * 1e3,
             "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward_s * 1e3,
@@ -357,6 +363,11 @@ def table(result: dict) -> str:
         cells = [f"{d[a]['stall_ms']:.1f} | {d[a]['step_ms']:.2f} | {d[a]['us_per_request']:.1f}"
                  if "skipped" not in d[a] else "- | - | -" for a in arms]
         lines.append(f"| {d['length']} | {d['history']} | {d['requests']} | {d['context']} | " + " | ".join(cells) + " |")
+    sib = [d for d in result["drafts"] if d.get("new", {}).get("sibling_tokens")]
+    if sib:
+        lines += ["", "| L | H | R | sibling tokens (new) | MB | B/token |", "|---|---|---|---|---|---|"]
+        lines += [f"| {d['length']} | {d['history']} | {d['requests']} | {d['new']['sibling_tokens']} | "
+                  f"{d['new']['sibling_bytes'] / 2**20:.0f} | {d['new']['sibling_bytes_per_token']:.0f} |" for d in sib]
     lines += ["", "| L | H | P | history tokens | per worker before (tuples) | now (arrays) | indexed (new) |",
               "|---|---|---|---|---|---|---|"]
     for e in result["epochs"]:
