@@ -89,6 +89,16 @@ def test_bad_ids_and_settings_are_refused():
     assert side.longest([9]) == 0 and side.recent([9], 1, 4) == []
 
 
+def test_rows_too_large_for_int32_positions_are_refused_before_allocating():
+    # Rule: positions are int32 (seq * cols + position); an index that would outgrow them says so
+    # (and what to change) instead of wrapping around, and is left as it was.
+    side = SideIndex(1, 3)
+    side.add([1, 2, 3])
+    with pytest.raises(ValueError, match="overflow the index's int32 positions"):
+        side.reserve(2 ** 31, 1)
+    assert side.sequence(0) == [1, 2, 3] and side.longest([1, 2]) == 2
+
+
 def test_extending_from_token_rows_equals_extending_from_lists():
     # Rule: the engine's path (new tokens read from its token rows, one index) builds the
     # same table as appending each sibling's tokens.
