@@ -116,9 +116,8 @@ def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row
     row j goes to sequence seqs[j] of index sides[j]. An index's arrays are taken from the lists
     (~40 ns an item) when the index differs from the row before's: rows grouped by index take each
     index's once."""
-    k = -1
-    tok, lens, table, links, state = s_tok[sides[0]], s_lens[sides[0]], s_table[sides[0]], s_links[sides[0]], \
-        s_state[sides[0]]
+    k = sides[0]
+    tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
     for j in range(seqs.shape[0]):
         if sides[j] != k:
             k = sides[j]
