@@ -34,3 +34,10 @@ def test_a_change_to_one_compiled_module_drops_every_compiled_modules_cache(tmp_
 def test_an_unreadable_package_is_left_alone(tmp_path):
     # Rule: a missing source (a broken or partial install) raises nothing at import.
     assert fresh_cache(tmp_path / "absent") == 0
+
+
+def test_the_list_names_exactly_the_modules_with_cached_compiled_functions():
+    # Rule: a module that gains @njit(cache=True) and is not listed would go stale unseen.
+    package = Path(fresh_cache.__code__.co_filename).parent
+    cached = {p.stem for p in package.glob("*.py") if p.name != "compiled.py" and "njit(cache=True)" in p.read_text()}
+    assert cached == set(COMPILED)
