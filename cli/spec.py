@@ -24,6 +24,11 @@ WHERE run_id = $run AND ($last IS NULL OR epoch <= $last)
 ORDER BY prompt_id, epoch, sample_idx
 """
 EPOCHS_SQL = "SELECT DISTINCT epoch FROM rollouts WHERE run_id = $run ORDER BY epoch"
+PROMPTS_SQL = """
+SELECT prompt_id, any_value(prompt_text) AS prompt_text
+FROM rollouts WHERE run_id = $run GROUP BY prompt_id
+"""
+CONFIG_SQL = "SELECT config_json FROM runs WHERE run_id = $run ORDER BY updated_at DESC LIMIT 1"
 RUNS_SQL = """
 SELECT run_id, count(DISTINCT epoch) AS epochs, count(*) AS responses
 FROM rollouts GROUP BY run_id ORDER BY run_id
@@ -62,6 +67,19 @@ def _missing_epochs(present: list[int], run_id: str, epochs: list[int] | None) -
                       f"responses: {', '.join(map(str, present))}")
 
 
+def _prompts(lake: Any, run_id: str) -> Any:
+    """The run's prompts as token ids (`rhymerl.histospec.prompts`), with a console line saying how
+    many were recovered."""
+    from rhymerl.histospec.prompts import RecoveredPrompts, recover_prompts, run_tokenizer
+
+    texts = {r["prompt_id"]: r["prompt_text"] for r in lake.sql(PROMPTS_SQL, {"run": run_id}).to_pylist()}
+    config = lake.sql(CONFIG_SQL, {"run": run_id}).column("config_json").to_pylist()
+    tokenizer = run_tokenizer(config[0] if config else None)
+    if isinstance(tokenizer, str):
+        return RecoveredPrompts({}, len(texts), f"no tokenizer: {tokenizer}")
+    return recover_prompts(texts, *tokenizer)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # imports here keep `rhymerl --help` quick (the drafter loads numpy)
 
@@ -86,14 +104,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         table = lake.sql(RESPONSES_SQL, {"run": args.run, "last": max(wanted) if wanted else None})
         if table.num_rows == 0:
             raise _nothing_to_replay(lake, url, args.run, wanted)
-    records = records_from_columns(table.to_pydict())
+        prompts = None if args.without_prompts else _prompts(lake, args.run)
+    if prompts is not None:
+        print(prompts.describe(), file=sys.stderr)
+    records = records_from_columns(table.to_pydict(), prompts.token_ids if prompts else None)
     present = sorted({r.epoch for r in records})
     error = _missing_epochs(present, args.run, wanted)
     if error:
         raise error
-    prompts = len({r.prompt_id for r in records})
+    num_prompts = len({r.prompt_id for r in records})
     reports = {}
-    with tqdm(total=prompts * len(configs), desc="replay", unit="prompt", file=sys.stderr,
+    with tqdm(total=num_prompts * len(configs), desc="replay", unit="prompt", file=sys.stderr,
               disable=True if args.format != "table" else None) as bar:  # None: only on a terminal
         for name, config in configs.items():
             bar.set_postfix_str(name)
@@ -101,7 +122,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     rows = report_rows(reports)
     if args.format == "table":
         rows = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
-        print(f"run {args.run}: {prompts} prompts, {len(records)} responses in epochs "
+        print(f"run {args.run}: {num_prompts} prompts, {len(records)} responses in epochs "
               f"{', '.join(map(str, present))}; replayed epochs {', '.join(map(str, wanted or present))}")
     print(format_rows(rows, list(COLUMNS), args.format))
     return 0
@@ -117,8 +138,10 @@ def register(subparsers: Any) -> None:
         description="Replay a run's recorded responses through the drafter (the recorded next tokens "
                     "act as the model's choices) and report the acceptance per setting and epoch: "
                     "mean accepted length (tokens per verification step, counting the bonus token) "
-                    "and acceptance rate (accepted / drafted draft tokens). Prompt tokens are not in "
-                    "the lake, so a response's first tokens are never drafted.")
+                    "and acceptance rate (accepted / drafted draft tokens). Each response replays "
+                    "after its prompt, as the engine ran it: the lake keeps the prompt's text, which "
+                    "is encoded again with the run's tokenizer and kept where it hashes to the "
+                    "recorded prompt_id.")
     rep.add_argument("--run", required=True, metavar="RUN_ID", help="the run whose responses to replay")
     rep.add_argument("--epochs", metavar="E,E,...",
                      help="report only these epochs, e.g. 1,2 (earlier epochs still serve as history; "
@@ -132,6 +155,9 @@ def register(subparsers: Any) -> None:
     rep.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                      help="override a SpecConfig field in every setting, e.g. --set max_budget=32 "
                           "min_match=2 (values parse as TOML)")
+    rep.add_argument("--without-prompts", action="store_true",
+                     help="replay every response without its prompt (a response's first tokens are then "
+                          "drafted from its own tokens only; issue 17's original protocol)")
     add_lake_options(rep)
     rep.set_defaults(func=guarded(cmd_replay))
 

@@ -314,6 +314,9 @@ class BatchDrafter:
         the background thread (large)."""
         prefix = self.bundle.prompt(k)
         tokens, lengths, rewards = self.bundle.history(k)
+        forecast = int(lengths.max()) if len(lengths) else 0
+        if self.spec.prompt_lookup and len(prefix):  # the prompt as the oldest history sequence
+            tokens, lengths, rewards = _with_prompt(prefix, tokens, lengths, rewards)
         index = PromptIndex(rewards.tolist(), self.spec.min_match, self.spec.max_match, prefix.tolist())
         if len(lengths):
             job = (index, tokens, lengths, prefix)
@@ -324,7 +327,6 @@ class BatchDrafter:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-index")
                 self._pending.append(self._pool.submit(self._build, *job))
-        forecast = int(lengths.max()) if len(lengths) else 0
         return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix), forecast)
 
     def _build(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, prefix: np.ndarray) -> None:
@@ -373,3 +375,11 @@ class BatchDrafter:
             if self.own is not None:
                 self.own.retain(live)
 
+
+
+def _with_prompt(prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
+                 rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A prompt's history with the prompt itself first (`SpecConfig.prompt_lookup`), reward 0."""
+    return (np.concatenate((prompt.astype(tokens.dtype, copy=False), tokens)),
+            np.concatenate(([len(prompt)], lengths)).astype(lengths.dtype, copy=False),
+            np.concatenate(([0.0], rewards)).astype(rewards.dtype, copy=False))

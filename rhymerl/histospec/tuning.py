@@ -100,17 +100,21 @@ def replay_configs(names: Sequence[str] | None = None,
     return configs
 
 
-def records_from_columns(columns: Mapping[str, Sequence[Any]]) -> list[RecordedResponse]:
+def records_from_columns(columns: Mapping[str, Sequence[Any]],
+                         prompts: Mapping[str, tuple[int, ...]] | None = None) -> list[RecordedResponse]:
     """Recorded responses from lake columns `prompt_id`, `epoch`, `response_token_ids`, `reward`
     and, if present, `step`.
 
     Rows stay in the given order (a group's samples replay in that order); a NULL reward counts
-    as 0 and NULL tokens as an empty response. The lake holds no prompt token ids, so drafting
-    starts from each response's own first tokens.
+    as 0 and NULL tokens as an empty response. `prompts` (prompt_id -> token ids, see
+    `rhymerl.histospec.prompts`): the prompts to replay with; a response whose prompt is not there
+    replays without one, its drafting starting from its own first tokens.
     """
     steps = columns.get("step") or [0] * len(columns["prompt_id"])
+    prompts = prompts or {}
     return [RecordedResponse(str(pid), int(epoch), tuple(int(t) for t in tokens or ()),
-                             float(reward or 0.0), step=int(step or 0))
+                             float(reward or 0.0), prompt_token_ids=prompts.get(str(pid), ()),
+                             step=int(step or 0))
             for pid, epoch, tokens, reward, step in zip(columns["prompt_id"], columns["epoch"],
                                                         columns["response_token_ids"], columns["reward"],
                                                         steps)]

@@ -12,6 +12,8 @@ from cli.main import main
 from rhymerl.config import ConfigError
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs
+from rhymerl.model_build import build_tokenizer
+from rhymerl.records import prompt_id_of
 from storage.lake import LakeWriter, rows_to_table
 
 RUN = "r1"
@@ -25,18 +27,30 @@ def _responses() -> dict[str, list[list[int]]]:
             for i in range(PROMPTS)}
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> str:
+def _texts() -> dict[str, str]:
+    """Prompt id -> rendered prompt text, the id hashing the text's tokens as the run would."""
+    tok = build_tokenizer()
+    texts = [f"question {i}: add them up\n" for i in range(PROMPTS)]
+    return {prompt_id_of(tok.encode(t, add_special_tokens=False)): t for t in texts}
+
+
+def _write_lake(url: str, texts: dict[str, str]) -> str:
     """Run r1: epoch 0 as above; epoch 1 gives every prompt exactly its epoch-0 responses again."""
-    url = str(tmp_path_factory.mktemp("spec") / "lake")
     w = LakeWriter(url)
     w.write_run(RUN, "spec-cli-test", {"epochs": 2})
+    groups = dict(zip(texts, _responses().values()))
     for epoch in (0, 1):
         table = rows_to_table([{"run_id": RUN, "epoch": epoch, "step": 0, "prompt_id": pid, "sample_idx": k,
-                                "reward": float(k % 2), "response_token_ids": tokens, "length": len(tokens)}
-                               for pid, group in _responses().items() for k, tokens in enumerate(group)])
+                                "prompt_text": texts[pid], "reward": float(k % 2), "response_token_ids": tokens,
+                                "length": len(tokens)}
+                               for pid, group in groups.items() for k, tokens in enumerate(group)])
         w.commit_step(RUN, epoch, 0, [w.write_rollouts(RUN, epoch, 0, 0, 0, table)])
     return url
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _write_lake(str(tmp_path_factory.mktemp("spec") / "lake"), _texts())
 
 
 def _replay(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -45,10 +59,29 @@ def _replay(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+RECOVERED = f"prompt tokens recovered for {PROMPTS} of {PROMPTS} prompts (the built-in byte-level tokenizer)"
+
+
 def _rows(capsys: pytest.CaptureFixture, lake: str, *argv: str) -> dict[tuple[str, object], dict]:
     code, out, err = _replay(capsys, "--lake", lake, "--run", RUN, "--format", "json", *argv)
-    assert code == 0 and err in ("", default_settings()[1] + "\n")  # the note: suffix arms left out
+    expected = [] if "--without-prompts" in argv else [RECOVERED]
+    assert code == 0 and [x for x in err.splitlines() if x != default_settings()[1]] == expected
     return {(r["setting"], r["epoch"]): r for r in json.loads(out)}
+
+
+def test_prompts_are_recovered_from_their_text(lake: str, tmp_path, capsys: pytest.CaptureFixture) -> None:
+    # Rule: each response replays after its prompt (re-encoded text whose hash is the prompt id), so
+    # epoch 1's first tokens are drafted from history too: fewer steps than without prompts.
+    on = _rows(capsys, lake, "--settings", "histospec")
+    off = _rows(capsys, lake, "--settings", "histospec", "--without-prompts")
+    assert on["histospec", 1]["steps"] < off["histospec", 1]["steps"]
+    assert on["histospec", 1]["tokens"] == off["histospec", 1]["tokens"] == PROMPTS * SAMPLES * LENGTH
+    # A text that does not encode to its id (here: edited) replays without a prompt, and says so.
+    texts = {pid: (t if i else t + "!") for i, (pid, t) in enumerate(_texts().items())}
+    code, _, err = _replay(capsys, "--lake", _write_lake(str(tmp_path / "lake"), texts), "--run", RUN,
+                           "--settings", "histospec", "--format", "json")
+    assert code == 0 and f"prompt tokens recovered for {PROMPTS - 1} of {PROMPTS} prompts" in err
+    assert "does not encode to their recorded prompt_id" in err
 
 
 def test_repeated_epoch_is_drafted_from_history(lake: str, capsys: pytest.CaptureFixture) -> None:

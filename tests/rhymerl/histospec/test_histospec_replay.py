@@ -48,11 +48,34 @@ def test_siblings_draft_for_each_other_in_lockstep():
     # Siblings: B runs one token ahead in content (2 3 4 5 vs 1 2 3 4 5), so in round 4 A's tail
     # [2,3] is found in B followed by 4: A drafts [4], accepts it and finishes a round early.
     group = [(1, 2, 3, 4, 5), (2, 3, 4, 5)]
-    cfg = SpecConfig(min_match=2, max_match=3, budget_rule="additive")
+    cfg = SpecConfig(min_match=2, max_match=3, budget_rule="additive", prompt_lookup=False)
     on = replay_group((100, 101), group, cfg)
     off = replay_group((100, 101), group, dataclasses.replace(cfg, siblings=False))
     assert (off.steps, off.drafted) == (9, 0)  # no history, no siblings: nothing to draft from
     assert (on.steps, on.tokens, on.drafted, on.accepted) == (8, 9, 1, 1)
+
+
+def test_prompt_lookup_drafts_what_the_response_copies_from_its_prompt():
+    # Prompt lookup: the index holds prefix + prompt = 4 | 1 2 3 4. After the prompt, tail [4] drafts
+    # 1 2 3 4 (response says 9: none taken); after 9 nothing matches; after 2 it drafts 3 4, both taken.
+    prompt, response = (1, 2, 3, 4), (9, 2, 3, 4, 7)
+    cfg = SpecConfig(min_match=1, max_match=1, siblings=False, recent_responses=0, max_spec_factor=0,
+                     budget_rule="fixed", max_budget=4)
+    on = replay_group(prompt, [response], cfg)
+    off = replay_group(prompt, [response], dataclasses.replace(cfg, prompt_lookup=False))
+    assert (on.steps, on.drafted, on.accepted) == (3, 6, 2)
+    assert (off.steps, off.drafted) == (5, 0)
+
+
+def test_prompt_lookup_loses_ties_to_history():
+    # The prompt is the index's oldest sequence. After the prompt (tail [2]) both it (2 | 1 5 6 2) and
+    # the history response (2 | 1 7 7) continue with 1, then split: the draft follows the history.
+    prompt, history, response = (1, 5, 6, 2), (1, 7, 7), (1, 7, 7, 0)
+    cfg = SpecConfig(min_match=1, max_match=1, siblings=False, recent_responses=0, max_spec_factor=0,
+                     budget_rule="fixed", max_budget=2)
+    s = replay_group(prompt, [response], cfg, build_history_index(prompt, [history], None, cfg))
+    # 1 7 taken whole (the prompt's 1 5 would be one token), then 7 after 7 where the response ends
+    assert (s.drafts, s.drafted, s.accepted, s.accept_len_hist) == (2, 3, 2, [1, 0, 1])
 
 
 def test_history_window_counts_epochs_that_saw_the_prompt():
@@ -69,7 +92,8 @@ def test_replay_reports_per_epoch():
     # Epoch 0 has no history (10 undrafted steps); epoch 1 replays the exact-repeat case above.
     records = [RecordedResponse("p", 0, HIST, 1.0, PROMPT), RecordedResponse("p", 1, HIST, 1.0, PROMPT),
                RecordedResponse("q", 1, (5, 6), 0.0, (7, 8, 9))]
-    report = replay(records, SpecConfig(siblings=False, budget_rule="additive", recent_responses=0))
+    cfg = SpecConfig(siblings=False, budget_rule="additive", recent_responses=0, prompt_lookup=False)
+    report = replay(records, cfg)
     assert report.per_epoch[0].steps == 10 and report.per_epoch[0].drafted == 0
     assert (report.per_epoch[1].steps, report.per_epoch[1].drafted) == (3 + 2, 8)
     assert report.overall().tokens == 10 + 10 + 2

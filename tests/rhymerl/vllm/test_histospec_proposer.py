@@ -79,6 +79,22 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     assert prompt_id_of(prompt) == prompt_id_of(list(batch2.tokens[0, :3]))
 
 
+def test_batch_drafter_copies_from_the_prompt_without_history():
+    # Rule: with spec.prompt_lookup a prompt without history drafts what its request copies from the
+    # prompt (after 51, the prompt's 52 53 54); without it there is nothing to draft from (the siblings'
+    # rows start with the prompt's last max_match = 7 tokens only: 60..66).
+    prompt = (50, 51, 52, 53, 54, 60, 61, 62, 63, 64, 65, 66)
+    bundle = HistoryBundle((PromptHistory(prompt),))
+    drafts = {}
+    for lookup in (True, False):
+        spec = SpecConfig(budget_rule="fixed", max_budget=3, max_spec_factor=0, recent_responses=0,
+                          prompt_lookup=lookup)
+        bd = BatchDrafter(bundle, spec, k=3, max_model_len=64)
+        batch = FakeBatch([prompt + (9, 51)])
+        drafts[lookup] = bd.propose([[9, 51]], batch.num, batch.tokens)
+    assert drafts == {True: [[52, 53, 54]], False: [[]]}
+
+
 def test_histospec_settings_reach_the_proposer_through_additional_config():
     # One typed value: SpecConfig -> EngineSpeculation -> (vLLM) -> the same SpecConfig in the proposer.
     spec = SpecConfig(max_budget=16, min_match=2, siblings=False)
@@ -160,7 +176,8 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
     assert out[1] == [2, 3, 9, 1]  # from the sibling "1 2 3 9 1"; the history would say 2 3 4 5
     release.set()
     bd.wait_for_builds()
-    assert bd.building == 0 and bd.stats.index_tokens == 2 * (len(prompt) + len(hist))
+    # two history responses and the prompt itself (spec.prompt_lookup), each after the prompt's tail
+    assert bd.building == 0 and bd.stats.index_tokens == 2 * (len(prompt) + len(hist)) + 2 * len(prompt)
     batch.append(1, [2])
     out = bd.propose([[2]], batch.num[1:], batch.tokens[1:])
     assert out == [[3, 4, 5, 6]]  # after "1 2" the history's two occurrences outvote the sibling's one

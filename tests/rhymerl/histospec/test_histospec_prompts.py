@@ -1,0 +1,32 @@
+"""Recovering a run's prompt token ids from the lake's prompt text (`rhymerl.histospec.prompts`)."""
+
+import json
+
+from rhymerl.histospec.prompts import recover_prompts, run_tokenizer
+from rhymerl.records import prompt_id_of
+
+
+def test_built_in_runs_use_the_byte_level_tokenizer():
+    # Rule: a run without model.path was tokenized by the built-in tokenizer: one token per ASCII byte.
+    encode, source = run_tokenizer(json.dumps({"model": {"path": ""}}))
+    assert source == "the built-in byte-level tokenizer"
+    assert len(encode("a=6 b=0\n")) == 8
+
+
+def test_a_missing_model_or_broken_config_says_why():
+    # Rule: no tokenizer is a reason in words, not an exception (replay then runs without prompts).
+    assert run_tokenizer("{not json") == "the run's recorded config is not valid JSON"
+    assert run_tokenizer(json.dumps({"model": {"path": "/nowhere/model"}})) == (
+        "the run's model.path /nowhere/model is not on this machine")
+
+
+def test_only_texts_that_hash_to_their_prompt_id_are_kept():
+    # Rule: an id is recovered only when the encoded text hashes to it; the rest are counted missing.
+    encode, source = run_tokenizer(None)
+    good, other = "question 1\n", "question 2\n"
+    texts = {prompt_id_of(encode(good)): good, prompt_id_of(encode(other)): other + " ", "abc": None}
+    got = recover_prompts(texts, encode, source)
+    assert got.token_ids == {prompt_id_of(encode(good)): tuple(encode(good))} and got.missing == 2
+    assert got.describe().startswith("prompt tokens recovered for 1 of 3 prompts (the built-in byte-level")
+    assert recover_prompts({}, encode, source).describe() == (
+        "prompt tokens recovered for 0 of 0 prompts (the built-in byte-level tokenizer)")
