@@ -30,3 +30,13 @@ def test_only_texts_that_hash_to_their_prompt_id_are_kept():
     assert got.describe().startswith("prompt tokens recovered for 1 of 3 prompts (the built-in byte-level")
     assert recover_prompts({}, encode, source).describe() == (
         "prompt tokens recovered for 0 of 0 prompts (the built-in byte-level tokenizer)")
+
+
+def test_a_run_with_model_path_uses_that_tokenizer(tmp_path):
+    # Rule: a run with model.path reads that folder's tokenizer (here the built-in one, saved there).
+    from rhymerl.model_build import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    encode, source = run_tokenizer(json.dumps({"model": {"path": str(tmp_path)}}))
+    assert source == f"the tokenizer of {tmp_path}"
+    assert encode("a=6\n") == run_tokenizer(None)[0]("a=6\n") and len(encode("a=6\n")) == 4
