@@ -71,9 +71,9 @@ from datetime import date
 
 import numpy as np
 
-from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.flat import FlatBundle, FlatIndex
 from rhymerl.histospec.index import SuffixIndex
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 

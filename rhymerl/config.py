@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, get_args, get_origin
 
 from rhymerl.errors import ConfigError
 from rhymerl.histopipe.settings import PipeConfig
-from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.options import option
 from rhymerl.switchboard import env_layer, merge
 

@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import PipeConfig
 from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
-from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.history import uses_bundle
 from rhymerl.records import Prompt

@@ -15,10 +15,11 @@ from typing import Sequence
 import numpy as np
 
 from rhymerl.histospec import kernel
-from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, PRIOR, Draft, SpecConfig
+from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, PRIOR, Draft
 from rhymerl.histospec.flat import PromptIndex
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.slots import FlatSlots, SideSlots
+from rhymerl.histospec.spec_config import SpecConfig
 
 
 class BatchIndexDrafter:

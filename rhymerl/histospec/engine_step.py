@@ -40,13 +40,14 @@ import numpy as np
 
 from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
-from rhymerl.histospec.drafter import HistoSpecDrafter, SpecConfig, asks_tree
+from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
 from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
 from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.requests import RequestTable, step_keys
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.slots import SideSlots
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)

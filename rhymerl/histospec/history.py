@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rhymerl.histospec.columns import BundleInfo, HistoryColumns, HistorySlicer
-from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.records import Prompt
 
 

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from rhymerl.histospec.budget import FixedBudget
-from rhymerl.histospec.drafter import Drafter, NgramDrafter, SpecConfig
+from rhymerl.histospec.drafter import Drafter, NgramDrafter
 from rhymerl.histospec.index import SuffixIndex
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.suffix import SuffixArm
 from rhymerl.histospec.tree import TREE_CHUNK, RecentTree

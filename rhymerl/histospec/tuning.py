@@ -13,8 +13,8 @@ import tomllib
 from typing import Any, Mapping, Sequence
 
 from rhymerl.config import ConfigError
-from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.replay import RecordedResponse, ReplayReport
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import INSTALL_HINT, SuffixArm, has_arctic_inference
 
 # name -> SpecConfig fields changed from the defaults (the budget cap of "additive" is 32)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import require_arctic_inference
 from rhymerl.vllm.spec_guard import EngineSpeculation
 

@@ -9,7 +9,7 @@ import numpy as np
 
 import tasks.spec
 from rhymerl.config import PipeConfig
-from rhymerl.histospec.drafter import SpecConfig
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.flat import FlatBundle
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult

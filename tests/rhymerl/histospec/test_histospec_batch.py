@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from rhymerl.histospec.batch import BatchIndexDrafter
-from rhymerl.histospec.slots import FlatSlots
-from rhymerl.histospec.drafter import EMPTY, SpecConfig
+from rhymerl.histospec.drafter import EMPTY
 from rhymerl.histospec.flat import FlatIndex, PromptIndex
+from rhymerl.histospec.slots import FlatSlots
+from rhymerl.histospec.spec_config import SpecConfig
 
 
 def rhyming(rng, vocab, length, count, change):

@@ -7,9 +7,10 @@ import pytest
 
 from rhymerl.config import ConfigError
 from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget, FixedBudget
-from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter, SpecConfig
-from rhymerl.histospec.stats import SpecStats
+from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter
 from rhymerl.histospec.index import STRIDE, SuffixIndex
+from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.histospec.stats import SpecStats
 
 
 def drafter(seqs, rewards=None, reward_weighted=False, lo=2, hi=3):

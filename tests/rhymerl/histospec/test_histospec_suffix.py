@@ -5,11 +5,11 @@ import sys
 import pytest
 
 from rhymerl.config import ConfigError, load_config
-from rhymerl.histospec.drafter import SpecConfig
-from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.history import counted_by_vllm, uses_bundle
-from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
+from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.histospec.stats import SpecStats
+from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
 from rhymerl.preflight import check_config

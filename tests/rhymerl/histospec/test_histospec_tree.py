@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, SpecConfig, follow
+from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, follow
 from rhymerl.histospec.index import HistoryBundle, PromptHistory, SuffixIndex
 from rhymerl.histospec.replay import RecordedResponse, replay
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.histospec_proposer import BatchDrafter

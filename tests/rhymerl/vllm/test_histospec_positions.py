@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 
 PROMPT, PATTERN = (50, 51), (1, 2, 3, 4, 5, 6, 7, 8)

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
-from rhymerl.records import prompt_id_of
 from rhymerl.histospec.rows import PromptTable
+from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.records import prompt_id_of
 from rhymerl.vllm.histospec_proposer import INDEX_ENV, BatchDrafter, HistoSpecProposer
 from rhymerl.vllm.speculation import drafter_settings, engine_speculation
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rhymerl.histospec.drafter import SpecConfig
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.step_budget import MIN_OBSERVATIONS
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 
