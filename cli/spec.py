@@ -76,7 +76,7 @@ def _prompts(lake: Any, run_id: str) -> Any:
     config = lake.sql(CONFIG_SQL, {"run": run_id}).column("config_json").to_pylist()
     tokenizer = run_tokenizer(config[0] if config else None)
     if isinstance(tokenizer, str):
-        return RecoveredPrompts({}, len(texts), f"no tokenizer: {tokenizer}")
+        return RecoveredPrompts({}, len(texts), tokenizer, no_tokenizer=True)
     return recover_prompts(texts, *tokenizer)
 
 

@@ -1,7 +1,8 @@
 """HistoSpec: lossless speculative rollouts drafted from each prompt's own earlier responses.
 
 Pure core (no engine imports): `index` (per-prompt n-gram occurrence index and the history bundle
-that carries it to rollout workers), `drafter` (drafting), `spec_config` (`SpecConfig`, a run's `spec.*` settings), `tree` (the cross-prompt
+that carries it to rollout workers), `drafter` (drafting),
+`spec_config` (`SpecConfig`, a run's `spec.*` settings), `tree` (the cross-prompt
 tree of recent responses, on Arctic Inference's suffix tree), `budget` (budget rules), `stats`
 (`SpecStats`), `replay` (offline acceptance on recorded responses). The vLLM adapter
 (`rhymerl.vllm.histospec_proposer`) plugs the drafter into vLLM as a `custom_class` proposer.

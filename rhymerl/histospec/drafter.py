@@ -3,8 +3,8 @@ HistoSpec and n-gram drafters (a run's settings: `rhymerl.histospec.spec_config.
 rules: `rhymerl.histospec.budget`; acceptance counters: `rhymerl.histospec.stats`).
 
 `HistoSpecDrafter` drafts from the prompt's own index (`PromptIndex`, rhymerl.histospec.flat) — its
-responses of earlier epochs
-plus its siblings as they grow — and, when given one, from a `RecentTree` of recent responses of every
+responses of earlier epochs, the prompt itself (`SpecConfig.prompt_lookup`) and its siblings as they
+grow — and, when given one, from a `RecentTree` of recent responses of every
 prompt (`rhymerl.histospec.tree`), and proposes the draft with the higher score (the sum of its tokens'
 estimated probabilities, i.e. its expected accepted length; ties go to the prompt's own). From the
 prompt's index it finds the longest tail of the context (between `min_match` and `max_match` tokens)

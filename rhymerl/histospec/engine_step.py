@@ -377,7 +377,6 @@ class BatchDrafter:
                 self.own.retain(live)
 
 
-
 def _with_prompt(prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
                  rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A prompt's history with the prompt itself first (`SpecConfig.prompt_lookup`), reward 0."""

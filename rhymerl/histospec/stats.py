@@ -40,7 +40,7 @@ class SpecStats:
     accept_len_hist: list[int] = field(default_factory=list)  # [a]: drafts with a accepted
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
-    index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes included)
+    index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes, and the prompt's own sequence)
     grow_seconds: float = 0.0  # helper-thread CPU growing the cross-prompt tree behind the step (spec.grow_behind)
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.

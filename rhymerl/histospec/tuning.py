@@ -22,7 +22,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "histospec": {},
     "histospec-additive": {"budget_rule": "additive", "max_budget": 32},
     "histospec-no-siblings": {"siblings": False},
-    "siblings-only": {"history_epochs": 0, "recent_responses": 0},
+    "siblings-only": {"history_epochs": 0, "recent_responses": 0, "prompt_lookup": False},
     "histospec-no-recent": {"recent_responses": 0},  # the prompt's own index only
     "histospec-reward": {"reward_weighted": True},
     "ngram": {"method": "ngram"},

@@ -75,7 +75,9 @@ def test_prompts_are_recovered_from_their_text(lake: str, tmp_path, capsys: pyte
     on = _rows(capsys, lake, "--settings", "histospec")
     off = _rows(capsys, lake, "--settings", "histospec", "--without-prompts")
     assert on["histospec", 1]["steps"] < off["histospec", 1]["steps"]
-    assert on["histospec", 1]["tokens"] == off["histospec", 1]["tokens"] == PROMPTS * SAMPLES * LENGTH
+    # a response's first token is the prefill's (not drafted for, not counted) once its prompt is known
+    assert (on["histospec", 1]["tokens"], off["histospec", 1]["tokens"]) == (
+        PROMPTS * SAMPLES * (LENGTH - 1), PROMPTS * SAMPLES * LENGTH)
     # A text that does not encode to its id (here: edited) replays without a prompt, and says so.
     texts = {pid: (t if i else t + "!") for i, (pid, t) in enumerate(_texts().items())}
     code, _, err = _replay(capsys, "--lake", _write_lake(str(tmp_path / "lake"), texts), "--run", RUN,
@@ -92,8 +94,8 @@ def test_repeated_epoch_is_drafted_from_history(lake: str, capsys: pytest.Captur
     assert hist1["mean_accepted_length"] > 4 and hist1["acceptance_rate"] > 0.5
     assert hist0["mean_accepted_length"] < 1.2 and ngram1["mean_accepted_length"] < 1.2
     assert rows["siblings-only", 1]["mean_accepted_length"] < 1.2  # siblings differ from each other
-    # Every setting emits every recorded token exactly once, per epoch and in the "all" row.
-    assert all(r["tokens"] == PROMPTS * SAMPLES * LENGTH * (2 if e == "all" else 1) for (_, e), r in rows.items())
+    # Every setting emits every recorded token but the prefill's exactly once, per epoch and in the "all" row.
+    assert all(r["tokens"] == PROMPTS * SAMPLES * (LENGTH - 1) * (2 if e == "all" else 1) for (_, e), r in rows.items())
     total = rows["histospec", "all"]
     assert total["steps"] == hist0["steps"] + hist1["steps"] and total["accepted"] == hist1["accepted"]
 
@@ -121,7 +123,7 @@ def test_suffix_arms_draft_a_repeated_epoch(lake: str, capsys: pytest.CaptureFix
     rows = _rows(capsys, lake, "--settings", "suffix", "suffix-prompt", "suffix-step")
     assert all(rows[name, 1]["mean_accepted_length"] > 4 for name in ("suffix", "suffix-prompt", "suffix-step"))
     assert rows["suffix", 0]["mean_accepted_length"] < 1.2
-    assert all(r["tokens"] == PROMPTS * SAMPLES * LENGTH * (2 if e == "all" else 1) for (_, e), r in rows.items())
+    assert all(r["tokens"] == PROMPTS * SAMPLES * (LENGTH - 1) * (2 if e == "all" else 1) for (_, e), r in rows.items())
 
 
 def test_suffix_without_library_names_make_setup(lake: str, capsys: pytest.CaptureFixture, monkeypatch) -> None:

@@ -2,7 +2,7 @@
 
 import json
 
-from rhymerl.histospec.prompts import recover_prompts, run_tokenizer
+from rhymerl.histospec.prompts import RecoveredPrompts, recover_prompts, run_tokenizer
 from rhymerl.records import prompt_id_of
 
 
@@ -15,9 +15,18 @@ def test_built_in_runs_use_the_byte_level_tokenizer():
 
 def test_a_missing_model_or_broken_config_says_why():
     # Rule: no tokenizer is a reason in words, not an exception (replay then runs without prompts).
-    assert run_tokenizer("{not json") == "the run's recorded config is not valid JSON"
+    assert run_tokenizer("{not json") == "the run's recorded config has no readable model section"
     assert run_tokenizer(json.dumps({"model": {"path": "/nowhere/model"}})) == (
-        "the run's model.path /nowhere/model is not on this machine")
+        "the run's model.path /nowhere/model is not a folder here (run from where the run was)")
+    assert run_tokenizer(json.dumps({"model": None}))[1] == "the built-in byte-level tokenizer"
+
+
+def test_a_model_folder_without_a_tokenizer_is_a_reason(tmp_path):
+    # Rule: a folder that exists but holds no tokenizer costs the prompts, not the replay.
+    got = run_tokenizer(json.dumps({"model": {"path": str(tmp_path)}}))
+    assert isinstance(got, str) and got.startswith(f"the tokenizer of the run's model.path {tmp_path} did not load")
+    line = RecoveredPrompts({}, 3, got, no_tokenizer=True).describe()
+    assert line == f"all 3 prompts replay without their prompt tokens: {got}"
 
 
 def test_only_texts_that_hash_to_their_prompt_id_are_kept():
