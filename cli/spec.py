@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.common import add_lake_options, format_rows, guarded, lake_url
+
+if TYPE_CHECKING:  # the module itself loads on first use (keeps `rhymerl --help` quick)
+    from rhymerl.histospec.prompts import RecoveredPrompts
 
 RESPONSES_SQL = """
 SELECT prompt_id, epoch, step, sample_idx, response_token_ids, reward
@@ -67,7 +70,7 @@ def _missing_epochs(present: list[int], run_id: str, epochs: list[int] | None) -
                       f"responses: {', '.join(map(str, present))}")
 
 
-def _prompts(lake: Any, run_id: str) -> Any:
+def _prompts(lake: Any, run_id: str) -> RecoveredPrompts:
     """The run's prompts as token ids (`rhymerl.histospec.prompts`), with a console line saying how
     many were recovered."""
     from rhymerl.histospec.prompts import RecoveredPrompts, recover_prompts, run_tokenizer
