@@ -316,8 +316,7 @@ class BatchDrafter:
         prefix = self.bundle.prompt(k)
         tokens, lengths, rewards = self.bundle.history(k)
         forecast = int(lengths.max()) if len(lengths) else 0
-        if self.spec.prompt_lookup and len(prefix):  # the prompt as the oldest history sequence
-            tokens, lengths, rewards = _with_prompt(prefix, tokens, lengths, rewards)
+        tokens, lengths, rewards = self.spec.indexed_history(prefix, tokens, lengths, rewards)
         index = PromptIndex(rewards.tolist(), self.spec.min_match, self.spec.max_match, prefix.tolist())
         if len(lengths):
             job = (index, tokens, lengths, prefix)
@@ -375,11 +374,3 @@ class BatchDrafter:
             self.sides.retain(live)
             if self.own is not None:
                 self.own.retain(live)
-
-
-def _with_prompt(prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
-                 rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A prompt's history with the prompt itself first (`SpecConfig.prompt_lookup`), reward 0."""
-    return (np.concatenate((prompt.astype(tokens.dtype, copy=False), tokens)),
-            np.concatenate(([len(prompt)], lengths)).astype(lengths.dtype, copy=False),
-            np.concatenate(([0.0], rewards)).astype(rewards.dtype, copy=False))

@@ -108,10 +108,7 @@ def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecS
 def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
                         rewards: Sequence[float] | None, config: SpecConfig) -> SuffixIndex:
     """The prompt's index over its history responses (oldest first), prompt tail as prefix; with
-    `config.prompt_lookup` the prompt itself is its oldest sequence (reward 0)."""
-    if config.prompt_lookup and prompt:
-        history = [prompt, *history]
-        rewards = None if rewards is None else [0.0, *rewards]
+    `config.prompt_lookup` the prompt itself is its oldest sequence (`SpecConfig.indexed_history`)."""
     return config.new_index(history, rewards, prefix=prompt)
 
 

@@ -174,11 +174,27 @@ class SpecConfig:
 
     def new_index(self, responses: Sequence[Sequence[int]] = (), rewards: Sequence[float] | None = None,
                   prefix: Sequence[int] = ()) -> PromptIndex:
-        """The prompt's index over `responses`, oldest first, each after `prefix` (the prompt's tail)."""
-        lengths = [len(r) for r in responses]
-        tokens = np.fromiter((t for r in responses for t in r), dtype=np.int64, count=sum(lengths))
-        return PromptIndex.build(tokens, lengths, rewards, min_match=self.min_match,
+        """The prompt's index over `responses`, oldest first, each after `prefix` (the prompt: its last
+        `max_match` tokens lead every sequence), the prompt first with `prompt_lookup` (`indexed_history`)."""
+        lengths = np.fromiter(map(len, responses), dtype=np.int64, count=len(responses))
+        tokens = np.fromiter((t for r in responses for t in r), dtype=np.int64, count=int(lengths.sum()))
+        rewards = np.zeros(len(lengths)) if rewards is None else np.asarray(rewards, dtype=np.float64)
+        tokens, lengths, rewards = self.indexed_history(np.asarray(prefix, dtype=np.int64), tokens, lengths,
+                                                        rewards)
+        return PromptIndex.build(tokens, lengths.tolist(), rewards.tolist(), min_match=self.min_match,
                                  max_match=self.max_match, prefix=prefix)
+
+    def indexed_history(self, prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
+                        rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sequences a prompt's index is built over, flat (tokens one after another, lengths,
+        rewards): its history responses, oldest first, and with `prompt_lookup` the prompt itself
+        before them, reward 0 (the oldest sequence loses ties to history and siblings). The engine's
+        drafter and replay both build through here."""
+        if not (self.prompt_lookup and len(prompt)):
+            return tokens, lengths, rewards
+        return (np.concatenate((prompt.astype(tokens.dtype, copy=False), tokens)),
+                np.concatenate(([len(prompt)], lengths)).astype(lengths.dtype, copy=False),
+                np.concatenate(([0.0], rewards)).astype(rewards.dtype, copy=False))
 
     def new_recent(self) -> RecentTree | None:
         """An empty cross-prompt tree of `recent_responses` responses (None: off)."""
