@@ -145,7 +145,8 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
             drafter = NgramDrafter(config.min_match, config.max_match)
         per_group = config.recent_per_group
         for j, resp in enumerate(responses):
-            sib = index.add() if config.method == "histospec" and config.siblings else -1
+            first = resp[:prefilled(prompt, resp)]  # the prefill's token joins the siblings at once
+            sib = index.add(first) if config.method == "histospec" and config.siblings else -1
             handle = recent.start() if recent is not None and (not per_group or j < per_group) else -1
             rows.append((prompt, resp, drafter, index, sib, handle))
     if config.method == "histospec":
@@ -153,9 +154,6 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
     else:
         rule, tail = FixedBudget(config.max_budget), None  # vLLM's n-gram method has no adaptive budget
     pos = [prefilled(row[0], row[1]) for row in rows]
-    for k, (_, resp, _, index, sib, _) in enumerate(rows):
-        if sib >= 0 and pos[k]:
-            index.extend(sib, resp[:pos[k]])
     held = [0] * len(rows)  # tokens of each response in the recent tree
     budget = [rule.initial] * len(rows)
     active = [k for k, row in enumerate(rows) if len(row[1]) > pos[k]]
