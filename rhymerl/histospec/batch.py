@@ -90,8 +90,7 @@ class BatchIndexDrafter:
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
                           float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob)
-        out_prob[np.arange(width)[None, :] >= out_len[:, None]] = 0.0
-        return out, out_len, out_n, out_score, out_prob
+        return out, out_len, out_n, out_score, out_prob  # the kernel writes no probability past a row's length
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
         """Free the slots of indexes not among `indexes` (their prompts were dropped)."""

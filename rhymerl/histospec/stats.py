@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+from numba import njit
 
 # Edges of the response-position buckets (tokens a request had written before a verification step):
 # [0, 100), [100, 300), [300, 1000), [1000, inf). Positions past 1,000 occur only in long responses,
@@ -65,28 +66,9 @@ class SpecStats:
             acc[accepted] += 1
 
     def record_many(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        """`record` for many steps at once (an engine step's requests), in a few numpy calls."""
-        if not len(drafted):
-            return
-        d, a = np.asarray(drafted, np.int64), np.asarray(accepted, np.int64)
-        if (a < 0).any() or (a > d).any():
-            raise ValueError("accepted must be within 0..drafted for every step")
-        self.steps += len(d)
-        self.tokens += int(a.sum()) + len(d)
-        with_draft = d > 0
-        self.drafts += int(with_draft.sum())
-        self.drafted += int(d.sum())
-        self.accepted += int(a.sum())
-        if self.drafts:
-            size = int(d.max()) + 1
-            hist, acc = self.draft_len_hist, self.accept_len_hist
-            if len(hist) < size:
-                hist.extend([0] * (size - len(hist)))
-                acc.extend([0] * (size - len(acc)))
-            for j, v in enumerate(np.bincount(d[with_draft], minlength=size).tolist()):
-                hist[j] += v
-            for j, v in enumerate(np.bincount(a[with_draft], minlength=size).tolist()):
-                acc[j] += v
+        """`record` for many steps at once (an engine step's requests), in one compiled pass."""
+        if len(drafted):
+            self.add(Tally.of(drafted, accepted))
 
     def record_positions(self, positions: np.ndarray, accepted: np.ndarray) -> None:
         """Count steps by response position: step j came after `positions[j]` response tokens and
@@ -99,6 +81,26 @@ class SpecStats:
         emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=_BUCKETS)
         self.pos_steps = [a + int(b) for a, b in zip(self.pos_steps, steps)]
         self.pos_tokens = [a + int(b) for a, b in zip(self.pos_tokens, emitted)]
+
+    def add(self, tally: "Tally", positions: bool = True) -> None:
+        """Add one tally's counts (`positions`: its position buckets too, when it has them)."""
+        self.steps += tally.steps
+        self.tokens += tally.tokens
+        self.drafts += tally.drafts
+        self.drafted += tally.drafted
+        self.accepted += tally.accepted
+        if tally.drafts:
+            size = len(tally.draft_hist)
+            hist, acc = self.draft_len_hist, self.accept_len_hist
+            if len(hist) < size:
+                hist.extend([0] * (size - len(hist)))
+                acc.extend([0] * (size - len(acc)))
+            for j, (d, a) in enumerate(zip(tally.draft_hist, tally.accept_hist)):
+                hist[j] += d
+                acc[j] += a
+        if positions and tally.pos_steps is not None:
+            self.pos_steps = [a + b for a, b in zip(self.pos_steps, tally.pos_steps)]
+            self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, tally.pos_tokens)]
 
     def merge(self, other: "SpecStats") -> None:
         """Add `other`'s counts into these."""
@@ -172,3 +174,61 @@ def _tail_sums(hist: list[int]) -> list[int]:
         run += v
         out.append(run)
     return out[::-1]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The counts of many verification steps (an engine step's requests), computed once to add to
+    several `SpecStats` (`SpecStats.add`): totals, draft / accepted length histograms (lists as long
+    as the longest draft + 1, empty without a draft) and, given positions, the position buckets."""
+
+    steps: int
+    tokens: int
+    drafts: int
+    drafted: int
+    accepted: int
+    draft_hist: list[int]
+    accept_hist: list[int]
+    pos_steps: list[int] | None = None
+    pos_tokens: list[int] | None = None
+
+    @classmethod
+    def of(cls, drafted: Sequence[int], accepted: Sequence[int], positions: Sequence[int] | None = None) -> "Tally":
+        """Count steps j that verified drafted[j] tokens and accepted the first accepted[j], after
+        positions[j] response tokens (if given). One compiled pass: an engine step tallies every row."""
+        d, a = np.asarray(drafted, np.int64), np.asarray(accepted, np.int64)
+        if d.shape != a.shape:
+            raise ValueError(f"got {len(d)} draft lengths and {len(a)} accepted counts")
+        size = int(d.max(initial=0)) + 1
+        hist, acc = np.zeros(size, np.int64), np.zeros(size, np.int64)
+        given = positions is not None
+        pos = np.asarray(positions if given else (), np.int64)
+        steps, tokens = np.zeros(_BUCKETS, np.int64), np.zeros(_BUCKETS, np.int64)
+        totals = np.zeros(3, np.int64)  # drafts, drafted, accepted
+        if not _tally(d, a, pos, given, _EDGES.astype(np.int64), hist, acc, steps, tokens, totals):
+            raise ValueError("accepted must be within 0..drafted for every step")
+        drafts = int(totals[0])
+        return cls(len(d), int(totals[2]) + len(d), drafts, int(totals[1]), int(totals[2]),
+                   hist.tolist() if drafts else [], acc.tolist() if drafts else [],
+                   steps.tolist() if given else None, tokens.tolist() if given else None)
+
+
+@njit(cache=True)
+def _tally(d, a, pos, given, edges, hist, acc, steps, tokens, totals):
+    """`Tally.of`'s counts into hist / acc / steps / tokens / totals; False if some a[j] is outside
+    0..d[j] (nothing is counted then)."""
+    for j in range(d.shape[0]):
+        if a[j] < 0 or a[j] > d[j]:
+            return False
+    for j in range(d.shape[0]):
+        totals[1] += d[j]
+        totals[2] += a[j]
+        if d[j] > 0:
+            totals[0] += 1
+            hist[d[j]] += 1
+            acc[a[j]] += 1
+        if given:
+            b = np.searchsorted(edges, pos[j], side="right")
+            steps[b] += 1
+            tokens[b] += a[j] + 1
+    return True

@@ -62,10 +62,13 @@ def test_batch_drafts_equal_the_python_drafter(seed, dtype):
         spec, indexes, rows, nums = random_case(rng)
         rows = rows.astype(dtype)
         budgets = rng.integers(1, 17, len(nums)).tolist()
-        got = BatchIndexDrafter(spec).propose(indexes, range(len(nums)), nums, budgets, rows)
+        drafter = BatchIndexDrafter(spec)
+        got = drafter.propose(indexes, range(len(nums)), nums, budgets, rows)
         for ix, row, n, b, draft in zip(indexes, rows, nums, budgets, got):
             want = spec.drafter(ix)._from_index(row[:n].tolist(), b)
             assert draft == want
+        _, lens, _, _, probs = drafter.draft_arrays(indexes, range(len(nums)), nums, budgets, rows)
+        assert not probs[np.arange(probs.shape[1])[None, :] >= lens[:, None]].any()  # 0 past each length
 
 
 def test_no_rows_and_rows_without_a_history_or_match():

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from rhymerl.histospec.stats import POSITION_EDGES, SpecStats, position_labels
+from rhymerl.histospec.stats import POSITION_EDGES, SpecStats, Tally, position_labels
 
 
 def test_steps_land_in_their_position_bucket_with_the_tokens_they_emitted():
@@ -26,3 +27,27 @@ def test_merge_adds_buckets_and_metrics_name_them():
     assert position_labels() == ["pos0_100", "pos100_300", "pos300_1000", "pos1000_inf"]
     assert m["spec/steps_pos0_100"] == 2.0 and m["spec/tokens_pos1000_inf"] == 6.0
     assert "spec/steps_pos0_100" not in SpecStats().as_metrics("spec/")  # nothing recorded: no columns
+
+
+def test_a_tally_adds_what_recording_step_by_step_adds():
+    # Rule: SpecStats.add(Tally.of(d, a, p)) == record(d[j], a[j]) for each j + record_positions(p, a);
+    # positions=False leaves the buckets alone; an accepted count outside 0..drafted is refused.
+    rng = np.random.default_rng(3)
+    d = rng.integers(0, 9, 300)
+    d[:40] = 0
+    a = (d * rng.random(300)).astype(np.int64)
+    p = rng.integers(0, 3000, 300)
+    one, tallied, lifetime = SpecStats(), SpecStats(), SpecStats()
+    for dj, aj in zip(d.tolist(), a.tolist()):
+        one.record(dj, aj)
+    one.record_positions(p, a)
+    tally = Tally.of(d, a, p)
+    tallied.add(tally)
+    lifetime.add(tally, positions=False)
+    assert tallied == one
+    assert lifetime.draft_len_hist == one.draft_len_hist and lifetime.pos_steps == [0, 0, 0, 0]
+    empty = SpecStats()
+    empty.add(Tally.of([0, 0], [0, 0]))
+    assert (empty.steps, empty.tokens, empty.draft_len_hist) == (2, 2, [])
+    with pytest.raises(ValueError, match="within 0..drafted"):
+        Tally.of([2, 1], [1, 2])
