@@ -35,8 +35,9 @@ trimming off):
 - stall: the longest step while the step's R / 16 new prompts' histories are indexed (new: measured,
   builds in the background, and with `--spec engine` until the requests' 8K-token prefixes have
   caught up into the siblings and the tree, a bounded number of tokens a step, so new's timed steps
-  run at a longer context, `timed_context` in the JSON; old and arctic build in the step: R / 16 x
-  one prompt's build time);
+  run at a longer context, `timed_context` in the JSON; a forward pass of 10 ms between steps, as
+  below, which the helper's growth overlaps: before 2026-12-05 (e) none, so work behind the step
+  counted in full; old and arctic build in the step: R / 16 x one prompt's build time);
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
   step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
   the engine hands the drafter are built before the clock starts; new's wall time beside
@@ -224,6 +225,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     t0 = time.perf_counter()
     stall, building_steps = step()[0], 1
     while (drafter.building or drafter.lagging) and num.max() < room:
+        time.sleep(forward_s)  # the forward pass: the helper's growth overlaps it, as in the engine
         stall = max(stall, step()[0])
         building_steps += 1
     drafter.wait_for_builds()

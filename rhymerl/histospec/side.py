@@ -42,6 +42,7 @@ from rhymerl.histospec.index import _MUL, _SEED, STRIDE
 _U_SEED, _U_MUL, _U_ONE = np.uint64(_SEED), np.uint64(_MUL), np.uint64(1)
 _U_MIX, _U_32 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(32)
 NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
+FILL_SLOTS = 1 << 18  # table slots `room_ahead` fills per call (4 MB: ~3 ms, within a forward pass)
 
 
 @njit(cache=True)
@@ -152,7 +153,7 @@ def _appending(lens, nseq, seqs, starts, ends):
     return longest, total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the helper thread rehashes behind the step (`SideIndex.room_ahead`)
 def _rehash(table, new):
     """Move every key into a larger table (chains are untouched: they live in the links)."""
     mask = new.shape[0] - 1
@@ -232,6 +233,8 @@ class SideIndex:
         self.table = np.full((64, 2), -1, dtype=np.int64)  # (key bits, newest occurrence) per slot
         self.links = np.zeros((self.tok.size, max_match - min_match + 1), dtype=np.int32)  # per position and n
         self.generation = 0  # bumped whenever an array above is reallocated (`rhymerl.histospec.slots`)
+        self._next: np.ndarray | None = None  # the next table, filled a chunk per `room_ahead`
+        self._filled = 0  # its slots filled so far
 
     # ------------------------------------------------------------------ growing
 
@@ -280,6 +283,37 @@ class SideIndex:
         """Record the reward of a finished sibling so reward-weighted drafting can use it."""
         self.rewards[seq_id] = float(reward)
 
+    def room_ahead(self, tokens: int, total: int, longest: int) -> bool:
+        """Grow now what `tokens` more on the longest sequence (capped at `longest`, the longest a
+        sequence can get) and `total` more in all would grow later inside `extend_rows`, so the
+        engine's helper thread does it behind the step (`rhymerl.histospec.growth`); whether
+        anything was replaced. Wider rows are made at once (every code rewritten: 10-16 ms at
+        8K-token siblings); a larger table from 3/8 full on, `FILL_SLOTS` slots a call (filling
+        64 MB took ~45 ms, page faults mostly: more than an engine's forward pass), rehashed into
+        when filled. A new sequence still grows the rows in its step (rare, and short then)."""
+        nseq, generation = int(self.state[NSEQ]), self.generation
+        held = int(self.lens[:nseq].max(initial=0))
+        rows, cols = self.tok.shape
+        length = max(held, min(held + tokens, longest))
+        if length >= cols:
+            self._grow(rows, _pow2(length + 1))
+        keys = int(self.state[NKEYS]) + total * (self.max_match - self.min_match + 1)
+        if self._next is None and 8 * keys > 3 * len(self.table):
+            self._next, self._filled = np.empty((max(2 * len(self.table), _pow2(2 * keys)), 2), np.int64), 0
+        if self._next is not None:
+            end = min(self._filled + FILL_SLOTS, len(self._next))
+            self._next[self._filled:end] = -1
+            self._filled = end
+            if end == len(self._next):
+                self._swap_table(self._next)
+        return self.generation != generation
+
+    def _swap_table(self, new: np.ndarray) -> None:
+        """Move every key into `new` (all free) and use it."""
+        self.generation += 1
+        _rehash(self.table, new)
+        self.table, self._next = new, None
+
     def _room(self, seqs: int, length: int, new_tokens: int) -> None:
         """Grow the arrays (by doubling) for `seqs` sequences, one of `length` tokens, and
         `new_tokens` more indexed tokens."""
@@ -289,11 +323,8 @@ class SideIndex:
         # At most half full even if every new n-gram were a new key: at 2/3 full, probes ran long
         # enough (clusters of ~4 slots) to make an engine step ~40% slower.
         keys = int(self.state[NKEYS]) + new_tokens * (self.max_match - self.min_match + 1)
-        if 2 * keys > len(self.table):
-            self.generation += 1
-            new = np.full((_pow2(2 * keys), 2), -1, dtype=np.int64)
-            _rehash(self.table, new)
-            self.table = new
+        if 2 * keys > len(self.table):  # in the step: the helper's table (`room_ahead`) was not ready
+            self._swap_table(np.full((_pow2(2 * keys), 2), -1, dtype=np.int64))
 
     def _grow(self, rows: int, cols: int) -> None:
         """Reallocate the token rows as rows x cols and the links to match; a local code (seq *
@@ -301,19 +332,19 @@ class SideIndex:
         if rows * cols >= 2 ** 31:
             raise ValueError(f"siblings of {rows} sequences x {cols} tokens overflow the index's int32 positions; "
                              "keep fewer sequences per prompt index (spec.siblings off or a shorter max_model_len)")
-        old_rows, old_cols = self.tok.shape
+        old_cols = self.tok.shape[1]
         self.generation += 1
         tok = np.zeros((rows, cols), dtype=np.int32)
-        tok[:old_rows, :old_cols] = self.tok
-        levels = self.links.shape[1]
-        links = np.zeros((rows, cols, levels), dtype=np.int32)
-        old = self.links.reshape(old_rows, old_cols, levels)
-        links[:old_rows, :old_cols] = _widen(old, old_cols, cols)
-        self.table[:, 1] = _widen(self.table[:, 1], old_cols, cols)
-        self.tok, self.links = tok, links.reshape(rows * cols, levels)
+        links = np.zeros((rows * cols, self.links.shape[1]), dtype=np.int32)
+        # Each sequence's written part only, codes rewritten on the way in one compiled pass: whole
+        # arrays through np.where (temporaries of all rows' width) took ~30 ms at 16 x 8K-token siblings.
+        _widen_rows(self.tok, self.links, self.lens, int(self.state[NSEQ]), tok, links)
+        if cols != old_cols:
+            _widen_heads(self.table, old_cols, cols)
+        self.tok, self.links = tok, links
         for name in ("lens", "rewards"):
             grown = np.zeros(rows, dtype=getattr(self, name).dtype)
-            grown[:old_rows] = getattr(self, name)
+            grown[:len(getattr(self, name))] = getattr(self, name)
             setattr(self, name, grown)
 
     # ------------------------------------------------------------------ querying
@@ -375,11 +406,28 @@ class SideIndex:
         return int(self.state[NSEQ])
 
 
-def _widen(codes: np.ndarray, old_cols: int, cols: int) -> np.ndarray:
-    """Local codes (seq * old_cols + position; -1: none) rewritten for rows `cols` wide."""
-    if cols == old_cols:
-        return codes
-    return np.where(codes >= 0, codes // old_cols * cols + codes % old_cols, codes).astype(codes.dtype)
+@njit(cache=True, nogil=True)
+def _widen_rows(tok, links, lens, nseq, new_tok, new_links):
+    """Copy each sequence's tokens and its positions' links (0..len) into the wider (or more)
+    rows of new_tok / new_links, rewriting local codes (seq * cols + position; -1: none) for the new width."""
+    old_cols, cols = tok.shape[1], new_tok.shape[1]
+    for seq in range(nseq):
+        for pos in range(lens[seq] + 1):
+            if pos < lens[seq]:
+                new_tok[seq, pos] = tok[seq, pos]
+            src, dst = seq * old_cols + pos, seq * cols + pos
+            for level in range(links.shape[1]):
+                code = links[src, level]
+                new_links[dst, level] = code if code < 0 else code // old_cols * cols + code % old_cols
+
+
+@njit(cache=True, nogil=True)
+def _widen_heads(table, old_cols, cols):
+    """The table's newest occurrences (local codes; -1: a free slot) rewritten for rows `cols` wide."""
+    for i in range(table.shape[0]):
+        code = table[i, 1]
+        if code >= 0:
+            table[i, 1] = code // old_cols * cols + code % old_cols
 
 
 def _pow2(n: int) -> int:

@@ -5,7 +5,9 @@ thread, and `auto` uses it only where the engine's thread may use another core."
 import numpy as np
 import pytest
 
+from rhymerl.histospec.growth import StepGrowth
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
+from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
@@ -88,3 +90,17 @@ def test_auto_grows_behind_only_where_the_thread_may_use_another_core(monkeypatc
     assert SpecConfig().grows_behind() and not SpecConfig(grow_behind="off").grows_behind()
     with pytest.raises(Exception, match="spec.grow_behind"):
         SpecConfig(grow_behind="sometimes")
+
+
+def test_the_helper_makes_room_in_the_steps_siblings_only_when_behind():
+    # Rule: `ahead(sides, longest)` + `start` has the helper grow each side's arrays for the next
+    # step (SideIndex.room_ahead: rows widened here), never past `longest`; without `behind`
+    # nothing runs off the step (the step grows what it needs itself).
+    for behind in (True, False):
+        side = SideIndex(1, 7)
+        side.add(list(range(40)))
+        growth = StepGrowth(None, behind)
+        growth.ahead([side], longest=300)
+        growth.start()
+        growth.finish()
+        assert side.tok.shape[1] == (512 if behind else 64)

@@ -79,6 +79,39 @@ def test_growth_past_every_initial_capacity_keeps_answers():
             assert side.recent(tail, 7, 32) == ref.table.get(_tail_keys(tail[-7:])[6], [])[-32:]
 
 
+def test_room_made_ahead_means_no_reallocation_in_the_step_and_the_same_answers():
+    # Rule: after room_ahead(tokens, total, longest), appending up to `tokens` to each sequence and
+    # `total` in all reallocates nothing (generation unchanged: the engine's step never grows the
+    # arrays the helper grew); a larger table is filled over several calls and swapped in whole; the
+    # rows never grow past `longest`; answers stay the dict index's throughout.
+    rng = np.random.default_rng(5)
+    side, ref = SideIndex(1, 7, [4]), SuffixIndex(1, 7, [4])
+    base = rng.integers(0, 30, 5000)
+    for _ in range(4):
+        side.add(base[:3].tolist())
+        ref.add(base[:3].tolist())
+    held, swaps, calls = 3, 0, 0
+    while held < 4000:
+        before = side.generation
+        grew = side.room_ahead(64, 4 * 64, longest=4100)
+        calls += 1
+        swaps += grew
+        assert grew == (side.generation != before)
+        before = side.generation
+        for s in range(4):
+            chunk = base[held:held + 50].copy()
+            chunk[rng.random(50) < 0.1] = 7
+            side.extend(s, chunk)
+            ref.extend(s, chunk.tolist())
+        held += 50
+        assert side.generation == before
+    assert side.tok.shape[1] == 4096 and swaps >= 3 and len(side.table) >= 2 * 4 * 7 * 1000
+    for at in (10, 999, 3999):
+        tail = ref.sequences[2][:at]
+        assert side.longest(tail) == ref.longest(_tail_keys(tail[-7:]))
+        assert side.recent(tail, 7, 32) == ref.table.get(_tail_keys(tail[-7:])[6], [])[-32:]
+
+
 def test_bad_ids_and_settings_are_refused():
     with pytest.raises(ValueError, match="min_match"):
         SideIndex(0, 3)
