@@ -144,7 +144,8 @@ class BatchDrafter:
             if probs.shape[1] < req.width:  # narrower than the widest draft: zero the rest
                 req.probs[ps] = 0.0
             req.probs[ps, :probs.shape[1]] = probs
-            _into_rows(out, live[plan], toks, lens)
+            for i, row, size in zip(live[plan].tolist(), toks.tolist(), lens.tolist()):
+                out[i] = row[:size]
         if old.any() and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
@@ -375,15 +376,3 @@ class BatchDrafter:
             if self.own is not None:
                 self.own.retain(live)
 
-
-def _into_rows(out: list[list[int]], rows: np.ndarray, toks: np.ndarray, lens: np.ndarray) -> None:
-    """out[rows[j]] = toks[j, :lens[j]] as a list, for the rows with a draft: one list conversion of
-    the drafted tokens alone (converting every row's full width and slicing it cost ~4x as much)."""
-    has = np.flatnonzero(lens)
-    if not len(has):
-        return
-    sizes = lens[has]
-    flat = toks[has][np.arange(toks.shape[1])[None, :] < sizes[:, None]].tolist()  # row by row
-    start = 0
-    for i, end in zip(rows[has].tolist(), np.cumsum(sizes).tolist()):
-        out[i], start = flat[start:end], end
