@@ -21,9 +21,10 @@ first: the engine reorders and overwrites those rows meanwhile. The library's up
 The helper also makes room in the step's prompts' siblings for what the next step may add
 (`ahead`, `SideIndex.room_ahead`): wider rows when the longest sibling nears the rows' width, and a
 larger n-gram table filled a chunk per step from 3/8 full and swapped in when filled. In the step
-these cost 10-60 ms each (page faults of a new 16-64 MB table, every code rewritten for wider rows):
-the longest step while 256 requests' 8K-token prefixes caught up fell 59-67 -> 22-36 ms
-(`rhymerl bench spec-scale --spec engine`, 2026-12-05 (e)).
+these cost 10-60 ms each (page faults of a new 16-64 MB table; wider rows, whose codes were all
+rewritten until the siblings' codes became position * rows + seq): the longest step while 256
+requests' 8K-token prefixes caught up fell 52 -> 27 ms (`rhymerl bench spec-scale --spec engine`,
+2026-12-05 (e)).
 
 Catch-up allowances (a request that arrives with a long prefix, moved from another worker or
 preempted, joins the siblings and the tree over several steps instead of stalling one) are counted

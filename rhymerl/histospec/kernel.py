@@ -266,7 +266,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
         if side >= 0:
             seq_lens = s_lens[side]
             seq_tok = s_tok[side]
-            n, found_n = sibling_match(seq_lens, s_table[side], s_links[side], seq_tok.shape[1], q, nq,
+            n, found_n = sibling_match(seq_lens, s_table[side], s_links[side], seq_tok.shape[0], q, nq,
                                        nf, min_match, limit, tail, found)
             flim = limit - found_n if nf == n else 0
             for c in range(found_n):  # an occurrence at a sibling's end continues nothing

@@ -8,7 +8,10 @@ here: the same n-gram occurrence table as `rhymerl.histospec.index.SuffixIndex` 
 answers, but stored as flat arrays instead of a dict of Python lists:
 
 - the sequences: one int32 row per sibling (prompt tail + response), doubled when one outgrows it;
-  a position's local code is seq * cols + position (cols: the rows' width, a power of two);
+  a position's local code is position * rows + seq (rows: how many sequences the arrays hold, a
+  power of two), so wider rows keep every code (the links are copied, the table untouched: when the
+  codes were seq * width + position, widening rewrote all of them, 16-26 ms at 8K-token siblings,
+  2026-12-05), and the siblings of a group, which advance in lockstep, write neighbouring links;
 - the table: open addressing (linear probing, at most half full), each slot a (key, newest
   occurrence's local code) pair in one row, so a probe reads one cache line (key and head in two
   arrays read two: inserts took ~25% longer in a standalone trial);
@@ -65,7 +68,7 @@ def _find(table, key):
 
 @njit(cache=True)
 def _insert(table, links, level, state, key, code):
-    """File the occurrence `code` (local: seq * cols + position) under `key`, an n-gram of
+    """File the occurrence `code` (local: position * rows + seq) under `key`, an n-gram of
     `level` + lo tokens (capacity ensured by the caller)."""
     mask, bits = table.shape[0] - 1, np.int64(key)
     state[NOCC] += 1
@@ -84,13 +87,13 @@ def _insert(table, links, level, state, key, code):
 def _index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
     """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
     first_end..lens[seq] (`SuffixIndex._index_range`)."""
-    base = seq * tok.shape[1]
+    rows = tok.shape[0]
     for end in range(first_end, lens[seq] + 1):
         key = _U_SEED
         for n in range(1, min(hi, end) + 1):
             key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
             if n >= lo:
-                _insert(table, links, n - lo, state, key, base + end)
+                _insert(table, links, n - lo, state, key, end * rows + seq)
 
 
 @njit(cache=True)
@@ -176,37 +179,37 @@ def tail_keys(q, nq, out):
 
 
 @njit(cache=True)
-def _log2(cols):
+def _log2(rows):
     """log2 of a power of two."""
     shift = 0
-    while (1 << shift) < cols:
+    while (1 << shift) < rows:
         shift += 1
     return shift
 
 
 @njit(cache=True)
-def longest(lens, table, links, cols, keys, nq, lo):
+def longest(lens, table, links, rows, keys, nq, lo):
     """The longest n (lo..nq) whose key keys[n - 1] occurred with a token after it; 0 if none
-    (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing). `cols`: the
-    token rows' width, a power of two (local codes are seq * cols + position)."""
-    shift, mask = _log2(cols), cols - 1
+    (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing). `rows`: the
+    sequences the arrays hold, a power of two (local codes are position * rows + seq)."""
+    shift, mask = _log2(rows), rows - 1
     for n in range(nq, lo - 1, -1):
         o = _find(table, keys[n - 1])
         while o != -1:
-            if o & mask < lens[o >> shift]:
+            if o >> shift < lens[o & mask]:
                 return n
             o = links[o, n - lo]
     return 0
 
 
 @njit(cache=True)
-def recent(table, links, cols, key, level, limit, out):
+def recent(table, links, rows, key, level, limit, out):
     """The `limit` most recent occurrences of `key` (an n-gram of `level` + lo tokens) into
-    out[:count] as codes (seq_id * STRIDE + position), oldest first; count."""
-    shift, mask = _log2(cols), cols - 1
+    out[:count] as codes (seq_id * STRIDE + position), oldest first; count. `rows`: as `longest`."""
+    shift, mask = _log2(rows), rows - 1
     o, count = _find(table, key), 0
     while o != -1 and count < limit:
-        out[count] = (o >> shift) * STRIDE + (o & mask)
+        out[count] = (o & mask) * STRIDE + (o >> shift)
         count += 1
         o = links[o, level]
     out[:count] = out[:count][::-1].copy()
@@ -327,24 +330,27 @@ class SideIndex:
             self._swap_table(np.full((_pow2(2 * keys), 2), -1, dtype=np.int64))
 
     def _grow(self, rows: int, cols: int) -> None:
-        """Reallocate the token rows as rows x cols and the links to match; a local code (seq *
-        cols + position) is rewritten for the new width, in the links and the table's heads."""
+        """Reallocate the token rows as rows x cols and the links to match. Wider rows keep every
+        local code (position * rows + seq): the links are copied as they are. More rows (a sibling
+        beyond a power of two, mostly while sequences are short) rewrite the codes, in the links and
+        the table's heads."""
         if rows * cols >= 2 ** 31:
             raise ValueError(f"siblings of {rows} sequences x {cols} tokens overflow the index's int32 positions; "
                              "keep fewer sequences per prompt index (spec.siblings off or a shorter max_model_len)")
-        old_cols = self.tok.shape[1]
+        old_rows, old_cols = self.tok.shape
         self.generation += 1
         tok = np.zeros((rows, cols), dtype=np.int32)
         links = np.zeros((rows * cols, self.links.shape[1]), dtype=np.int32)
-        # Each sequence's written part only, codes rewritten on the way in one compiled pass: whole
-        # arrays through np.where (temporaries of all rows' width) took ~30 ms at 16 x 8K-token siblings.
-        _widen_rows(self.tok, self.links, self.lens, int(self.state[NSEQ]), tok, links)
-        if cols != old_cols:
-            _widen_heads(self.table, old_cols, cols)
+        _copy_rows(self.tok, self.lens, int(self.state[NSEQ]), tok)  # the written part of each row
+        if rows == old_rows:
+            links[:len(self.links)] = self.links
+        else:
+            _relayout(self.links, self.lens, int(self.state[NSEQ]), old_rows, links, rows)
+            _relayout_heads(self.table, old_rows, rows)
         self.tok, self.links = tok, links
         for name in ("lens", "rewards"):
             grown = np.zeros(rows, dtype=getattr(self, name).dtype)
-            grown[:len(getattr(self, name))] = getattr(self, name)
+            grown[:old_rows] = getattr(self, name)
             setattr(self, name, grown)
 
     # ------------------------------------------------------------------ querying
@@ -361,7 +367,7 @@ class SideIndex:
         if not self.state[NOCC]:
             return 0
         keys, nq = self._keys(tail)
-        return int(longest(self.lens, self.table, self.links, self.tok.shape[1], keys, nq, self.min_match))
+        return int(longest(self.lens, self.table, self.links, self.tok.shape[0], keys, nq, self.min_match))
 
     def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
         """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
@@ -372,7 +378,7 @@ class SideIndex:
         if n > nq:
             raise ValueError(f"n={n} is longer than the tail ({nq} tokens of it are matched)")
         out = np.zeros(max(1, min(limit, int(self.state[NOCC]))), dtype=np.int64)
-        count = recent(self.table, self.links, self.tok.shape[1], keys[n - 1], n - self.min_match, len(out), out)
+        count = recent(self.table, self.links, self.tok.shape[0], keys[n - 1], n - self.min_match, len(out), out)
         return out[:count].tolist()
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
@@ -407,27 +413,31 @@ class SideIndex:
 
 
 @njit(cache=True, nogil=True)
-def _widen_rows(tok, links, lens, nseq, new_tok, new_links):
-    """Copy each sequence's tokens and its positions' links (0..len) into the wider (or more)
-    rows of new_tok / new_links, rewriting local codes (seq * cols + position; -1: none) for the new width."""
-    old_cols, cols = tok.shape[1], new_tok.shape[1]
+def _copy_rows(tok, lens, nseq, new_tok):
+    """new_tok[seq, :lens[seq]] = tok[seq, :lens[seq]] for every sequence (not the unwritten rest)."""
     for seq in range(nseq):
-        for pos in range(lens[seq] + 1):
-            if pos < lens[seq]:
-                new_tok[seq, pos] = tok[seq, pos]
-            src, dst = seq * old_cols + pos, seq * cols + pos
-            for level in range(links.shape[1]):
-                code = links[src, level]
-                new_links[dst, level] = code if code < 0 else code // old_cols * cols + code % old_cols
+        new_tok[seq, :lens[seq]] = tok[seq, :lens[seq]]
 
 
 @njit(cache=True, nogil=True)
-def _widen_heads(table, old_cols, cols):
-    """The table's newest occurrences (local codes; -1: a free slot) rewritten for rows `cols` wide."""
+def _relayout(links, lens, nseq, old_rows, new_links, rows):
+    """Move every sequence's links (positions 0..len) from codes position * old_rows + seq to
+    position * rows + seq, rewriting the codes they hold (-1: none) the same way."""
+    for seq in range(nseq):
+        for pos in range(lens[seq] + 1):
+            src, dst = pos * old_rows + seq, pos * rows + seq
+            for level in range(links.shape[1]):
+                code = links[src, level]
+                new_links[dst, level] = code if code < 0 else code // old_rows * rows + code % old_rows
+
+
+@njit(cache=True, nogil=True)
+def _relayout_heads(table, old_rows, rows):
+    """The table's newest occurrences (local codes; -1: a free slot) rewritten as `_relayout` does."""
     for i in range(table.shape[0]):
         code = table[i, 1]
         if code >= 0:
-            table[i, 1] = code // old_cols * cols + code % old_cols
+            table[i, 1] = code // old_rows * rows + code % old_rows
 
 
 def _pow2(n: int) -> int:
@@ -436,7 +446,7 @@ def _pow2(n: int) -> int:
 
 
 @njit(cache=True)
-def sibling_match(lens, table, links, cols, q, nq, n_flat, lo, limit, keys, codes):
+def sibling_match(lens, table, links, rows, q, nq, n_flat, lo, limit, keys, codes):
     """For a row whose tail, reversed, is q[:nq] and whose history matched its last n_flat tokens:
     (n, count), n the match length (the longer of the history's and the siblings'; 0: none) and the
     siblings' `limit` most recent occurrences of its last n tokens in codes[:count], oldest first
@@ -444,7 +454,7 @@ def sibling_match(lens, table, links, cols, q, nq, n_flat, lo, limit, keys, code
     tail_keys(q, nq, keys)
     n = n_flat
     if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
-        n = max(longest(lens, table, links, cols, keys, nq, lo), n)
+        n = max(longest(lens, table, links, rows, keys, nq, lo), n)
     if n == 0:
         return 0, 0
-    return n, recent(table, links, cols, keys[n - 1], n - lo, limit, codes)
+    return n, recent(table, links, rows, keys[n - 1], n - lo, limit, codes)

@@ -112,6 +112,33 @@ def test_room_made_ahead_means_no_reallocation_in_the_step_and_the_same_answers(
         assert side.recent(tail, 7, 32) == ref.table.get(_tail_keys(tail[-7:])[6], [])[-32:]
 
 
+def test_wider_rows_keep_every_code_and_more_rows_keep_every_answer():
+    # Rule: codes are position * rows + seq, so widening the rows (a sibling passing a power of two)
+    # leaves the table as it was (only copied links, no code rewritten); more sequences than rows
+    # (4 -> 8) rewrite the codes, and answers stay the dict index's either way.
+    rng = np.random.default_rng(2)
+    side, ref = SideIndex(1, 7), SuffixIndex(1, 7)
+    base = rng.integers(0, 10, 400)
+    for _ in range(4):
+        side.add(base[:30].tolist())
+        ref.add(base[:30].tolist())
+    table, links, cols = side.table.copy(), side.links.copy(), side.tok.shape[1]
+    assert side.room_ahead(100, 0, longest=1000)  # wider rows, the table (167 keys of 1024 slots) as it is
+    assert side.tok.shape == (4, 256) and (side.table == table).all() and (side.links[:len(links)] == links).all()
+    side.extend(0, base[30:100])
+    ref.extend(0, base[30:100].tolist())
+    side.add(base[:200].tolist())  # a fifth sequence: 8 rows
+    ref.add(base[:200].tolist())
+    assert side.tok.shape[0] == 8
+    for seq in range(5):
+        for at in (8, 29, 60, 99):
+            tail = ref.sequences[seq][:at]
+            if len(tail) < 8:
+                continue
+            assert side.longest(tail) == ref.longest(_tail_keys(tail[-7:]))
+            assert side.recent(tail, 7, 32) == ref.table.get(_tail_keys(tail[-7:])[6], [])[-32:]
+
+
 def test_bad_ids_and_settings_are_refused():
     with pytest.raises(ValueError, match="min_match"):
         SideIndex(0, 3)
