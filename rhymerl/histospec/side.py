@@ -45,6 +45,10 @@ from rhymerl.histospec.index import _MUL, _SEED, STRIDE
 _U_SEED, _U_MUL, _U_ONE = np.uint64(_SEED), np.uint64(_MUL), np.uint64(1)
 _U_MIX, _U_32 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(32)
 NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
+# Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
+# time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that
+# opened 16 prompts of 16 samples with 4 rows to start with, 2026-12-05). 16 x 64 positions: 32 KB.
+ROWS = 16
 FILL_SLOTS = 1 << 18  # table slots `room_ahead` fills per call (4 MB: ~3 ms, within a forward pass)
 
 
@@ -230,9 +234,9 @@ class SideIndex:
         self.min_match, self.max_match = min_match, max_match
         self.prefix = np.asarray([int(t) for t in prefix][-max_match:], dtype=np.int32)
         self.state = np.zeros(3, dtype=np.int64)  # NSEQ, NOCC, NKEYS
-        self.tok = np.zeros((4, 64), dtype=np.int32)
-        self.lens = np.zeros(4, dtype=np.int64)
-        self.rewards = np.zeros(4, dtype=np.float64)
+        self.tok = np.zeros((ROWS, 64), dtype=np.int32)
+        self.lens = np.zeros(ROWS, dtype=np.int64)
+        self.rewards = np.zeros(ROWS, dtype=np.float64)
         self.table = np.full((64, 2), -1, dtype=np.int64)  # (key bits, newest occurrence) per slot
         self.links = np.zeros((self.tok.size, max_match - min_match + 1), dtype=np.int32)  # per position and n
         self.generation = 0  # bumped whenever an array above is reallocated (`rhymerl.histospec.slots`)

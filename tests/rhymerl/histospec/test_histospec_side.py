@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rhymerl.histospec.index import SuffixIndex, _tail_keys
-from rhymerl.histospec.side import SideIndex
+from rhymerl.histospec.side import NKEYS, ROWS, SideIndex
 
 
 def grow_both(rng, lo, hi, vocab):
@@ -65,13 +65,13 @@ def test_growth_past_every_initial_capacity_keeps_answers():
     # Rule: the arrays double (sequences, length, occurrences, table) without losing an occurrence.
     rng = np.random.default_rng(7)
     side, ref = SideIndex(1, 7), SuffixIndex(1, 7)
-    for _ in range(9):
+    for _ in range(ROWS + 2):
         toks = rng.integers(0, 1000, 500).tolist()
         s = side.add(toks[:3])
         ref.add(toks[:3])
         side.extend(s, toks[3:])
         ref.extend(s, toks[3:])
-    assert side.tok.shape[0] >= 9 and side.tok.shape[1] >= 500
+    assert side.tok.shape[0] > ROWS and side.tok.shape[1] >= 500
     for seq in ref.sequences:
         for at in (7, 100, 499):
             tail = seq[:at]
@@ -115,22 +115,23 @@ def test_room_made_ahead_means_no_reallocation_in_the_step_and_the_same_answers(
 def test_wider_rows_keep_every_code_and_more_rows_keep_every_answer():
     # Rule: codes are position * rows + seq, so widening the rows (a sibling passing a power of two)
     # leaves the table as it was (only copied links, no code rewritten); more sequences than rows
-    # (4 -> 8) rewrite the codes, and answers stay the dict index's either way.
+    # (ROWS -> 2 ROWS) rewrite the codes, and answers stay the dict index's either way.
     rng = np.random.default_rng(2)
     side, ref = SideIndex(1, 7), SuffixIndex(1, 7)
     base = rng.integers(0, 10, 400)
-    for _ in range(4):
+    for _ in range(ROWS):
         side.add(base[:30].tolist())
         ref.add(base[:30].tolist())
     table, links, cols = side.table.copy(), side.links.copy(), side.tok.shape[1]
-    assert side.room_ahead(100, 0, longest=1000)  # wider rows, the table (167 keys of 1024 slots) as it is
-    assert side.tok.shape == (4, 256) and (side.table == table).all() and (side.links[:len(links)] == links).all()
+    assert 8 * side.state[NKEYS] < 3 * len(table)  # room_ahead(..., total=0) leaves this table alone
+    assert side.room_ahead(100, 0, longest=1000)  # wider rows
+    assert side.tok.shape == (ROWS, 256) and (side.table == table).all() and (side.links[:len(links)] == links).all()
     side.extend(0, base[30:100])
     ref.extend(0, base[30:100].tolist())
-    side.add(base[:200].tolist())  # a fifth sequence: 8 rows
+    side.add(base[:200].tolist())  # one sequence more than the rows: twice the rows
     ref.add(base[:200].tolist())
-    assert side.tok.shape[0] == 8
-    for seq in range(5):
+    assert side.tok.shape[0] == 2 * ROWS
+    for seq in (0, 1, ROWS - 1, ROWS):
         for at in (8, 29, 60, 99):
             tail = ref.sequences[seq][:at]
             if len(tail) < 8:
