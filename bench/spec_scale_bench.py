@@ -244,7 +244,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     return {"stall_ms": stall * 1e3, "steps_while_building": building_steps, "build_wait_s": build_wait,
             "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6, "index_bytes": index_bytes,
             "sibling_tokens": sibling_tokens, "sibling_bytes": sibling_bytes,
-            "sibling_bytes_per_token": sibling_bytes / max(1, sibling_tokens),
+            "sibling_bytes_per_token": sibling_bytes / sibling_tokens if sibling_tokens else 0.0,
             "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3,
             "step_wall_max_ms": max(wall for wall, _ in timed) * 1e3,
             "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward_s * 1e3,
