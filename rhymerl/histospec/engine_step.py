@@ -375,4 +375,3 @@ class BatchDrafter:
             self.sides.retain(live)
             if self.own is not None:
                 self.own.retain(live)
-

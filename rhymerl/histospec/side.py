@@ -41,8 +41,8 @@ import numpy as np
 from numba import njit
 
 from rhymerl.histospec.index import _MUL, _SEED, STRIDE
-from rhymerl.histospec.side_arrays import (NKEYS, NOCC, NSEQ, _copy_rows, _find, _insert, _rehash,
-                                           _relayout, _relayout_heads)
+from rhymerl.histospec.side_arrays import (NKEYS, NOCC, NSEQ, copy_rows, find, insert, rehash,
+                                           relayout, relayout_heads)
 
 _U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
@@ -62,7 +62,7 @@ def _index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
         for n in range(1, min(hi, end) + 1):
             key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
             if n >= lo:
-                _insert(table, links, n - lo, state, key, end * rows + seq)
+                insert(table, links, n - lo, state, key, end * rows + seq)
 
 
 @njit(cache=True)
@@ -151,7 +151,7 @@ def longest(lens, table, links, rows, keys, nq, lo):
     sequences the arrays hold, a power of two (local codes are position * rows + seq)."""
     shift, mask = _log2(rows), rows - 1
     for n in range(nq, lo - 1, -1):
-        o = _find(table, keys[n - 1])
+        o = find(table, keys[n - 1])
         while o != -1:
             if o >> shift < lens[o & mask]:
                 return n
@@ -164,7 +164,7 @@ def recent(table, links, rows, key, level, limit, out):
     """The `limit` most recent occurrences of `key` (an n-gram of `level` + lo tokens) into
     out[:count] as codes (seq_id * STRIDE + position), oldest first; count. `rows`: as `longest`."""
     shift, mask = _log2(rows), rows - 1
-    o, count = _find(table, key), 0
+    o, count = find(table, key), 0
     while o != -1 and count < limit:
         out[count] = (o & mask) * STRIDE + (o >> shift)
         count += 1
@@ -247,8 +247,8 @@ class SideIndex:
         """Grow now what `tokens` more on the longest sequence (capped at `longest`, the longest a
         sequence can get) and `total` more in all would grow later inside `extend_rows`, so the
         engine's helper thread does it behind the step (`rhymerl.histospec.growth`); whether
-        anything was replaced. Wider rows are made at once (every code rewritten: 10-16 ms at
-        8K-token siblings); a larger table from 3/8 full on, `FILL_SLOTS` slots a call (filling
+        anything was replaced. Wider rows are made at once (a copy of the rows and links, codes
+        unchanged: ~12 ms at 16 x 8K-token siblings); a larger table from 3/8 full on, `FILL_SLOTS` slots a call (filling
         64 MB took ~45 ms, page faults mostly: more than an engine's forward pass), rehashed into
         when filled. A new sequence still grows the rows in its step (rare, and short then)."""
         nseq, generation = int(self.state[NSEQ]), self.generation
@@ -271,7 +271,7 @@ class SideIndex:
     def _swap_table(self, new: np.ndarray) -> None:
         """Move every key into `new` (all free) and use it."""
         self.generation += 1
-        _rehash(self.table, new)
+        rehash(self.table, new)
         self.table, self._next = new, None
 
     def _room(self, seqs: int, length: int, new_tokens: int) -> None:
@@ -298,12 +298,12 @@ class SideIndex:
         self.generation += 1
         tok = np.zeros((rows, cols), dtype=np.int32)
         links = np.zeros((rows * cols, self.links.shape[1]), dtype=np.int32)
-        _copy_rows(self.tok, self.lens, int(self.state[NSEQ]), tok)  # the written part of each row
+        copy_rows(self.tok, self.lens, int(self.state[NSEQ]), tok)  # the written part of each row
         if rows == old_rows:
             links[:len(self.links)] = self.links
         else:
-            _relayout(self.links, self.lens, int(self.state[NSEQ]), old_rows, links, rows)
-            _relayout_heads(self.table, old_rows, rows)
+            relayout(self.links, self.lens, int(self.state[NSEQ]), old_rows, links, rows)
+            relayout_heads(self.table, old_rows, rows)
         self.tok, self.links = tok, links
         for name in ("lens", "rewards"):
             grown = np.zeros(rows, dtype=getattr(self, name).dtype)

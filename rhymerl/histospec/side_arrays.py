@@ -15,16 +15,16 @@ NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
 
 
 @njit(cache=True)
-def _home(key, mask):
+def home(key, mask):
     """The table slot a key's probe starts at."""
     return np.int64(((key * _U_MIX) >> _U_32) & np.uint64(mask))
 
 
 @njit(cache=True)
-def _find(table, key):
+def find(table, key):
     """The newest occurrence of `key` (-1: none)."""
     mask, bits = table.shape[0] - 1, np.int64(key)
-    i = _home(key, mask)
+    i = home(key, mask)
     while table[i, 1] != -1:
         if table[i, 0] == bits:
             return table[i, 1]
@@ -33,12 +33,12 @@ def _find(table, key):
 
 
 @njit(cache=True)
-def _insert(table, links, level, state, key, code):
+def insert(table, links, level, state, key, code):
     """File the occurrence `code` (local: position * rows + seq) under `key`, an n-gram of
     `level` + lo tokens (capacity ensured by the caller)."""
     mask, bits = table.shape[0] - 1, np.int64(key)
     state[NOCC] += 1
-    i = _home(key, mask)
+    i = home(key, mask)
     while table[i, 1] != -1:
         if table[i, 0] == bits:
             links[code, level], table[i, 1] = table[i, 1], code
@@ -50,26 +50,26 @@ def _insert(table, links, level, state, key, code):
 
 
 @njit(cache=True, nogil=True)  # the helper thread rehashes behind the step (`SideIndex.room_ahead`)
-def _rehash(table, new):
+def rehash(table, new):
     """Move every key into a larger table (chains are untouched: they live in the links)."""
     mask = new.shape[0] - 1
     for i in range(table.shape[0]):
         if table[i, 1] != -1:
-            j = _home(np.uint64(table[i, 0]), mask)
+            j = home(np.uint64(table[i, 0]), mask)
             while new[j, 1] != -1:
                 j = (j + 1) & mask
             new[j, 0], new[j, 1] = table[i, 0], table[i, 1]
 
 
 @njit(cache=True, nogil=True)
-def _copy_rows(tok, lens, nseq, new_tok):
+def copy_rows(tok, lens, nseq, new_tok):
     """new_tok[seq, :lens[seq]] = tok[seq, :lens[seq]] for every sequence (not the unwritten rest)."""
     for seq in range(nseq):
         new_tok[seq, :lens[seq]] = tok[seq, :lens[seq]]
 
 
 @njit(cache=True, nogil=True)
-def _relayout(links, lens, nseq, old_rows, new_links, rows):
+def relayout(links, lens, nseq, old_rows, new_links, rows):
     """Move every sequence's links (positions 0..len) from codes position * old_rows + seq to
     position * rows + seq, rewriting the codes they hold (-1: none) the same way."""
     for seq in range(nseq):
@@ -81,8 +81,8 @@ def _relayout(links, lens, nseq, old_rows, new_links, rows):
 
 
 @njit(cache=True, nogil=True)
-def _relayout_heads(table, old_rows, rows):
-    """The table's newest occurrences (local codes; -1: a free slot) rewritten as `_relayout` does."""
+def relayout_heads(table, old_rows, rows):
+    """The table's newest occurrences (local codes; -1: a free slot) rewritten as `relayout` does."""
     for i in range(table.shape[0]):
         code = table[i, 1]
         if code >= 0:
