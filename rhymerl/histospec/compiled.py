@@ -20,7 +20,8 @@ import hashlib
 import os
 from pathlib import Path
 
-COMPILED = ("kernel", "requests", "side", "side_arrays", "stats", "step_budget")  # modules with @njit(cache=True) (a test checks)
+# modules with @njit(cache=True) (a test checks)
+COMPILED = ("kernel", "requests", "side", "side_arrays", "stats", "step_budget")
 STAMP = "numba-sources.sha1"  # the sources' hash the cache files were compiled from
 
 

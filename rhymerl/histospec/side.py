@@ -248,16 +248,14 @@ class SideIndex:
         sequence can get) and `total` more in all would grow later inside `extend_rows`, so the
         engine's helper thread does it behind the step (`rhymerl.histospec.growth`); whether
         anything was replaced. Wider rows are made at once (a copy of the rows and links, codes
-        unchanged: ~12 ms at 16 x 8K-token siblings); a larger table from 3/8 full on, `FILL_SLOTS` slots a call (filling
-        64 MB took ~45 ms, page faults mostly: more than an engine's forward pass), rehashed into
-        when filled. A new sequence still grows the rows in its step (rare, and short then)."""
+        unchanged: ~12 ms at 16 x 8K-token siblings); a larger table from 3/8 full on, `FILL_SLOTS`
+        slots a call (filling 64 MB took ~45 ms, page faults mostly: more than an engine's forward
+        pass), rehashed into when filled. A new sequence still grows the rows in its step (rare, and
+        short then)."""
         nseq, generation = int(self.state[NSEQ]), self.generation
         held = int(self.lens[:nseq].max(initial=0))
-        rows, cols = self.tok.shape
-        length = max(held, min(held + tokens, longest))
-        if length >= cols:
-            self._grow(rows, _pow2(length + 1))
-        keys = int(self.state[NKEYS]) + total * (self.max_match - self.min_match + 1)
+        self._room(nseq, max(held, min(held + tokens, longest)), 0)  # the rows' width (the table is half full at most)
+        keys = self._keys_after(total)
         if self._next is None and 8 * keys > 3 * len(self.table):
             self._next, self._filled = np.empty((max(2 * len(self.table), _pow2(2 * keys)), 2), np.int64), 0
         if self._next is not None:
@@ -267,6 +265,10 @@ class SideIndex:
             if end == len(self._next):
                 self._swap_table(self._next)
         return self.generation != generation
+
+    def _keys_after(self, tokens: int) -> int:
+        """Keys in the table after `tokens` more tokens, if every n-gram they end were a new key."""
+        return int(self.state[NKEYS]) + tokens * (self.max_match - self.min_match + 1)
 
     def _swap_table(self, new: np.ndarray) -> None:
         """Move every key into `new` (all free) and use it."""
@@ -282,7 +284,7 @@ class SideIndex:
             self._grow(max(rows, _pow2(seqs)), max(cols, _pow2(length + 1)))
         # At most half full even if every new n-gram were a new key: at 2/3 full, probes ran long
         # enough (clusters of ~4 slots) to make an engine step ~40% slower.
-        keys = int(self.state[NKEYS]) + new_tokens * (self.max_match - self.min_match + 1)
+        keys = self._keys_after(new_tokens)
         if 2 * keys > len(self.table):  # in the step: the helper's table (`room_ahead`) was not ready
             self._swap_table(np.full((_pow2(2 * keys), 2), -1, dtype=np.int64))
 

@@ -13,7 +13,7 @@ from numba import njit
 # [0, 100), [100, 300), [300, 1000), [1000, inf). Positions past 1,000 occur only in long responses,
 # so the last bucket says how fast a rollout's tail generates.
 POSITION_EDGES = (100, 300, 1000)
-_EDGES = np.asarray(POSITION_EDGES)  # once, not per engine step
+_EDGES = np.asarray(POSITION_EDGES, np.int64)  # once, not per engine step
 _BUCKETS = len(POSITION_EDGES) + 1
 
 
@@ -89,15 +89,8 @@ class SpecStats:
         self.drafts += tally.drafts
         self.drafted += tally.drafted
         self.accepted += tally.accepted
-        if tally.drafts:
-            size = len(tally.draft_hist)
-            hist, acc = self.draft_len_hist, self.accept_len_hist
-            if len(hist) < size:
-                hist.extend([0] * (size - len(hist)))
-                acc.extend([0] * (size - len(acc)))
-            for j, (d, a) in enumerate(zip(tally.draft_hist, tally.accept_hist)):
-                hist[j] += d
-                acc[j] += a
+        _add_into(self.draft_len_hist, tally.draft_hist)  # both empty without a draft
+        _add_into(self.accept_len_hist, tally.accept_hist)
         if positions and tally.pos_steps is not None:
             self.pos_steps = [a + b for a, b in zip(self.pos_steps, tally.pos_steps)]
             self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, tally.pos_tokens)]
@@ -109,11 +102,8 @@ class SpecStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.pos_steps = [a + b for a, b in zip(self.pos_steps, other.pos_steps)]
         self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, other.pos_tokens)]
-        for mine, theirs in ((self.draft_len_hist, other.draft_len_hist),
-                             (self.accept_len_hist, other.accept_len_hist)):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for j, v in enumerate(theirs):
-                mine[j] += v
+        _add_into(self.draft_len_hist, other.draft_len_hist)
+        _add_into(self.accept_len_hist, other.accept_len_hist)
 
     @property
     def drafted_at(self) -> list[int]:
@@ -167,6 +157,13 @@ class SpecStats:
         return out
 
 
+def _add_into(mine: list[int], theirs: list[int]) -> None:
+    """mine[j] += theirs[j] for every j, `mine` first lengthened with zeros to `theirs`'s length."""
+    mine.extend([0] * (len(theirs) - len(mine)))
+    for j, v in enumerate(theirs):
+        mine[j] += v
+
+
 def _tail_sums(hist: list[int]) -> list[int]:
     """[j] = sum(hist[j+1:]): how many lengths exceed j."""
     out, run = [], 0
@@ -205,7 +202,7 @@ class Tally:
         pos = np.asarray(positions if given else (), np.int64)
         steps, tokens = np.zeros(_BUCKETS, np.int64), np.zeros(_BUCKETS, np.int64)
         totals = np.zeros(3, np.int64)  # drafts, drafted, accepted
-        if not _tally(d, a, pos, given, _EDGES.astype(np.int64), hist, acc, steps, tokens, totals):
+        if not _tally(d, a, pos, given, _EDGES, hist, acc, steps, tokens, totals):
             raise ValueError("accepted must be within 0..drafted for every step")
         drafts = int(totals[0])
         return cls(len(d), int(totals[2]) + len(d), drafts, int(totals[1]), int(totals[2]),
