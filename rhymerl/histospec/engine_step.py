@@ -23,16 +23,13 @@ row's draft. In order:
    drafts of the requests forecast to finish last (`spec.tail_fraction`).
 
 When a prompt's index is built: its first request opens it with siblings only; the history part
-(`FlatIndex`) is built by a background thread (numpy releases the GIL while it sorts) and attached
-when ready, so a step never waits for a build. A small history (at most `INLINE_TOKENS` per step in
-all) is built in the step, where it costs less than a thread hand-off. Engine thread only.
+(`FlatIndex`) is built by a background thread and attached when ready, so a step never waits for a
+build (`rhymerl.histospec.builds`). Engine thread only.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -40,8 +37,9 @@ import numpy as np
 
 from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
+from rhymerl.histospec.builds import HistoryBuilds
 from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
-from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
+from rhymerl.histospec.flat import FlatBundle, PromptIndex
 from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.requests import RequestTable, step_keys
@@ -55,7 +53,6 @@ from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
 
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
-INLINE_TOKENS = 4096  # history tokens a step may index itself (~1 ms); larger ones build in the background
 
 
 @dataclass
@@ -85,11 +82,7 @@ class BatchDrafter:
     def __post_init__(self) -> None:
         if not isinstance(self.bundle, FlatBundle):
             self.bundle = FlatBundle.of(self.bundle)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: list = []  # futures of background builds
-        self._built: list[tuple[int, float]] = []  # (tokens, seconds) of finished builds, to count
-        self._lock = threading.Lock()
-        self._inline_left = INLINE_TOKENS
+        self.builds = HistoryBuilds(self.spec, self.background)
         self.rule = self.spec.budget()
         if self.recent is None and self.spec.method == "histospec":
             self.recent = self.spec.new_recent()
@@ -115,10 +108,9 @@ class BatchDrafter:
             return out
         t0 = time.perf_counter()
         self.step += 1
-        self._inline_left = INLINE_TOKENS
+        self.builds.new_step(self.stats)
         self.growth.new_step()  # the step before's growth, if it ran behind, is in the indexes now
         self.stats.grow_seconds, self.growth.seconds = self.stats.grow_seconds + self.growth.seconds, 0.0
-        self._count_builds()
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
                                      token_ids_cpu.dtype)
@@ -131,9 +123,10 @@ class BatchDrafter:
         old = slots >= 0
         processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
         self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
-        for j in np.flatnonzero(~old).tolist():  # requests seen for the first time
-            slots[j] = self._start(token_ids_cpu[live[j]], int(ends[j]), int(sizes[live[j]]))
-            processed += int(before[j])  # its prefill (cached prompt blocks counted too)
+        new = np.flatnonzero(~old)  # requests seen for the first time
+        if len(new):
+            slots[new] = self._start(token_ids_cpu, live[new], ends[new], sizes[live[new]])
+            processed += int(before[new].sum())  # their prefill (cached prompt blocks counted too)
         req = self.requests
         req.n[slots], req.step[slots], req.drafted[slots] = ends, self.step, 0
         plan, budgets = self._plan(slots, ends)
@@ -286,30 +279,66 @@ class BatchDrafter:
             out[i] = draft
             req.drafted[slot] = len(draft)
 
-    def _start(self, row: np.ndarray, n: int, new: int) -> int:
-        """A slot for a request seen for the first time (`n` tokens, `new` of them sampled this step):
-        find its prompt, open its sibling sequence and its response in the cross-prompt tree, with as
-        much of its response as the step's allowances let in (`StepGrowth.catch_up`; `_grow` adds the rest)."""
+    def _start(self, tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Slots for requests seen for the first time (row rows[j] of `tokens`, ends[j] tokens long,
+        sizes[j] of them sampled this step): find their prompts, open their sibling sequences and
+        their responses in the cross-prompt tree, with as much of each response as the step's
+        allowances let in, first rows first (`StepGrowth.catch_up`; `_grow` adds the rest later).
+        The siblings' tokens go in with one compiled call for all rows (a call per row cost ~40 us:
+        256 new requests held a step ~11 ms, 2026-12-05)."""
         req = self.requests
-        slot = req.alloc()
-        req.budget[slot] = self.rule.initial
-        k = self.table.lookup(row, n)
-        if k is None:
-            return slot
-        prompt = self.prompts.get(k)
-        if prompt is None:
-            prompt = self.prompts[k] = self._open(k)
-        req.prompt[slot], req.forecast[slot], req.plen[slot] = k, prompt.forecast, prompt.plen
-        due, steady = np.array([max(0, n - prompt.plen)]), np.array([new])
+        slots = np.fromiter((req.alloc() for _ in range(len(rows))), np.int64, len(rows))
+        req.budget[slots] = self.rule.initial
+        lookup = self.table.lookup
+        keys = np.fromiter((-1 if k is None else k for k in (lookup(tokens[i], n) for i, n in
+                            zip(rows.tolist(), ends.tolist()))), np.int64, len(rows))
+        known = np.flatnonzero(keys >= 0)
+        if len(known):
+            self._join(slots[known], keys[known], tokens, rows[known], ends[known], sizes[known])
+        return slots
+
+    def _join(self, slots: np.ndarray, keys: np.ndarray, tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray,
+              sizes: np.ndarray) -> None:
+        """`_start` for the new requests of known prompts (keys: their bundle indexes)."""
+        req = self.requests
+        prompts = []
+        for k in keys.tolist():
+            prompt = self.prompts.get(k)
+            if prompt is None:
+                prompt = self.prompts[k] = self._open(k)
+            prompts.append(prompt)
+        plen = np.fromiter((p.plen for p in prompts), np.int64, len(prompts))
+        req.prompt[slots], req.plen[slots] = keys, plen
+        req.forecast[slots] = np.fromiter((p.forecast for p in prompts), np.int64, len(prompts))
+        due = np.maximum(ends - plen, 0)
         if self.spec.siblings:
-            upto = prompt.plen + int(self.growth.catch_up(due, steady, "side")[0])
-            req.sib[slot], req.sib_n[slot] = prompt.index.add(row[prompt.plen:upto].tolist()), upto
-        per_group = self.spec.recent_per_group
-        if self.recent is not None and (not per_group or prompt.in_tree < per_group):
-            upto = prompt.plen + int(self.growth.catch_up(due, steady, "tree")[0])
-            req.tree[slot], req.tree_n[slot] = self.recent.start(row[prompt.plen:upto].tolist()), upto
-            prompt.in_tree += 1
-        return slot
+            upto = plen + self.growth.catch_up(due, sizes, "side")
+            seqs = np.fromiter((p.index.add() for p in prompts), np.int64, len(prompts))  # the prompt's tail alone
+            distinct, which = np.unique(keys, return_inverse=True)
+            indexes = [self.prompts[k].index for k in distinct.tolist()]
+            bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
+            which = which.ravel()
+            self.sides.extend_rows([ix.side for ix in indexes], which, seqs - bases[which], tokens, rows, plen, upto)
+            req.sib[slots], req.sib_n[slots] = seqs, upto
+        if self.recent is not None:
+            self._join_tree(prompts, slots, tokens, rows, plen, due, sizes)
+
+    def _join_tree(self, prompts: list[_Prompt], slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray,
+                   plen: np.ndarray, due: np.ndarray, sizes: np.ndarray) -> None:
+        """Open the responses of new requests in the cross-prompt tree: each prompt's first
+        `spec.recent_per_group` requests (all with 0), within the step's allowance."""
+        per_group, joins = self.spec.recent_per_group, []
+        for j, prompt in enumerate(prompts):
+            if not per_group or prompt.in_tree < per_group:
+                prompt.in_tree += 1
+                joins.append(j)
+        if not joins:
+            return
+        j = np.asarray(joins, np.int64)
+        upto = plen[j] + self.growth.catch_up(due[j], sizes[j], "tree")
+        req = self.requests
+        for slot, i, a, b in zip(slots[j].tolist(), rows[j].tolist(), plen[j].tolist(), upto.tolist()):
+            req.tree[slot], req.tree_n[slot] = self.recent.start(tokens[i, a:b].tolist()), b
 
     def _open(self, k: int) -> _Prompt:
         """Prompt k's entry: its index with siblings only, the history attached now (small) or by
@@ -317,54 +346,24 @@ class BatchDrafter:
         prefix = self.bundle.prompt(k)
         tokens, lengths, rewards = self.bundle.history(k)
         forecast = int(lengths.max()) if len(lengths) else 0
-        tokens, lengths, rewards = self.spec.indexed_history(prefix, tokens, lengths, rewards)
-        index = PromptIndex(rewards.tolist(), self.spec.min_match, self.spec.max_match, prefix.tolist())
-        if len(lengths):
-            job = (index, tokens, lengths, prefix)
-            if not self.background or len(tokens) <= self._inline_left:
-                self._inline_left -= len(tokens)
-                self._build(*job)
-            else:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-index")
-                self._pending.append(self._pool.submit(self._build, *job))
+        # The index's sequences (`SpecConfig.indexed_history`: the prompt may lead the history) are
+        # concatenated by the build, off the step for a large history (~0.75 ms at 256K tokens).
+        _, seq_lengths, seq_rewards = self.spec.indexed_history(prefix, tokens[:0], lengths, rewards)
+        index = PromptIndex(seq_rewards.tolist(), self.spec.min_match, self.spec.max_match, prefix.tolist())
+        if len(seq_lengths):
+            self.builds.submit(index, tokens, lengths, rewards, prefix)
         return _Prompt(index, self.spec.drafter(index, self.recent), len(prefix), forecast)
-
-    def _build(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, prefix: np.ndarray) -> None:
-        """Build a history and attach it to `index` (in the step or the background thread)."""
-        t0 = time.perf_counter()
-        flat = FlatIndex.build(tokens, lengths, prefix, min_match=self.spec.min_match,
-                               max_match=self.spec.max_match)
-        index.attach(flat)
-        with self._lock:
-            self._built.append((flat.num_tokens, time.perf_counter() - t0))
-
-    def _count_builds(self) -> None:
-        """Count finished builds in `stats`; re-raise a build's error here, in the engine's thread."""
-        if self._pending:
-            done = [f for f in self._pending if f.done()]
-            self._pending = [f for f in self._pending if not f.done()]
-            for f in done:
-                f.result()
-        if self._built:
-            with self._lock:
-                built, self._built = self._built, []
-            for tokens, seconds in built:
-                self.stats.index_tokens += tokens
-                self.stats.index_seconds += seconds
 
     @property
     def building(self) -> int:
         """Histories being indexed in the background now."""
-        return sum(not f.done() for f in self._pending)
+        return self.builds.building
 
     def wait_for_builds(self) -> None:
         """Block until every background build is attached and the last step's growth applied (tests,
         benchmarks, and a proposer handing the cross-prompt tree to a new drafter)."""
         self.growth.finish()
-        for f in list(self._pending):
-            f.result()
-        self._count_builds()
+        self.builds.wait(self.stats)
 
     def _drop_idle(self) -> None:
         """Every 64 steps, drop prompt indexes without a request for ENTRY_IDLE_STEPS steps."""

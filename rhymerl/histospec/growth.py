@@ -24,7 +24,9 @@ larger n-gram table filled a chunk per step from 3/8 full and swapped in when fi
 these cost 10-60 ms each (page faults of a new 16-64 MB table; wider rows, whose codes were all
 rewritten until the siblings' codes became position * rows + seq): the longest step while 256
 requests' 8K-token prefixes caught up fell 52 -> 27 ms (`rhymerl bench spec-scale --spec engine`,
-2026-12-05 (e)).
+2026-12-05 (e)). What the next step needs is always made; room for later steps only within
+`AHEAD_BYTES` a step, since a batch's prompts grow in lockstep and would otherwise all widen in
+the same step (the helper then overran a 10 ms forward pass by 5-15 ms).
 
 Catch-up allowances (a request that arrives with a long prefix, moved from another worker or
 preempted, joins the siblings and the tree over several steps instead of stalling one) are counted
@@ -51,6 +53,10 @@ TREE_CATCH_UP = 512
 # the step's catch-up allowance beyond. Behind the step, the helper grows every stepping prompt's
 # arrays for that much more (`SideIndex.room_ahead`), so the next step never grows them itself.
 STEP_TOKENS = 64
+# Bytes of arrays the helper may write in one step for room not yet due (`SideIndex.room_ahead`):
+# ~1 ms per MB of fresh pages on this project's machine (page faults), so ~6 ms, within a forward
+# pass beside the tree's growth.
+AHEAD_BYTES = 6 << 20
 
 
 class StepGrowth:
@@ -126,8 +132,10 @@ class StepGrowth:
         t0 = time.thread_time()
         if parts:
             _extend(self.recent, parts)
+        left = AHEAD_BYTES
         for side in sides:  # the engine reads and grows them only after `finish`
-            side.room_ahead(STEP_TOKENS + SIDE_CATCH_UP, len(side) * STEP_TOKENS + SIDE_CATCH_UP, self._longest)
+            left -= side.room_ahead(STEP_TOKENS + SIDE_CATCH_UP, len(side) * STEP_TOKENS + SIDE_CATCH_UP,
+                                    self._longest, left)
         self.seconds += time.thread_time() - t0
 
 

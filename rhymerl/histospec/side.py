@@ -41,88 +41,16 @@ import numpy as np
 from numba import njit
 
 from rhymerl.histospec.index import _MUL, _SEED, STRIDE
-from rhymerl.histospec.side_arrays import (NKEYS, NOCC, NSEQ, copy_rows, find, insert, rehash,
-                                           relayout, relayout_heads)
+from rhymerl.histospec.side_arrays import (NKEYS, NOCC, NSEQ, append_rows, appending, copy_rows, find,
+                                           index_range, rehash, relayout, relayout_heads, small_pages)
 
 _U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
 # time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that
 # opened 16 prompts of 16 samples with 4 rows to start with, 2026-12-05). 16 x 64 positions: 32 KB.
 ROWS = 16
-FILL_SLOTS = 1 << 18  # table slots `room_ahead` fills per call (4 MB: ~3 ms, within a forward pass)
-
-
-@njit(cache=True)
-def _index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
-    """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
-    first_end..lens[seq] (`SuffixIndex._index_range`)."""
-    rows = tok.shape[0]
-    for end in range(first_end, lens[seq] + 1):
-        key = _U_SEED
-        for n in range(1, min(hi, end) + 1):
-            key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
-            if n >= lo:
-                insert(table, links, n - lo, state, key, end * rows + seq)
-
-
-@njit(cache=True)
-def _append(tok, lens, table, links, state, seq, rows, row, a, b, lo, hi):
-    """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
-    engine's token rows are read in place: no list of the new tokens is built)."""
-    start = lens[seq]
-    for t in range(b - a):
-        tok[seq, start + t] = rows[row, a + t]
-    lens[seq] = start + b - a
-    _index_range(tok, lens, table, links, state, seq, start + 1, lo, hi)
-
-
-@njit(cache=True)
-def _append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
-    for j in range(seqs.shape[0]):
-        _append(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
-
-
-@njit(cache=True)
-def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`_append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
-    row j goes to sequence seqs[j] of index sides[j]. An index's arrays are taken from the lists
-    (~40 ns an item) when the index differs from the row before's: rows grouped by index take each
-    index's once."""
-    k = sides[0]
-    tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
-    for j in range(seqs.shape[0]):
-        if sides[j] != k:
-            k = sides[j]
-            tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
-        _append(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
-
-
-@njit(cache=True)
-def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
-    """`_appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
-    False if a sequence id is unknown to its index."""
-    for j in range(seqs.shape[0]):
-        k, seq = sides[j], seqs[j]
-        if seq < 0 or seq >= s_state[k][NSEQ]:
-            return False
-        count = ends[j] - starts[j]
-        longest[k], total[k] = max(longest[k], s_lens[k][seq] + count), total[k] + count
-    return True
-
-
-@njit(cache=True)
-def _appending(lens, nseq, seqs, starts, ends):
-    """(the longest sequence after appending ends[j] - starts[j] tokens to each seqs[j], the tokens
-    appended); (-1, 0) if an id is unknown. Checked in one call: reductions cost microseconds each."""
-    longest, total = 0, 0
-    for j in range(seqs.shape[0]):
-        seq = seqs[j]
-        if seq < 0 or seq >= nseq:
-            return -1, 0
-        count = ends[j] - starts[j]
-        longest, total = max(longest, lens[seq] + count), total + count
-    return longest, total
+FILL_SLOTS = 1 << 17  # table slots `room_ahead` fills per call (2 MB: ~2 ms of page faults here)
+SOON = 4  # `room_ahead` may make room this many steps' growth early (within its allowance)
 
 
 @njit(cache=True)
@@ -208,9 +136,10 @@ class SideIndex:
         self.rewards[seq] = float(reward)
         self.lens[seq] = len(self.prefix)
         self.tok[seq, :len(self.prefix)] = self.prefix
-        _index_range(self.tok, self.lens, self.table, self.links, self.state, seq, 1, self.min_match,
+        index_range(self.tok, self.lens, self.table, self.links, self.state, seq, 1, self.min_match,
                      self.max_match)  # n-grams inside the prefix itself
-        self.extend(seq, tokens)
+        if len(tokens):
+            self.extend(seq, tokens)
         return seq
 
     def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
@@ -226,11 +155,11 @@ class SideIndex:
         seq_ids, starts, ends = (np.asarray(a, np.int64) for a in (seq_ids, starts, ends))
         if not len(seq_ids):
             return
-        longest, total = _appending(self.lens, self.state[NSEQ], seq_ids, starts, ends)
+        longest, total = appending(self.lens, self.state[NSEQ], seq_ids, starts, ends)
         if longest < 0:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
         self._room(int(self.state[NSEQ]), int(longest), int(total))
-        _append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
+        append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
                      np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
 
     def reserve(self, longest: int, total: int) -> None:
@@ -243,28 +172,43 @@ class SideIndex:
         """Record the reward of a finished sibling so reward-weighted drafting can use it."""
         self.rewards[seq_id] = float(reward)
 
-    def room_ahead(self, tokens: int, total: int, longest: int) -> bool:
+    def room_ahead(self, tokens: int, total: int, longest: int, allowance: int = 1 << 62) -> int:
         """Grow now what `tokens` more on the longest sequence (capped at `longest`, the longest a
         sequence can get) and `total` more in all would grow later inside `extend_rows`, so the
-        engine's helper thread does it behind the step (`rhymerl.histospec.growth`); whether
-        anything was replaced. Wider rows are made at once (a copy of the rows and links, codes
-        unchanged: ~12 ms at 16 x 8K-token siblings); a larger table from 3/8 full on, `FILL_SLOTS`
-        slots a call (filling 64 MB took ~45 ms, page faults mostly: more than an engine's forward
-        pass), rehashed into when filled. A new sequence still grows the rows in its step (rare, and
-        short then)."""
-        nseq, generation = int(self.state[NSEQ]), self.generation
-        held = int(self.lens[:nseq].max(initial=0))
-        self._room(nseq, max(held, min(held + tokens, longest)), 0)  # the rows' width (the table is half full at most)
+        engine's helper thread does it behind the step (`rhymerl.histospec.growth`); the bytes of
+        the arrays it wrote. What the next step would need is done whatever it costs; what a step up
+        to `SOON` steps later would need only while `allowance` (bytes) lasts, so a step's helper
+        does not widen every prompt at once (a group's siblings, and a batch's prompts, grow in
+        lockstep: widening 16 prompts' rows took ~13 ms, more than a forward pass, 2026-12-05).
+        Wider rows are made at once (a copy of the rows and links, codes unchanged); a larger table
+        from 3/8 full on, `FILL_SLOTS` slots a call (filling 64 MB took ~45 ms, page faults
+        mostly), rehashed into when filled. A new sequence still grows the rows in its step (rare,
+        and short then)."""
+        nseq, cols = int(self.state[NSEQ]), self.tok.shape[1]
+        held, spent = int(self.lens[:nseq].max(initial=0)), 0
+        soon = max(held, min(held + SOON * tokens, longest))
+        if min(held + tokens, longest) >= cols or (soon >= cols and allowance > 0):
+            self._room(nseq, soon, 0)  # the rows' width (the table is half full at most)
+            spent += self.tok.nbytes + self.links.nbytes
+        return spent + self._fill_ahead(total, allowance - spent)
+
+    def _fill_ahead(self, total: int, allowance: int) -> int:
+        """`room_ahead`'s table: the next one allocated once the table would be 3/8 full after
+        `total` more tokens, filled a chunk per call while `allowance` lasts (all of it when the
+        next step could need it) and swapped in when filled; the bytes written."""
         keys = self._keys_after(total)
-        if self._next is None and 8 * keys > 3 * len(self.table):
+        due = 2 * keys > len(self.table)  # the next step would swap tables itself
+        if self._next is None and (8 * keys > 3 * len(self.table) or due):
             self._next, self._filled = np.empty((max(2 * len(self.table), _pow2(2 * keys)), 2), np.int64), 0
-        if self._next is not None:
-            end = min(self._filled + FILL_SLOTS, len(self._next))
-            self._next[self._filled:end] = -1
-            self._filled = end
-            if end == len(self._next):
-                self._swap_table(self._next)
-        return self.generation != generation
+        if self._next is None or not (due or allowance > 0):
+            return 0
+        end = len(self._next) if due else min(self._filled + FILL_SLOTS, len(self._next))
+        self._next[self._filled:end] = -1
+        spent, self._filled = (end - self._filled) * self._next.itemsize * 2, end
+        if end == len(self._next):
+            spent += self.table.nbytes
+            self._swap_table(self._next)
+        return spent
 
     def _keys_after(self, tokens: int) -> int:
         """Keys in the table after `tokens` more tokens, if every n-gram they end were a new key."""
@@ -298,11 +242,14 @@ class SideIndex:
                              "keep fewer sequences per prompt index (spec.siblings off or a shorter max_model_len)")
         old_rows, old_cols = self.tok.shape
         self.generation += 1
-        tok = np.zeros((rows, cols), dtype=np.int32)
-        links = np.zeros((rows * cols, self.links.shape[1]), dtype=np.int32)
+        # Unwritten, not zeroed: nothing reads a row past its length or the links of a position not
+        # yet filed (zeroing the 15 MB of 16 x 32K-token siblings' links took 2-12 ms, 2026-12-05).
+        tok = small_pages(np.empty((rows, cols), dtype=np.int32))
+        links = small_pages(np.empty((rows * cols, self.links.shape[1]), dtype=np.int32))
         copy_rows(self.tok, self.lens, int(self.state[NSEQ]), tok)  # the written part of each row
-        if rows == old_rows:
-            links[:len(self.links)] = self.links
+        if rows == old_rows:  # positions 0..the longest sequence's end, filed or not
+            held = (int(self.lens.max(initial=0)) + 1) * rows
+            links[:held] = self.links[:held]
         else:
             relayout(self.links, self.lens, int(self.state[NSEQ]), old_rows, links, rows)
             relayout_heads(self.table, old_rows, rows)

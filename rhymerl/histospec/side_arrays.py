@@ -1,17 +1,50 @@
 """The storage under `SideIndex` (`rhymerl.histospec.side`, whose docstring gives the layout): its
 n-gram table (open addressing: a key's home slot, finding, filing an occurrence, rehashing into a
-larger table) and moving its token rows and links into larger arrays. Compiled (numba); the
-functions marked nogil also run on the engine's helper thread behind the step
+larger table), appending sequences' tokens and filing their n-grams (for one index, and for many in
+one call: `append_many`), and moving the token rows and links into larger arrays. Compiled (numba);
+the functions marked nogil also run on the engine's helper thread behind the step
 (`SideIndex.room_ahead`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import numpy as np
 from numba import njit
 
 _U_MIX, _U_32 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(32)
+from rhymerl.histospec.index import _MUL, _SEED
+
+_U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
 NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
+_MADV_NOHUGEPAGE = 15  # Linux
+_PAGE = mmap.PAGESIZE
+
+
+def small_pages(a: np.ndarray) -> np.ndarray:
+    """`a` (freshly allocated, untouched) with Linux's transparent huge pages declined for its
+    memory, so its pages are faulted in 4 KB at a time. NumPy asks for huge pages for every array
+    of 4 MB or more; the siblings' rows and links are written a little at a time, and on this
+    project's machine (THP defrag "madvise") each 2 MB fault could compact memory first: widening
+    16 x 16K-token siblings took 12-18 ms of CPU with huge pages, ~2 ms without (2026-12-05).
+    A no-op where madvise is unavailable."""
+    start = -(-a.ctypes.data // _PAGE) * _PAGE
+    end = (a.ctypes.data + a.nbytes) // _PAGE * _PAGE
+    if end > start and _madvise is not None:
+        _madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_NOHUGEPAGE)
+    return a
+
+
+def _libc_madvise():
+    try:
+        return ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+
+
+_madvise = _libc_madvise()
 
 
 @njit(cache=True)
@@ -87,3 +120,76 @@ def relayout_heads(table, old_rows, rows):
         code = table[i, 1]
         if code >= 0:
             table[i, 1] = code // old_rows * rows + code % old_rows
+
+
+@njit(cache=True)
+def index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
+    """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
+    first_end..lens[seq] (`SuffixIndex._index_range`)."""
+    rows = tok.shape[0]
+    for end in range(first_end, lens[seq] + 1):
+        key = _U_SEED
+        for n in range(1, min(hi, end) + 1):
+            key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
+            if n >= lo:
+                insert(table, links, n - lo, state, key, end * rows + seq)
+
+
+@njit(cache=True)
+def append_one(tok, lens, table, links, state, seq, rows, row, a, b, lo, hi):
+    """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
+    engine's token rows are read in place: no list of the new tokens is built)."""
+    start = lens[seq]
+    for t in range(b - a):
+        tok[seq, start + t] = rows[row, a + t]
+    lens[seq] = start + b - a
+    index_range(tok, lens, table, links, state, seq, start + 1, lo, hi)
+
+
+@njit(cache=True)
+def append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, ends, lo, hi):
+    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
+    for j in range(seqs.shape[0]):
+        append_one(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+
+
+@njit(cache=True)
+def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
+    """`append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
+    row j goes to sequence seqs[j] of index sides[j]. An index's arrays are taken from the lists
+    (~40 ns an item) when the index differs from the row before's: rows grouped by index take each
+    index's once."""
+    k = sides[0]
+    tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
+    for j in range(seqs.shape[0]):
+        if sides[j] != k:
+            k = sides[j]
+            tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
+        append_one(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+
+
+@njit(cache=True)
+def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
+    """`_appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
+    False if a sequence id is unknown to its index."""
+    for j in range(seqs.shape[0]):
+        k, seq = sides[j], seqs[j]
+        if seq < 0 or seq >= s_state[k][NSEQ]:
+            return False
+        count = ends[j] - starts[j]
+        longest[k], total[k] = max(longest[k], s_lens[k][seq] + count), total[k] + count
+    return True
+
+
+@njit(cache=True)
+def appending(lens, nseq, seqs, starts, ends):
+    """(the longest sequence after appending ends[j] - starts[j] tokens to each seqs[j], the tokens
+    appended); (-1, 0) if an id is unknown. Checked in one call: reductions cost microseconds each."""
+    longest, total = 0, 0
+    for j in range(seqs.shape[0]):
+        seq = seqs[j]
+        if seq < 0 or seq >= nseq:
+            return -1, 0
+        count = ends[j] - starts[j]
+        longest, total = max(longest, lens[seq] + count), total + count
+    return longest, total

@@ -17,7 +17,8 @@ from numba import typed, types
 
 from rhymerl.histospec.flat import PromptIndex
 from rhymerl.histospec.kernel import SAMPLE
-from rhymerl.histospec.side import SideIndex, append_many, appending_many
+from rhymerl.histospec.side import ROWS, SideIndex
+from rhymerl.histospec.side_arrays import append_many, appending_many
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
@@ -91,8 +92,11 @@ class SideSlots(_Slots):
     def __init__(self) -> None:
         super().__init__((_I32_2D, _I64, _I64_2D, _I32_2D, _F64, _I64))
         self.tok, self.lens, self.table, self.links, self.rewards, self.state = self.lists
-        side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step
-        side.add([1])
+        side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step (~18 ms)
+        for _ in range(ROWS + 1):  # more sequences than rows: the codes are rewritten
+            side.add([1])
+        side.extend(0, list(range(80)))  # wider rows (copied), a larger table (rehashed)
+        side.room_ahead(64, 64, 1024)  # the next table, filled behind the step
         for dtype in (np.int32, np.int64):
             self.extend_rows([side], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([[1, 2]], dtype),
                              np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64))

@@ -154,7 +154,7 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
     # siblings; once attached, from its history too.
     import threading
 
-    import rhymerl.histospec.engine_step as hp
+    import rhymerl.histospec.builds as hp
 
     release = threading.Event()
     real_build = hp.FlatIndex.build
