@@ -104,3 +104,24 @@ def test_the_helper_makes_room_in_the_steps_siblings_only_when_behind():
         growth.start()
         growth.finish()
         assert side.tok.shape[1] == (512 if behind else 64)
+
+
+def test_the_helper_makes_early_room_in_one_prompt_after_another_within_its_allowance(monkeypatch):
+    # Rule: room that no side needs next step is made early only while the step's AHEAD_BYTES last,
+    # so prompts growing in lockstep widen in successive steps instead of all in one.
+    import rhymerl.histospec.growth as growth_module
+
+    monkeypatch.setattr(growth_module, "STEP_TOKENS", 8)
+    monkeypatch.setattr(growth_module, "SIDE_CATCH_UP", 0)
+    monkeypatch.setattr(growth_module, "AHEAD_BYTES", 1)
+    sides = [SideIndex(1, 7) for _ in range(3)]
+    for side in sides:
+        side.add(list(range(40)))  # rows 64 wide: 8 more fit (not due), 4 x 8 more do not (soon)
+    growth = StepGrowth(None, behind=True)
+    widths = []
+    for _ in range(3):
+        growth.ahead(sides, longest=1000)
+        growth.start()
+        growth.finish()
+        widths.append([side.tok.shape[1] for side in sides])
+    assert widths == [[128, 64, 64], [128, 128, 64], [128, 128, 128]]

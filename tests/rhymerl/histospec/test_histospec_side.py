@@ -214,3 +214,26 @@ def test_extending_many_indexes_in_one_call_equals_extending_each():
     with pytest.raises(ValueError, match="unknown sibling sequence"):
         slots.extend_rows(ours, np.zeros(1, np.int64), np.array([3]), rows, np.zeros(1, np.int64),
                           np.zeros(1, np.int64), np.ones(1, np.int64))
+
+
+def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_allowance():
+    # Rule: room_ahead makes what `tokens` more would need next step whatever `allowance` says, and
+    # room for up to SOON steps' growth early only while allowance > 0; it returns the bytes written.
+    def side_of(length):
+        side = SideIndex(1, 7)
+        for _ in range(4):
+            side.add(list(range(length)))
+        return side
+
+    side = side_of(40)  # rows 64 wide: 10 more fit, SOON x 10 do not
+    assert side.room_ahead(10, 0, longest=1000, allowance=0) == 0 and side.tok.shape[1] == 64
+    assert side.room_ahead(10, 0, longest=1000, allowance=1) >= side.links.nbytes and side.tok.shape[1] == 128
+    side = side_of(40)
+    assert side.room_ahead(30, 0, longest=1000, allowance=0) > 0  # due: 70 > 64
+    assert side.tok.shape[1] == 256  # made for SOON steps at once: 40 + 4 x 30 tokens
+    side = side_of(200)  # the table: 3/8 full after `total` more starts the next one, filled a chunk at a time
+    table = side.table
+    total = (7 * len(table) // 16 - int(side.state[NKEYS])) // 7  # keys then ~7/16 of the slots: not due
+    assert side.room_ahead(0, total, longest=1000, allowance=0) == 0 and side.table is table
+    assert side.room_ahead(0, total, longest=1000, allowance=1) > 0
+    assert len(side.table) == 2 * len(table)  # under FILL_SLOTS: filled in one call and swapped in
