@@ -50,7 +50,7 @@ _U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
 # opened 16 prompts of 16 samples with 4 rows to start with, 2026-12-05). 16 x 64 positions: 32 KB.
 ROWS = 16
 FILL_SLOTS = 1 << 17  # table slots `room_ahead` fills per call (2 MB: ~2 ms of page faults here)
-SOON = 4  # `room_ahead` may make room this many steps' growth early (within its allowance)
+SOON = 2  # `room_ahead` may make room this many steps' growth early (within its allowance)
 
 
 @njit(cache=True)

@@ -111,12 +111,12 @@ def test_the_helper_makes_early_room_in_one_prompt_after_another_within_its_allo
     # so prompts growing in lockstep widen in successive steps instead of all in one.
     import rhymerl.histospec.growth as growth_module
 
-    monkeypatch.setattr(growth_module, "STEP_TOKENS", 8)
+    monkeypatch.setattr(growth_module, "STEP_TOKENS", 16)
     monkeypatch.setattr(growth_module, "SIDE_CATCH_UP", 0)
     monkeypatch.setattr(growth_module, "AHEAD_BYTES", 1)
     sides = [SideIndex(1, 7) for _ in range(3)]
     for side in sides:
-        side.add(list(range(40)))  # rows 64 wide: 8 more fit (not due), 4 x 8 more do not (soon)
+        side.add(list(range(40)))  # rows 64 wide: 16 more fit (not due), 2 x 16 more do not (soon)
     growth = StepGrowth(None, behind=True)
     widths = []
     for _ in range(3):

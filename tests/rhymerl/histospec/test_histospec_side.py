@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rhymerl.histospec.index import SuffixIndex, _tail_keys
-from rhymerl.histospec.side import NKEYS, ROWS, SideIndex
+from rhymerl.histospec.side import NKEYS, ROWS, SOON, SideIndex
 
 
 def grow_both(rng, lo, hi, vocab):
@@ -126,7 +126,7 @@ def test_wider_rows_keep_every_code_and_more_rows_keep_every_answer():
     assert 8 * side.state[NKEYS] < 3 * len(table)  # room_ahead(..., total=0) leaves this table alone
     assert side.room_ahead(100, 0, longest=1000, allowance=0)  # wider rows, for SOON steps (due: allowance or not)
     filed = (int(side.lens.max()) + 1) * ROWS  # the links of positions 0..the longest end (the rest unwritten)
-    assert side.tok.shape == (ROWS, 512) and (side.table == table).all() and (side.links[:filed] == links[:filed]).all()
+    assert side.tok.shape == (ROWS, 256) and (side.table == table).all() and (side.links[:filed] == links[:filed]).all()
     side.extend(0, base[30:100])
     ref.extend(0, base[30:100].tolist())
     side.add(base[:200].tolist())  # one sequence more than the rows: twice the rows
@@ -225,12 +225,13 @@ def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_
             side.add(list(range(length)))
         return side
 
-    side = side_of(40)  # rows 64 wide: 10 more fit, SOON x 10 do not
-    assert side.room_ahead(10, 0, longest=1000, allowance=0) == 0 and side.tok.shape[1] == 64
-    assert side.room_ahead(10, 0, longest=1000, allowance=1) >= side.links.nbytes and side.tok.shape[1] == 128
+    assert SOON == 2
+    side = side_of(40)  # rows 64 wide: 15 more fit, SOON x 15 do not
+    assert side.room_ahead(15, 0, longest=1000, allowance=0) == 0 and side.tok.shape[1] == 64
+    assert side.room_ahead(15, 0, longest=1000, allowance=1) >= side.links.nbytes and side.tok.shape[1] == 128
     side = side_of(40)
-    assert side.room_ahead(30, 0, longest=1000, allowance=0) > 0  # due: 70 > 64
-    assert side.tok.shape[1] == 256  # made for SOON steps at once: 40 + 4 x 30 tokens
+    assert side.room_ahead(60, 0, longest=1000, allowance=0) > 0  # due: 100 > 64
+    assert side.tok.shape[1] == 256  # made for SOON steps at once: 40 + 2 x 60 tokens
     side = side_of(200)  # the table: 3/8 full after `total` more starts the next one, filled a chunk at a time
     table = side.table
     total = (7 * len(table) // 16 - int(side.state[NKEYS])) // 7  # keys then ~7/16 of the slots: not due
