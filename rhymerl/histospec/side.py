@@ -188,7 +188,7 @@ class SideIndex:
         held, spent = int(self.lens[:nseq].max(initial=0)), 0
         soon = max(held, min(held + SOON * tokens, longest))
         if min(held + tokens, longest) >= cols or (soon >= cols and allowance > 0):
-            self._room(nseq, soon, 0)  # the rows' width (the table is half full at most)
+            self._room(nseq, soon, 0, longest)  # the rows' width (the table is half full at most)
             spent += self.tok.nbytes + self.links.nbytes
         return spent + self._fill_ahead(total, allowance - spent)
 
@@ -220,12 +220,13 @@ class SideIndex:
         rehash(self.table, new)
         self.table, self._next = new, None
 
-    def _room(self, seqs: int, length: int, new_tokens: int) -> None:
+    def _room(self, seqs: int, length: int, new_tokens: int, longest: int = 1 << 40) -> None:
         """Grow the arrays (by doubling) for `seqs` sequences, one of `length` tokens, and
-        `new_tokens` more indexed tokens."""
+        `new_tokens` more indexed tokens; rows no wider than a sequence of `longest` tokens needs
+        (codes do not depend on the width: a 16,471-token limit gets rows of 16,472, not 32K)."""
         rows, cols = self.tok.shape
         if seqs > rows or length >= cols:  # a position may be `length` (a sequence's end): cols > length
-            self._grow(max(rows, _pow2(seqs)), max(cols, _pow2(length + 1)))
+            self._grow(max(rows, _pow2(seqs)), max(cols, min(_pow2(length + 1), longest + 1)))
         # At most half full even if every new n-gram were a new key: at 2/3 full, probes ran long
         # enough (clusters of ~4 slots) to make an engine step ~40% slower.
         keys = self._keys_after(new_tokens)
