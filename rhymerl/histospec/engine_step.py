@@ -42,7 +42,7 @@ from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
 from rhymerl.histospec.flat import FlatBundle, PromptIndex
 from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.requests import RequestTable, step_keys
+from rhymerl.histospec.requests import RequestTable, group, step_keys
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.spec_config import SpecConfig
@@ -89,6 +89,7 @@ class BatchDrafter:
         self.table: PromptTable | None = None
         self.prompts: dict[int, _Prompt] = {}
         self.last_seen = np.zeros(len(self.bundle), np.int64)  # [k]: the last step with a request of prompt k
+        self._mark = np.full(len(self.bundle), -1, np.int64)  # scratch of `group`
         self.requests = RequestTable(max(1, self.k))
         self.step = 0
         self.cost = StepCostModel(decay=1.0 - 1.0 / self.spec.cost_memory)
@@ -181,10 +182,10 @@ class BatchDrafter:
         if len(sib):
             held = req.sib_n[slots[sib]]
             upto = held + growth.catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
-            distinct, which = np.unique(req.prompt[slots[sib]], return_inverse=True)
+            distinct, which = group(req.prompt[slots[sib]], self._mark)
             indexes = [self.prompts[k].index for k in distinct.tolist()]
+            # the sibling ids in the prompts' SideIndexes follow their histories' ids
             bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
-            which = which.ravel()  # the sibling ids in the prompts' SideIndexes follow their histories' ids
             sides = [ix.side for ix in indexes]
             self.sides.extend_rows(sides, which, req.sib[slots[sib]] - bases[which], tokens, rows[sib], held, upto)
             growth.ahead(sides, self.max_model_len + self.spec.max_match)  # behind the step: room for the next
@@ -219,9 +220,9 @@ class BatchDrafter:
         keys = self.requests.prompt[slots]
         if self.own is None:
             return self._drafts_by_row([self.prompts[k] for k in keys.tolist()], rows, ends, budgets, tokens)
-        distinct, which = np.unique(keys, return_inverse=True)  # one look-up per prompt, not per row
+        distinct, which = group(keys, self._mark)  # one look-up per prompt, not per row
         toks, lens, _, scores, probs = self.own.draft_groups([self.prompts[k].index for k in distinct.tolist()],
-                                                             which.ravel(), rows, ends, budgets, tokens)
+                                                             which, rows, ends, budgets, tokens)
         if self.recent is None:
             return toks, lens, probs
         asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
@@ -314,10 +315,9 @@ class BatchDrafter:
         if self.spec.siblings:
             upto = plen + self.growth.catch_up(due, sizes, "side")
             seqs = np.fromiter((p.index.add() for p in prompts), np.int64, len(prompts))  # the prompt's tail alone
-            distinct, which = np.unique(keys, return_inverse=True)
+            distinct, which = group(keys, self._mark)
             indexes = [self.prompts[k].index for k in distinct.tolist()]
             bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
-            which = which.ravel()
             self.sides.extend_rows([ix.side for ix in indexes], which, seqs - bases[which], tokens, rows, plen, upto)
             req.sib[slots], req.sib_n[slots] = seqs, upto
         if self.recent is not None:

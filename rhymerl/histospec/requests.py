@@ -162,3 +162,26 @@ class RequestTable:
 
     def __len__(self) -> int:
         return len(self.slots)
+
+
+def group(keys: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, which) with keys == distinct[which], distinct in first-seen order (np.unique's
+    answer but for the order: ~50 us a call at 256 rows, this ~3). keys: ints in 0..len(mark) - 1;
+    mark: int64 scratch, -1 everywhere (left so)."""
+    keys = np.asarray(keys, np.int64)
+    distinct, which = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
+    return distinct[:_group(keys, mark, distinct, which)], which
+
+
+@njit(cache=True)
+def _group(keys, mark, distinct, which):
+    count = 0
+    for j in range(keys.shape[0]):
+        k = keys[j]
+        if mark[k] < 0:
+            mark[k], distinct[count] = count, k
+            count += 1
+        which[j] = mark[k]
+    for c in range(count):
+        mark[distinct[c]] = -1
+    return count
