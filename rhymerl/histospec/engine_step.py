@@ -99,7 +99,8 @@ class BatchDrafter:
         self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
         self.growth = StepGrowth(self.recent, self.spec.grows_behind())
-        Tally.of([1], [0], [0])  # compile (or load) the step's tally now, not inside a step
+        Tally.of([1], [0], [0])  # compile (or load) the step's tally and grouping now, not inside a step
+        group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:

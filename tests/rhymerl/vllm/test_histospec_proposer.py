@@ -340,3 +340,24 @@ def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time():
     for _ in range(6):  # without the back-off every step drafts
         assert off.propose([[1]], batch.num, batch.tokens)[0] == [2, 1, 2, 1]
         batch.append(0, [1])
+
+
+def test_the_first_step_compiles_nothing(monkeypatch):
+    # Rule: every compiled function the engine step calls is compiled (or loaded from numba's cache,
+    # ~5-10 ms each) when the drafter is built, not in the first step it serves: two that were not
+    # held that step ~18 ms (2026-12-05). A first step that opens requests with history, siblings,
+    # grouping, widened rows and the cross-prompt tree must not reach numba's compiler.
+    from numba.core import dispatcher
+
+    prompt = (50, 51, 52)
+    hist = tuple(range(1, 200))
+    spec = SpecConfig(budget_rule="fixed", max_budget=4, cost_aware=False)
+    bundle = HistoryBundle((PromptHistory(prompt, (hist, hist), (0.0, 1.0)), PromptHistory((60, 61), (hist,), (0.0,))))
+    bd = BatchDrafter(bundle, spec, k=4, max_model_len=256)
+    compiled = []
+    real = dispatcher.Dispatcher.compile
+    monkeypatch.setattr(dispatcher.Dispatcher, "compile",
+                        lambda self, sig: compiled.append(self.py_func.__qualname__) or real(self, sig))
+    batch = FakeBatch([prompt + hist[:150]] * 17 + [(60, 61) + hist[:100]], width=256)  # 17 rows: more than ROWS
+    bd.propose([[t] for t in batch.tokens[np.arange(18), batch.num - 1].tolist()], batch.num, batch.tokens)
+    assert compiled == []
