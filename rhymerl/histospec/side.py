@@ -137,7 +137,7 @@ class SideIndex:
         self.lens[seq] = len(self.prefix)
         self.tok[seq, :len(self.prefix)] = self.prefix
         index_range(self.tok, self.lens, self.table, self.links, self.state, seq, 1, self.min_match,
-                     self.max_match)  # n-grams inside the prefix itself
+                    self.max_match)  # n-grams inside the prefix itself
         if len(tokens):
             self.extend(seq, tokens)
         return seq
@@ -160,7 +160,7 @@ class SideIndex:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
         self._room(int(self.state[NSEQ]), int(longest), int(total))
         append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
-                     np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
+                    np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
 
     def reserve(self, longest: int, total: int) -> None:
         """Make room for appending `total` tokens in all, the longest sequence then `longest` tokens
