@@ -26,7 +26,8 @@ rewritten until the siblings' codes became position * rows + seq): the longest s
 requests' 8K-token prefixes caught up fell 52 -> 27 ms (`rhymerl bench spec-scale --spec engine`,
 2026-12-05 (e)). What the next step needs is always made; room for later steps only within
 `AHEAD_BYTES` a step, since a batch's prompts grow in lockstep and would otherwise all widen in
-the same step (the helper then overran a 10 ms forward pass by 5-15 ms).
+the same step (the helper then overran a 10 ms forward pass by 5-15 ms); with the first step's work
+batched and the siblings' rows off huge pages, that longest step is ~10 ms (2026-12-05 (f)).
 
 Catch-up allowances (a request that arrives with a long prefix, moved from another worker or
 preempted, joins the siblings and the tree over several steps instead of stalling one) are counted

@@ -175,6 +175,7 @@ def group(keys: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @njit(cache=True)
 def _group(keys, mark, distinct, which):
+    """`group`'s pass: distinct[:count] and which filled, mark restored; count."""
     count = 0
     for j in range(keys.shape[0]):
         k = keys[j]
