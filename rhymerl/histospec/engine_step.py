@@ -44,6 +44,7 @@ from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.requests import RequestTable, group, step_keys
 from rhymerl.histospec.rows import PromptTable
+from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats, Tally
@@ -183,12 +184,7 @@ class BatchDrafter:
         if len(sib):
             held = req.sib_n[slots[sib]]
             upto = held + growth.catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
-            distinct, which = group(req.prompt[slots[sib]], self._mark)
-            indexes = [self.prompts[k].index for k in distinct.tolist()]
-            # the sibling ids in the prompts' SideIndexes follow their histories' ids
-            bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
-            sides = [ix.side for ix in indexes]
-            self.sides.extend_rows(sides, which, req.sib[slots[sib]] - bases[which], tokens, rows[sib], held, upto)
+            sides = self._extend_siblings(req.prompt[slots[sib]], req.sib[slots[sib]], tokens, rows[sib], held, upto)
             growth.ahead(sides, self.max_model_len + self.spec.max_match)  # behind the step: room for the next
             req.sib_n[slots[sib]] = upto
         in_tree = np.flatnonzero(req.tree[slots] >= 0)
@@ -199,6 +195,18 @@ class BatchDrafter:
             upto = held + growth.catch_up(ends[due] - held, ends[due] - starts[due] + TREE_CHUNK - 1, "tree")
             growth.tree(req.tree[slots[due]], tokens, rows[due], held, upto)
             req.tree_n[slots[due]] = upto
+
+    def _extend_siblings(self, keys: np.ndarray, seqs: np.ndarray, tokens: np.ndarray, rows: np.ndarray,
+                         starts: np.ndarray, ends: np.ndarray) -> list[SideIndex]:
+        """Append tokens[rows[j], starts[j]:ends[j]] to sibling seqs[j] of prompt keys[j] for every j,
+        all prompts in one compiled call; the prompts' siblings (`SideIndex`es)."""
+        distinct, which = group(keys, self._mark)
+        indexes = [self.prompts[k].index for k in distinct.tolist()]
+        # a prompt's sibling ids follow its history's: its SideIndex counts them from 0
+        bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
+        sides = [ix.side for ix in indexes]
+        self.sides.extend_rows(sides, which, seqs - bases[which], tokens, rows, starts, ends)
+        return sides
 
     @property
     def lagging(self) -> int:
@@ -316,10 +324,7 @@ class BatchDrafter:
         if self.spec.siblings:
             upto = plen + self.growth.catch_up(due, sizes, "side")
             seqs = np.fromiter((p.index.add() for p in prompts), np.int64, len(prompts))  # the prompt's tail alone
-            distinct, which = group(keys, self._mark)
-            indexes = [self.prompts[k].index for k in distinct.tolist()]
-            bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
-            self.sides.extend_rows([ix.side for ix in indexes], which, seqs - bases[which], tokens, rows, plen, upto)
+            self._extend_siblings(keys, seqs, tokens, rows, plen, upto)
             req.sib[slots], req.sib_n[slots] = seqs, upto
         if self.recent is not None:
             self._join_tree(prompts, slots, tokens, rows, plen, due, sizes)
