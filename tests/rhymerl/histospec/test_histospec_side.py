@@ -1,6 +1,6 @@
 """rhymerl/histospec/side.py: the siblings' array table answers as the dict `SuffixIndex` does."""
 
-import sys
+import os
 
 import numpy as np
 import pytest
@@ -243,7 +243,8 @@ def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_
     assert len(side.table) == 2 * len(table)  # under FILL_SLOTS: filled in one call and swapped in
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise advice and /proc/self/smaps are Linux's")
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="a Linux kernel with transparent huge pages (madvise advice, /proc/self/smaps)")
 def test_small_pages_marks_the_arrays_memory_no_huge_pages():
     # Rule: small_pages(a) returns a, its memory advised MADV_NOHUGEPAGE: the kernel lists the
     # mapping holding it with the "nh" flag (NumPy's own advice for arrays >= 4 MB is "hg").
