@@ -40,11 +40,10 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from rhymerl.histospec.index import _MUL, _SEED, STRIDE
-from rhymerl.histospec.side_arrays import (NKEYS, NOCC, NSEQ, append_rows, appending, copy_rows, find,
-                                           index_range, rehash, relayout, relayout_heads, small_pages)
+from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending, copy_rows,
+                                           find, index_range, rehash, relayout, relayout_heads, small_pages)
 
-_U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
 # time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that
 # opened 16 prompts of 16 samples with 4 rows to start with, 2026-12-05). 16 x 64 positions: 32 KB.
@@ -203,8 +202,9 @@ class SideIndex:
         if self._next is None or not (due or allowance > 0):
             return 0
         end = len(self._next) if due else min(self._filled + FILL_SLOTS, len(self._next))
-        self._next[self._filled:end] = -1
-        spent, self._filled = (end - self._filled) * self._next.itemsize * 2, end
+        fill = self._next[self._filled:end]
+        fill[:] = -1
+        spent, self._filled = fill.nbytes, end
         if end == len(self._next):
             spent += self.table.nbytes
             self._swap_table(self._next)

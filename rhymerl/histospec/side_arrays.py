@@ -152,7 +152,7 @@ def append_one(tok, lens, table, links, state, seq, rows, row, a, b, lo, hi):
 
 @njit(cache=True)
 def append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`_append` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
+    """`append_one` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
     for j in range(seqs.shape[0]):
         append_one(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
 
@@ -174,7 +174,7 @@ def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row
 
 @njit(cache=True)
 def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
-    """`_appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
+    """`appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
     False if a sequence id is unknown to its index."""
     for j in range(seqs.shape[0]):
         k, seq = sides[j], seqs[j]
