@@ -140,8 +140,7 @@ class BatchDrafter:
             if probs.shape[1] < req.width:  # narrower than the widest draft: zero the rest
                 req.probs[ps] = 0.0
             req.probs[ps, :probs.shape[1]] = probs
-            for i, row, size in zip(live[plan].tolist(), toks.tolist(), lens.tolist()):
-                out[i] = row[:size]
+            _into_lists(out, live[plan], toks, lens)
         if old.any() and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
@@ -380,3 +379,14 @@ class BatchDrafter:
             self.sides.retain(live)
             if self.own is not None:
                 self.own.retain(live)
+
+
+def _into_lists(out: list[list[int]], rows: np.ndarray, toks: np.ndarray, lens: np.ndarray) -> None:
+    """out[rows[j]] = toks[j, :lens[j]] as a list, for the rows with a draft: the drafted tokens are
+    turned into Python ints in one call (all of `toks` and a slice per row took ~90 us at 256 rows)."""
+    has = np.flatnonzero(lens)
+    flat = toks[np.arange(toks.shape[1]) < lens[:, None]].tolist()
+    start = 0
+    for i, end in zip(rows[has].tolist(), np.cumsum(lens[has]).tolist()):
+        out[i] = flat[start:end]
+        start = end

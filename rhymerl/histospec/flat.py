@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.pages import huge_arrays
 from rhymerl.histospec.side import SideIndex
 
 PAD = -1  # before, between and after sequences in `text`: equals no token
@@ -91,6 +92,7 @@ class FlatIndex:
         sa = cand[np.argsort(r[cand], kind="stable")].astype(np.int32)
         before = (text[sa - 1] + 1).astype(np.uint64) << np.uint64(32)
         key = before | (text[np.maximum(sa - 2, 0)] + 1).astype(np.uint64)
+        text, sa, key = huge_arrays(text, sa, key)  # read at random by every step: on huge pages
         return cls(text, starts, sa, key, depth, min_match, max_match)
 
     # ------------------------------------------------------------------ querying

@@ -41,8 +41,9 @@ import numpy as np
 from numba import njit
 
 from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.pages import small_pages
 from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending, copy_rows,
-                                           find, index_range, rehash, relayout, relayout_heads, small_pages)
+                                           find, index_range, rehash, relayout, relayout_heads)
 
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
 # time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that

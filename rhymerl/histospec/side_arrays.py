@@ -8,10 +8,6 @@ the functions marked nogil also run on the engine's helper thread behind the ste
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import sys
-
 import numpy as np
 from numba import njit
 
@@ -20,35 +16,6 @@ from rhymerl.histospec.index import _MUL, _SEED
 _U_MIX, _U_32 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(32)
 _U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
 NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
-_MADV_NOHUGEPAGE = 15  # Linux
-_PAGE = mmap.PAGESIZE
-
-
-def small_pages(a: np.ndarray) -> np.ndarray:
-    """`a` (freshly allocated, untouched) with Linux's transparent huge pages declined for its
-    memory, so its pages are faulted in 4 KB at a time. NumPy asks for huge pages for every array
-    of 4 MB or more; the siblings' rows and links are written a little at a time, and on this
-    project's machine (THP defrag "madvise") each 2 MB fault could compact memory first: widening
-    16 x 16K-token siblings took 12-18 ms of CPU with huge pages, ~2 ms without (2026-12-05).
-    A no-op off Linux."""
-    start = -(-a.ctypes.data // _PAGE) * _PAGE
-    end = (a.ctypes.data + a.nbytes) // _PAGE * _PAGE
-    if end > start and _madvise is not None:
-        _madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_NOHUGEPAGE)
-    return a
-
-
-def _libc_madvise():
-    """libc's madvise on Linux (the advice number is Linux's), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-
-
-_madvise = _libc_madvise()
 
 
 @njit(cache=True)

@@ -1,13 +1,10 @@
 """rhymerl/histospec/side.py: the siblings' array table answers as the dict `SuffixIndex` does."""
 
-import os
-
 import numpy as np
 import pytest
 
 from rhymerl.histospec.index import SuffixIndex, _tail_keys
 from rhymerl.histospec.side import NKEYS, ROWS, SOON, SideIndex
-from rhymerl.histospec.side_arrays import small_pages
 
 
 def grow_both(rng, lo, hi, vocab):
@@ -241,26 +238,3 @@ def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_
     assert side.room_ahead(0, total, longest=1000, allowance=0) == 0 and side.table is table
     assert side.room_ahead(0, total, longest=1000, allowance=1) > 0
     assert len(side.table) == 2 * len(table)  # under FILL_SLOTS: filled in one call and swapped in
-
-
-@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
-                    reason="a Linux kernel with transparent huge pages (madvise advice, /proc/self/smaps)")
-def test_small_pages_marks_the_arrays_memory_no_huge_pages():
-    # Rule: small_pages(a) returns a, its memory advised MADV_NOHUGEPAGE: the kernel lists the
-    # mapping holding it with the "nh" flag (NumPy's own advice for arrays >= 4 MB is "hg").
-    a, plain = small_pages(np.empty(16 << 20, np.uint8)), np.empty(16 << 20, np.uint8)
-    assert "nh" in _vm_flags(a.ctypes.data + (8 << 20))
-    assert "nh" not in _vm_flags(plain.ctypes.data + (8 << 20))
-
-
-def _vm_flags(address):
-    """The VmFlags of the mapping holding `address` in /proc/self/smaps."""
-    inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    raise AssertionError("no mapping holds the address")
