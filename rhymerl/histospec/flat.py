@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from rhymerl.histospec.index import STRIDE
-from rhymerl.histospec.pages import huge_arrays
+from rhymerl.histospec.pages import huge_empty
 from rhymerl.histospec.side import SideIndex
 
 PAD = -1  # before, between and after sequences in `text`: equals no token
@@ -71,7 +71,11 @@ class FlatIndex:
         n, plen = len(lengths), len(prefix)
         seq_lens = lengths + plen
         starts = depth * (np.arange(n) + 1) + np.concatenate(([0], np.cumsum(seq_lens)[:-1]))
-        text = np.full(int(seq_lens.sum()) + depth * (n + 1), PAD, dtype=np.int32)
+        count = int(np.maximum(seq_lens - 1, 0).sum())  # positions with a token before and one at them
+        # read at random by every engine step: on huge pages, written in place (`pages.huge_empty`)
+        text, sa, key = huge_empty((int(seq_lens.sum()) + depth * (n + 1), np.int32), (count, np.int32),
+                                   (count, np.uint64))
+        text.fill(PAD)
         if plen:
             text[starts[:, None] + np.arange(plen)] = prefix
         if len(tokens):
@@ -89,10 +93,9 @@ class FlatIndex:
             prev[m:] = r[:-m]
             r = r * (int(r.max()) + 1) + prev
             m *= 2
-        sa = cand[np.argsort(r[cand], kind="stable")].astype(np.int32)
+        sa[:] = cand[np.argsort(r[cand], kind="stable")]
         before = (text[sa - 1] + 1).astype(np.uint64) << np.uint64(32)
-        key = before | (text[np.maximum(sa - 2, 0)] + 1).astype(np.uint64)
-        text, sa, key = huge_arrays(text, sa, key)  # read at random by every step: on huge pages
+        np.bitwise_or(before, (text[np.maximum(sa - 2, 0)] + 1).astype(np.uint64), out=key)
         return cls(text, starts, sa, key, depth, min_match, max_match)
 
     # ------------------------------------------------------------------ querying
