@@ -42,8 +42,8 @@ from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.pages import small_pages
-from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending, copy_rows,
-                                           find, index_range, rehash, relayout, relayout_heads)
+from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending_many,
+                                           copy_rows, find, index_range, rehash, relayout, relayout_heads)
 
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
 # time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that
@@ -155,10 +155,11 @@ class SideIndex:
         seq_ids, starts, ends = (np.asarray(a, np.int64) for a in (seq_ids, starts, ends))
         if not len(seq_ids):
             return
-        longest, total = appending(self.lens, self.state[NSEQ], seq_ids, starts, ends)
-        if longest < 0:
+        longest, total = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        if not appending_many((self.lens,), (self.state,), np.zeros(len(seq_ids), np.int64), seq_ids, starts, ends,
+                              longest, total):
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
-        self._room(int(self.state[NSEQ]), int(longest), int(total))
+        self._room(int(self.state[NSEQ]), int(longest[0]), int(total[0]))
         append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
                     np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
 

@@ -141,8 +141,10 @@ def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row
 
 @njit(cache=True)
 def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
-    """`appending` across many indexes: longest[k] / total[k] for index k (the caller zeroes them);
-    False if a sequence id is unknown to its index."""
+    """Checked before appending ends[j] - starts[j] tokens to sequence seqs[j] of index sides[j]
+    for every j: longest[k], the longest sequence of index k after it, and total[k], the tokens it
+    takes (the caller zeroes both); False if a sequence id is unknown to its index. s_lens / s_state:
+    the indexes' arrays (a typed list, or a tuple of one index's)."""
     for j in range(seqs.shape[0]):
         k, seq = sides[j], seqs[j]
         if seq < 0 or seq >= s_state[k][NSEQ]:
@@ -150,17 +152,3 @@ def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
         count = ends[j] - starts[j]
         longest[k], total[k] = max(longest[k], s_lens[k][seq] + count), total[k] + count
     return True
-
-
-@njit(cache=True)
-def appending(lens, nseq, seqs, starts, ends):
-    """(the longest sequence after appending ends[j] - starts[j] tokens to each seqs[j], the tokens
-    appended); (-1, 0) if an id is unknown. Checked in one call: reductions cost microseconds each."""
-    longest, total = 0, 0
-    for j in range(seqs.shape[0]):
-        seq = seqs[j]
-        if seq < 0 or seq >= nseq:
-            return -1, 0
-        count = ends[j] - starts[j]
-        longest, total = max(longest, lens[seq] + count), total + count
-    return longest, total
