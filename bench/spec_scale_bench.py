@@ -2,11 +2,9 @@
 
     rhymerl bench spec-scale [--json] [--json-out FILE] [--quick] [--seed 0] [--point L,H,R] [--spec prompt|engine]
 
-Generator (`rhyming_group`, seeded): per prompt a base response of L uniform random token ids (vocab
-151,936, Qwen's), and every response of the prompt — its H history responses and its 16 live samples
-— a copy with each token replaced by a uniform random one with probability 5%. Prompts are 64 random
-tokens. Grid: L in 1K, 4K, 16K; H in 16, 64; R in 128, 512 requests per engine (16 samples per prompt,
-so R / 16 prompts per engine); epochs of P = 1K and 20K prompts.
+Generator: `bench.rhyming` (seeded rhyming histories; response length L, H history responses per
+prompt, R requests per engine, 16 live samples per prompt). Grid: L in 1K, 4K, 16K; H in 16, 64; R in
+128, 512 requests per engine (R / 16 prompts per engine); epochs of P = 1K and 20K prompts.
 
 Arms, side by side in one process (the machine is shared and noisy; compare within a row):
 - old: `SuffixIndex` (a dict of 64-bit n-gram hashes, min_match 1..7), built inside the engine step
@@ -72,13 +70,13 @@ from datetime import date
 
 import numpy as np
 
-from rhymerl.histospec.flat import FlatBundle, FlatIndex
+from bench.rhyming import PROMPT_LEN, SAMPLES, accept, engine_rows, rhyming_group
+from rhymerl.histospec.flat import FlatIndex
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 
-VOCAB, PROMPT_LEN, SAMPLES, CHANGE = 151_936, 64, 16, 0.05
 FULL = {"lengths": (1024, 4096, 16384), "histories": (16, 64), "requests": (128, 512), "epochs": (1000, 20000)}
 QUICK = {"lengths": (96,), "histories": (4,), "requests": (32,), "epochs": (10,)}
 SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the prompt's index alone
@@ -89,16 +87,6 @@ SUFFIX_TOKENS = 10_000_000  # the suffix arm's history + request prefixes at mos
 # its trees itself (their memory is in its drafting point).
 UNBUILT = ("new_py", "new_inline", "suffix")
 FORWARD_S = 0.010  # the engine's forward pass between timed steps: a GPU decode step at 256 x 8K is 8-30 ms
-
-
-def rhyming_group(rng: np.random.Generator, length: int, history: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt, responses): a prompt and `history + SAMPLES` responses of `length` tokens, rows 0..H-1
-    the history, the rest the live samples; each a copy of one base response, 5% of tokens replaced."""
-    base = rng.integers(0, VOCAB, length)
-    rows = np.repeat(base[None], history + SAMPLES, axis=0)
-    changed = rng.random(rows.shape) < CHANGE
-    rows[changed] = rng.integers(0, VOCAB, int(changed.sum()))
-    return rng.integers(0, VOCAB, PROMPT_LEN), rows
 
 
 def _timed(build, repeats: int) -> tuple[object, float]:
@@ -155,30 +143,10 @@ def build_point(rng, length: int, history: int, arms: list[str]) -> dict:
     return out
 
 
-def _batch(rng, length: int, history: int, requests: int):
-    """A FlatBundle of R / 16 prompts and the engine's token rows: each request one live sample of
-    its prompt, `pos` tokens in."""
-    prompts = max(1, requests // SAMPLES)
-    pos = min(length // 2, 8192)
-    groups = [rhyming_group(rng, length, history) for _ in range(prompts)]
-    arrays = {
-        "prompt_lens": np.full(prompts, PROMPT_LEN), "num_responses": np.full(prompts, history),
-        "prompt_tokens": np.concatenate([p for p, _ in groups]).astype(np.int32),
-        "response_lens": np.full(prompts * history, length),
-        "response_tokens": np.concatenate([r[:history].ravel() for _, r in groups]).astype(np.int32),
-        "rewards": np.zeros(prompts * history)}
-    live = np.stack([groups[i // SAMPLES][1][history + i % SAMPLES] for i in range(requests)])
-    rows = np.zeros((requests, PROMPT_LEN + length), dtype=np.int32)
-    for i in range(requests):
-        rows[i, :PROMPT_LEN] = groups[i // SAMPLES][0]
-        rows[i, PROMPT_LEN:] = live[i]
-    return FlatBundle(arrays), groups, rows, PROMPT_LEN + pos
-
-
 def draft_point(rng, length: int, history: int, requests: int, arms: list[str], steps: int,
                 spec: SpecConfig = SPEC) -> dict:
     """An engine step of R requests per arm: stall from history work, drafter ms/step and us/request."""
-    bundle, groups, rows, n0 = _batch(rng, length, history, requests)
+    bundle, groups, rows, n0 = engine_rows(rng, length, history, requests)
     out = {"length": length, "history": history, "requests": requests, "context": n0,
            "prompts": len(groups)}
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
@@ -216,7 +184,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     drafts: list[list[int]] = [[] for _ in range(requests)]
 
     def step() -> tuple[float, float]:
-        sampled = [t.tolist() for t in _accept(rows, num, drafts)]  # the engine's input, not timed
+        sampled = [t.tolist() for t in accept(rows, num, drafts)]  # the engine's input, not timed
         w0, c0 = time.perf_counter(), time.thread_time()
         drafts[:] = drafter.propose(sampled, num, rows)
         return time.perf_counter() - w0, time.thread_time() - c0
@@ -275,7 +243,7 @@ def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int
     drafts: list[list[int]] = [[] for _ in range(requests)]
     timed = []
     for _ in range(steps):
-        sampled = _accept(rows, num, drafts)
+        sampled = accept(rows, num, drafts)
         w0, c0 = time.perf_counter(), time.thread_time()
         for i, new in enumerate(sampled):  # as SuffixDecodingProposer.propose, per request
             cache.add_active_response(i, new)
@@ -289,19 +257,6 @@ def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int
     return {"stall_ms": 0.0, "build_s": build_s, "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6,
             "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3, "index_bytes": int(memory),
             "timed_context": int(num.mean())}
-
-
-def _accept(rows: np.ndarray, num: np.ndarray, drafts: list[list[int]]) -> list[np.ndarray]:
-    """Each row's tokens sampled by a step that verified `drafts`: the longest prefix of its draft
-    equal to the row's next tokens, then one more token (`num` advances past them)."""
-    sampled = []
-    for i, draft in enumerate(drafts):
-        n = int(num[i])
-        ahead = rows[i, n:n + len(draft)].tolist()
-        took = next((j for j, (a, b) in enumerate(zip(draft, ahead)) if a != b), len(ahead))
-        sampled.append(rows[i, n:n + took + 1].copy())
-        num[i] = n + took + 1
-    return sampled
 
 
 def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) -> float:

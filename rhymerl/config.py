@@ -10,21 +10,16 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args, get_origin
+from typing import Any, Literal, Mapping
 
+from rhymerl.config_dicts import apply_overrides, build, check
 from rhymerl.errors import ConfigError
 from rhymerl.histopipe.settings import PipeConfig
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.options import option
 from rhymerl.switchboard import env_layer, merge
-
-
-def _check(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"config key '{key}': {msg}")
 
 
 @dataclass(frozen=True)
@@ -41,8 +36,8 @@ class ModelConfig:
                                 '(a new run); "" = off', 'a run id or ""')
 
     def __post_init__(self) -> None:
-        _check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
-        _check(not self.init_from_run or re.fullmatch(r"[A-Za-z0-9._-]+", self.init_from_run) is not None,
+        check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
+        check(not self.init_from_run or re.fullmatch(r"[A-Za-z0-9._-]+", self.init_from_run) is not None,
                "model.init_from_run", f"{self.init_from_run!r} is not a run id (letters, digits, '.', '_', '-')")
 
 
@@ -60,8 +55,8 @@ class DataConfig:
         "skip", "a prompt longer than model.max_model_len - rollout.max_tokens: skip it (warned, counted) or stop")
 
     def __post_init__(self) -> None:
-        _check(self.num_prompts >= 1, "data.num_prompts", "must be >= 1")
-        _check("{question}" in self.prompt_template, "data.prompt_template",
+        check(self.num_prompts >= 1, "data.num_prompts", "must be >= 1")
+        check("{question}" in self.prompt_template, "data.prompt_template",
                "must contain the placeholder {question}")
 
 
@@ -85,19 +80,19 @@ class RolloutConfig:
     enforce_eager: bool = option(True, "vLLM's enforce_eager: no CUDA graphs (set false on GPUs for speed)")
 
     def __post_init__(self) -> None:
-        _check(self.num_workers >= 1, "rollout.num_workers", "must be >= 1")
-        _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
-        _check(self.n >= 2, "rollout.n", "must be >= 2 (GRPO needs a group to normalise over)")
+        check(self.num_workers >= 1, "rollout.num_workers", "must be >= 1")
+        check(self.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+        check(self.n >= 2, "rollout.n", "must be >= 2 (GRPO needs a group to normalise over)")
         # Greedy sampling makes every sample of a group identical: all advantages 0, no learning.
-        _check(self.temperature > 0.0, "rollout.temperature",
+        check(self.temperature > 0.0, "rollout.temperature",
                f"got {self.temperature}; training samples must be random (> 0, e.g. 1.0): at 0 every "
                "sample of a group is the same greedy answer, every advantage is 0 and nothing is learned")
-        _check(0.0 < self.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
-        _check(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
-        _check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
-        _check(0.0 < self.gpu_memory_utilization <= 1.0, "rollout.gpu_memory_utilization",
+        check(0.0 < self.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
+        check(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+        check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
+        check(0.0 < self.gpu_memory_utilization <= 1.0, "rollout.gpu_memory_utilization",
                "must be in (0, 1]")
-        _check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
+        check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -144,20 +139,20 @@ class TrainConfig:
                           "(the same update; needs train.updates_per_step = 1 and train.world_size = 1)")
 
     def __post_init__(self) -> None:
-        _check(self.world_size >= 1, "train.world_size", "must be >= 1")
-        _check(self.sync_bucket_mb >= 1, "train.sync_bucket_mb", "must be >= 1")
-        _check(self.lr > 0, "train.lr", "must be > 0")
-        _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
-        _check(self.updates_per_step >= 1, "train.updates_per_step", "must be >= 1")
-        _check(self.clip_low > 0 and self.clip_high > 0, "train.clip_low/clip_high", "must be > 0")
-        _check(self.kl_coef >= 0, "train.kl_coef", "must be >= 0")
-        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
+        check(self.world_size >= 1, "train.world_size", "must be >= 1")
+        check(self.sync_bucket_mb >= 1, "train.sync_bucket_mb", "must be >= 1")
+        check(self.lr > 0, "train.lr", "must be > 0")
+        check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
+        check(self.updates_per_step >= 1, "train.updates_per_step", "must be >= 1")
+        check(self.clip_low > 0 and self.clip_high > 0, "train.clip_low/clip_high", "must be > 0")
+        check(self.kl_coef >= 0, "train.kl_coef", "must be >= 0")
+        check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
         # Only a step's first update can stream (later ones need its weights); the sharded trainer
         # splits the batch over ranks when it arrives, which a stream of groups does not do.
-        _check(not self.stream or self.updates_per_step == 1, "train.stream",
+        check(not self.stream or self.updates_per_step == 1, "train.stream",
                f"needs train.updates_per_step = 1 (got {self.updates_per_step}): the later updates of a step "
                "need the first one's weights; set train.updates_per_step=1 or train.stream=false")
-        _check(not self.stream or self.world_size == 1, "train.stream",
+        check(not self.stream or self.world_size == 1, "train.stream",
                f"needs train.world_size = 1 (got {self.world_size}): the sharded trainer takes the whole batch "
                "at once; set train.world_size=1 or train.stream=false")
 
@@ -184,8 +179,8 @@ class PlacementConfig:
     def __post_init__(self) -> None:
         for key, name in (("placement.rollout_resource", self.rollout_resource),
                           ("placement.trainer_resource", self.trainer_resource)):
-            _check(name == name.strip() and " " not in name, key, f"{name!r} must not contain spaces")
-            _check(name not in _BUILTIN_RAY_RESOURCES, key,
+            check(name == name.strip() and " " not in name, key, f"{name!r} must not contain spaces")
+            check(name not in _BUILTIN_RAY_RESOURCES, key,
                    f"{name!r} is a built-in Ray resource; name a custom one (e.g. rollout_node) and "
                    "start the nodes with ray start --resources '{\"rollout_node\": K}'")
 
@@ -214,8 +209,8 @@ class CheckpointConfig:
     dir: str = option("", 'where checkpoints go: any fsspec URL; "" = <lake.url>/_checkpoints')
 
     def __post_init__(self) -> None:
-        _check(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0 (0 turns checkpoints off)")
-        _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        check(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0 (0 turns checkpoints off)")
+        check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -231,9 +226,9 @@ class RecoveryConfig:
                                       "restart)", "> 0")
 
     def __post_init__(self) -> None:
-        _check(self.worker_restarts >= 0, "recovery.worker_restarts", "must be >= 0")
-        _check(self.trainer_restarts >= 0, "recovery.trainer_restarts", "must be >= 0")
-        _check(self.restart_timeout_s > 0, "recovery.restart_timeout_s", "must be > 0 seconds")
+        check(self.worker_restarts >= 0, "recovery.worker_restarts", "must be >= 0")
+        check(self.trainer_restarts >= 0, "recovery.trainer_restarts", "must be >= 0")
+        check(self.restart_timeout_s > 0, "recovery.restart_timeout_s", "must be > 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -256,20 +251,20 @@ class RunConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def __post_init__(self) -> None:
-        _check(self.epochs >= 1, "epochs", "must be >= 1")
+        check(self.epochs >= 1, "epochs", "must be >= 1")
         if self.placement.share_gpu:
-            _check(self.rollout.num_workers == 1 and self.rollout.tensor_parallel_size == 1,
+            check(self.rollout.num_workers == 1 and self.rollout.tensor_parallel_size == 1,
                    "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
-            _check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
+            check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
                    "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
         groups = min(self.rollout.prompts_per_step, self.data.num_prompts)
-        _check(self.train.world_size <= groups, "train.world_size",
+        check(self.train.world_size <= groups, "train.world_size",
                f"is {self.train.world_size} but a step trains on at most {groups} prompt groups "
                "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
-        _check(self.train.world_size == 1 or not self.placement.share_gpu, "train.world_size",
+        check(self.train.world_size == 1 or not self.placement.share_gpu, "train.world_size",
                "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
         # NCCL cannot put two ranks of one group on one GPU; a shared GPU syncs through Ray
-        _check(self.train.sync_transport == "object_store" or not self.placement.share_gpu,
+        check(self.train.sync_transport == "object_store" or not self.placement.share_gpu,
                "train.sync_transport",
                "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
 
@@ -279,87 +274,12 @@ class RunConfig:
         return -(-self.data.num_prompts // self.rollout.prompts_per_step)
 
 
-# ---------------------------------------------------------------- building from dicts
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`, converting only lossless cases (int -> float)."""
-    origin = get_origin(tp)
-    if origin is Literal:
-        allowed = get_args(tp)
-        _check(value in allowed, key, f"got {value!r}; allowed values: {', '.join(map(repr, allowed))}")
-        return value
-    if origin is tuple:
-        args = get_args(tp)
-        _check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
-               f"expected a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
-    if tp is float:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-               f"expected a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), key,
-               f"expected an integer, got {value!r}")
-        return value
-    if tp is bool:
-        _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
-        return value
-    if tp is str:
-        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"config key '{key}': unsupported type {tp}")
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if key not in names:
-            raise ConfigError(f"unknown config key '{full}'; allowed keys here: {', '.join(names)}")
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            _check(isinstance(value, dict), full, "expected a table of settings")
-            kwargs[key] = _build(tp, value, f"{full}.")
-        else:
-            kwargs[key] = _coerce(value, tp, full)
-    return cls(**kwargs)
-
-
-def _parse_scalar(text: str) -> Any:
-    """Parse an override value the way TOML would (numbers, booleans, lists), else a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of `data` with each `a.b=value` override set (values parsed as TOML)."""
-    out = _deep_copy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.sub=value")
-        dotted, text = item.split("=", 1)
-        parts = dotted.strip().split(".")
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: '{p}' is not a table of settings")
-        node[parts[-1]] = _parse_scalar(text.strip())
-    return out
-
-
-def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+# ---------------------------------------------------------------- loading
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build and validate a RunConfig from nested dicts (the TOML layout)."""
-    return _build(RunConfig, data)
+    return build(RunConfig, data)
 
 
 def resolve_config(data: dict[str, Any], overrides: list[str] | None = None,
@@ -389,14 +309,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """Nested plain dict of a config (for logging and saving)."""
     return dataclasses.asdict(cfg)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts into dotted keys (MLflow params)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out

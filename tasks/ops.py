@@ -20,8 +20,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from rhymerl.config import (ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, flatten,
-                            load_config, resolve_config)
+from rhymerl.config import ConfigError, RunConfig, config_from_dict, config_to_dict, load_config, resolve_config
+from rhymerl.config_dicts import apply_overrides, flatten
 from rhymerl.resume import prompts_digest, same_prompts
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError

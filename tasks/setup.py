@@ -19,7 +19,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import SettingsContext, get_settings_context
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
-from rhymerl.config import RunConfig, config_to_dict, flatten
+from rhymerl.config import RunConfig, config_to_dict
+from rhymerl.config_dicts import flatten
 from rhymerl.data import load_problems, render_prompts
 from rhymerl.vllm.engine import EngineSettings
 from rhymerl.histospec.history import counted_by_vllm

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.spec_scale_bench import CHANGE, SAMPLES, UNBUILT, rhyming_group
+from bench.rhyming import CHANGE, SAMPLES, rhyming_group
+from bench.spec_scale_bench import UNBUILT
 
 ROOT = Path(__file__).resolve().parents[2]
 

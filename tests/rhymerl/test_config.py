@@ -2,7 +2,8 @@
 
 import pytest
 
-from rhymerl.config import ConfigError, RunConfig, flatten, config_to_dict, load_config
+from rhymerl.config import ConfigError, RunConfig, config_to_dict, load_config
+from rhymerl.config_dicts import flatten
 
 
 def test_defaults_and_overrides(tmp_path):
