@@ -41,6 +41,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+from numba import njit
 
 from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.tree import RecentTree
@@ -74,6 +75,9 @@ class StepGrowth:
         self.seconds = 0.0  # the helper's CPU seconds so far (read after `finish`)
         self.left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
+        one = np.zeros(1, np.int64)
+        for dtype in (np.int32, np.int64):  # compile (or load) the copy now, not inside an engine step
+            _gather(np.zeros((1, 1), dtype), one, one, one, np.empty(0, np.int32))
 
     def new_step(self) -> None:
         """Wait for the previous step's tree growth (re-raising its error here), reset the allowances."""
@@ -98,8 +102,13 @@ class StepGrowth:
     def tree(self, handles: np.ndarray, tokens: np.ndarray, rows: np.ndarray, held: np.ndarray,
              upto: np.ndarray) -> None:
         """Append tokens[rows[j], held[j]:upto[j]] to the tree's response handles[j], for all j."""
-        parts = [(h, as_int32(tokens[r, a:b], copy=self.behind))
-                 for h, r, a, b in zip(handles.tolist(), rows.tolist(), held.tolist(), upto.tolist())]
+        ends = np.cumsum(upto - held)
+        flat = np.empty(int(ends[-1]) if len(ends) else 0, np.int32)  # a copy: the engine rewrites its rows
+        _gather(tokens, np.asarray(rows, np.int64), np.asarray(held, np.int64), np.asarray(upto, np.int64), flat)
+        parts, start = [], 0
+        for h, end in zip(handles.tolist(), ends.tolist()):
+            parts.append((h, flat[start:end]))
+            start = end
         if self.behind:
             self._due += parts
         else:
@@ -138,6 +147,17 @@ class StepGrowth:
             left -= side.room_ahead(STEP_TOKENS + SIDE_CATCH_UP, len(side) * STEP_TOKENS + SIDE_CATCH_UP,
                                     self._longest, left)
         self.seconds += time.thread_time() - t0
+
+
+@njit(cache=True)
+def _gather(tokens, rows, starts, ends, out):
+    """out = tokens[rows[j], starts[j]:ends[j]] for every j, one after another (as int32: the
+    library's type), in one pass: a copy per row cost ~1.5 us each, 64 of them a step."""
+    at = 0
+    for j in range(rows.shape[0]):
+        for p in range(starts[j], ends[j]):
+            out[at] = tokens[rows[j], p]
+            at += 1
 
 
 def _extend(recent: RecentTree, parts: list[tuple[int, np.ndarray]]) -> None:

@@ -140,6 +140,18 @@ def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row
 
 
 @njit(cache=True)
+def crowded(s_tok, s_table, s_state, at, longest, total, levels, out):
+    """out[j]: whether index at[j] must grow before taking `total[at[j]]` more tokens, its longest
+    sequence then `longest[at[j]]` long (`SideIndex._room`'s test: a row that long, or a table more
+    than half full if each token filed `levels` new keys). One call for a step's indexes: a Python
+    `reserve` per index cost ~3 us each, and almost none grows in a step."""
+    for j in range(at.shape[0]):
+        k = at[j]
+        keys = s_state[k][NKEYS] + total[k] * levels
+        out[j] = longest[k] >= s_tok[k].shape[1] or 2 * keys > s_table[k].shape[0]
+
+
+@njit(cache=True)
 def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
     """Checked before appending ends[j] - starts[j] tokens to sequence seqs[j] of index sides[j]
     for every j: longest[k], the longest sequence of index k after it, and total[k], the tokens it

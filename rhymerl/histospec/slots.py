@@ -18,7 +18,7 @@ from numba import typed, types
 from rhymerl.histospec.flat import PromptIndex
 from rhymerl.histospec.kernel import SAMPLE
 from rhymerl.histospec.side import ROWS, SideIndex
-from rhymerl.histospec.side_arrays import append_many, appending_many
+from rhymerl.histospec.side_arrays import append_many, appending_many, crowded
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
@@ -124,9 +124,12 @@ class SideSlots(_Slots):
         starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
         if not appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total):
             raise ValueError(f"unknown sibling sequence id in {seq_ids.tolist()}")
-        for side, k in zip(sides, at.tolist()):
-            side.reserve(longest[k], total[k])
-            self.slot(side)  # its arrays, if reserve reallocated them
+        grow = np.zeros(len(sides), np.bool_)
+        crowded(self.tok, self.table, self.state, at, longest, total, sides[0].max_match - sides[0].min_match + 1,
+                grow)
+        for j in np.flatnonzero(grow).tolist():
+            sides[j].reserve(longest[at[j]], total[at[j]])
+            self.slot(sides[j])  # its arrays, reallocated
         by = np.argsort(rows_at, kind="stable")  # each index's rows together, in their order
         append_many(self.tok, self.lens, self.table, self.links, self.state, rows_at[by], seq_ids[by], tokens,
                     np.asarray(row_ids, np.int64)[by], starts[by], ends[by], sides[0].min_match, sides[0].max_match)

@@ -216,6 +216,27 @@ def test_extending_many_indexes_in_one_call_equals_extending_each():
                           np.zeros(1, np.int64), np.ones(1, np.int64))
 
 
+def test_the_one_call_room_test_answers_as_room_does():
+    # Rule: side_arrays.crowded (SideSlots.extend_rows's test for all indexes at once) says "grow"
+    # exactly when SideIndex.reserve reallocates: a sequence as long as the rows are wide, or a table
+    # over half full if every new token filed a new key per n.
+    from rhymerl.histospec.side_arrays import crowded
+    from rhymerl.histospec.slots import SideSlots
+
+    slots = SideSlots()
+    for longest, total in [(63, 1), (64, 1), (40, 1), (40, 20), (40, 60)]:
+        side = SideIndex(1, 7)
+        side.add(list(range(40)))  # rows 64 wide
+        k, out = slots.slot(side), np.zeros(1, np.bool_)
+        at = np.full(1, k, np.int64)
+        longests, totals = np.zeros(len(slots.tok), np.int64), np.zeros(len(slots.tok), np.int64)
+        longests[k], totals[k] = longest, total
+        crowded(slots.tok, slots.table, slots.state, at, longests, totals, 7, out)
+        before = side.generation
+        side.reserve(longest, total)
+        assert bool(out[0]) == (side.generation != before), (longest, total)
+
+
 def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_allowance():
     # Rule: room_ahead makes what `tokens` more would need next step whatever `allowance` says, and
     # room for up to SOON steps' growth early only while allowance > 0; it returns the bytes written.
