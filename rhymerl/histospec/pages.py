@@ -74,6 +74,9 @@ def huge_empty(*specs: tuple[int, np.dtype]) -> tuple[np.ndarray, ...]:
     whole = start + total // HUGE_PAGE * HUGE_PAGE
     _advise(start, whole, _MADV_HUGEPAGE)
     _advise(whole, buf.ctypes.data + buf.nbytes, _MADV_NOHUGEPAGE)  # NumPy may have advised "huge" here
+    # Fault the pages in now, the GIL released (ctypes): a huge page's fault zeroes 2 MB and may
+    # compact memory first, which inside a NumPy call that holds the GIL would hold up the engine.
+    ctypes.memset(start, 0, total)
     out, at = [], start - buf.ctypes.data
     for (n, _), d, size in zip(specs, dtypes, sizes):
         out.append(buf[at:at + int(n) * d.itemsize].view(d))
