@@ -38,7 +38,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
         check(not self.init_from_run or re.fullmatch(r"[A-Za-z0-9._-]+", self.init_from_run) is not None,
-               "model.init_from_run", f"{self.init_from_run!r} is not a run id (letters, digits, '.', '_', '-')")
+              "model.init_from_run", f"{self.init_from_run!r} is not a run id (letters, digits, '.', '_', '-')")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         check(self.num_prompts >= 1, "data.num_prompts", "must be >= 1")
         check("{question}" in self.prompt_template, "data.prompt_template",
-               "must contain the placeholder {question}")
+              "must contain the placeholder {question}")
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,13 @@ class RolloutConfig:
         check(self.n >= 2, "rollout.n", "must be >= 2 (GRPO needs a group to normalise over)")
         # Greedy sampling makes every sample of a group identical: all advantages 0, no learning.
         check(self.temperature > 0.0, "rollout.temperature",
-               f"got {self.temperature}; training samples must be random (> 0, e.g. 1.0): at 0 every "
-               "sample of a group is the same greedy answer, every advantage is 0 and nothing is learned")
+              f"got {self.temperature}; training samples must be random (> 0, e.g. 1.0): at 0 every "
+              "sample of a group is the same greedy answer, every advantage is 0 and nothing is learned")
         check(0.0 < self.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
         check(self.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
         check(self.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
         check(0.0 < self.gpu_memory_utilization <= 1.0, "rollout.gpu_memory_utilization",
-               "must be in (0, 1]")
+              "must be in (0, 1]")
         check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
 
 
@@ -150,11 +150,11 @@ class TrainConfig:
         # Only a step's first update can stream (later ones need its weights); the sharded trainer
         # splits the batch over ranks when it arrives, which a stream of groups does not do.
         check(not self.stream or self.updates_per_step == 1, "train.stream",
-               f"needs train.updates_per_step = 1 (got {self.updates_per_step}): the later updates of a step "
-               "need the first one's weights; set train.updates_per_step=1 or train.stream=false")
+              f"needs train.updates_per_step = 1 (got {self.updates_per_step}): the later updates of a step "
+              "need the first one's weights; set train.updates_per_step=1 or train.stream=false")
         check(not self.stream or self.world_size == 1, "train.stream",
-               f"needs train.world_size = 1 (got {self.world_size}): the sharded trainer takes the whole batch "
-               "at once; set train.world_size=1 or train.stream=false")
+              f"needs train.world_size = 1 (got {self.world_size}): the sharded trainer takes the whole batch "
+              "at once; set train.world_size=1 or train.stream=false")
 
 
 _BUILTIN_RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
@@ -181,8 +181,8 @@ class PlacementConfig:
                           ("placement.trainer_resource", self.trainer_resource)):
             check(name == name.strip() and " " not in name, key, f"{name!r} must not contain spaces")
             check(name not in _BUILTIN_RAY_RESOURCES, key,
-                   f"{name!r} is a built-in Ray resource; name a custom one (e.g. rollout_node) and "
-                   "start the nodes with ray start --resources '{\"rollout_node\": K}'")
+                  f"{name!r} is a built-in Ray resource; name a custom one (e.g. rollout_node) and "
+                  "start the nodes with ray start --resources '{\"rollout_node\": K}'")
 
 
 @dataclass(frozen=True)
@@ -254,19 +254,19 @@ class RunConfig:
         check(self.epochs >= 1, "epochs", "must be >= 1")
         if self.placement.share_gpu:
             check(self.rollout.num_workers == 1 and self.rollout.tensor_parallel_size == 1,
-                   "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
+                  "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
             check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
-                   "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
+                  "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
         groups = min(self.rollout.prompts_per_step, self.data.num_prompts)
         check(self.train.world_size <= groups, "train.world_size",
-               f"is {self.train.world_size} but a step trains on at most {groups} prompt groups "
-               "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
+              f"is {self.train.world_size} but a step trains on at most {groups} prompt groups "
+              "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
         check(self.train.world_size == 1 or not self.placement.share_gpu, "train.world_size",
-               "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
+              "must be 1 with placement.share_gpu (one GPU holds one trainer rank)")
         # NCCL cannot put two ranks of one group on one GPU; a shared GPU syncs through Ray
         check(self.train.sync_transport == "object_store" or not self.placement.share_gpu,
-               "train.sync_transport",
-               "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
+              "train.sync_transport",
+              "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
 
     @property
     def steps_per_epoch(self) -> int:

@@ -31,15 +31,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is tuple:
         args = get_args(tp)
         check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
-               f"expected a list of {len(args)} values, got {value!r}")
+              f"expected a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(v, a, key) for v, a in zip(value, args))
     if tp is float:
         check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-               f"expected a number, got {value!r}")
+              f"expected a number, got {value!r}")
         return float(value)
     if tp is int:
         check(isinstance(value, int) and not isinstance(value, bool), key,
-               f"expected an integer, got {value!r}")
+              f"expected an integer, got {value!r}")
         return value
     if tp is bool:
         check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
