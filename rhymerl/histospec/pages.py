@@ -7,8 +7,8 @@ sorted keys, the text around its occurrences: `rhymerl.histospec.kernel`), and b
 CPU's caches and TLB hold little of it (other work, other tenants of the host). On 4 KB pages nearly
 every such read also misses the TLB and walks the page table; NumPy asks for huge pages only for
 arrays of 4 MB or more, and a 256K-token history's text and positions are 1 MB each. With its
-arrays on huge pages the drafting kernel took 0.67 instead of 0.79 ms a step (256 requests at
-8K-token contexts, the prompt's index alone; `rhymerl bench spec-scale`, 2026-12-05).
+arrays on huge pages the drafting kernel took 0.64-0.71 instead of 0.75-0.80 ms a step (256 requests
+at 8K-token contexts, the prompt's index alone; `rhymerl bench spec-scale`, 2026-12-05, (g)).
 Elsewhere (macOS, a kernel without THP) both are no-ops on where the memory lives.
 """
 
@@ -57,13 +57,13 @@ def small_pages(a: np.ndarray) -> np.ndarray:
 
 
 def huge_empty(*specs: tuple[int, np.dtype]) -> tuple[np.ndarray, ...]:
-    """Uninitialised 1-D arrays, one per (length, dtype) in `specs`, laid one after another in one
-    buffer whose whole 2 MB pages are advised as transparent huge pages (the buffer's tail, less
-    than one such page, is not: a huge page there would hold mostly nothing). Arrays that together
-    fill no huge page, or a platform without the advice, are plain `np.empty`s. For arrays written
-    once and then only read at random (a history's index): the caller writes them in place, since
-    a copy into such a buffer afterwards competed with the engine's step for memory (+1 ms on the
-    longest step while 16 histories were built, 2026-12-05)."""
+    """1-D arrays, one per (length, dtype) in `specs`, their contents unspecified (the caller writes
+    them), laid one after another in one buffer whose whole 2 MB pages are advised as transparent
+    huge pages (the buffer's tail, less than one such page, is not: a huge page there would hold
+    mostly nothing). Arrays that together fill no huge page, or a platform without the advice, are
+    plain `np.empty`s. For arrays written once and then only read at random (a history's index),
+    written in place: a copy into such a buffer afterwards competed with the engine's step for
+    memory (+1 ms on the longest step while 16 histories were built, 2026-12-05)."""
     dtypes = [np.dtype(dtype) for _, dtype in specs]
     sizes = [-(-int(n) * d.itemsize // _ALIGN) * _ALIGN for (n, _), d in zip(specs, dtypes)]
     total = sum(sizes)
