@@ -43,7 +43,8 @@ from numba import njit
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.pages import small_pages
 from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending_many,
-                                           copy_rows, find, index_range, rehash, relayout, relayout_heads)
+                                           copy_rows, find, index_range, rehash, relayout, relayout_heads,
+                                           table_full)
 
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
 # time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that
@@ -198,7 +199,7 @@ class SideIndex:
         `total` more tokens, filled a chunk per call while `allowance` lasts (all of it when the
         next step could need it) and swapped in when filled; the bytes written."""
         keys = self._keys_after(total)
-        due = 2 * keys > len(self.table)  # the next step would swap tables itself
+        due = self._table_full(total)  # the next step would swap tables itself
         if self._next is None and (8 * keys > 3 * len(self.table) or due):
             self._next, self._filled = np.empty((max(2 * len(self.table), _pow2(2 * keys)), 2), np.int64), 0
         if self._next is None or not (due or allowance > 0):
@@ -211,6 +212,11 @@ class SideIndex:
             spent += self.table.nbytes
             self._swap_table(self._next)
         return spent
+
+    def _table_full(self, tokens: int) -> bool:
+        """Whether the table would be more than half full after `tokens` more tokens, even if every
+        n-gram they end were a new key (`side_arrays.table_full`)."""
+        return bool(table_full(len(self.table), int(self.state[NKEYS]), tokens, self.max_match - self.min_match + 1))
 
     def _keys_after(self, tokens: int) -> int:
         """Keys in the table after `tokens` more tokens, if every n-gram they end were a new key."""
@@ -229,11 +235,8 @@ class SideIndex:
         rows, cols = self.tok.shape
         if seqs > rows or length >= cols:  # a position may be `length` (a sequence's end): cols > length
             self._grow(max(rows, _pow2(seqs)), max(cols, min(_pow2(length + 1), longest + 1)))
-        # At most half full even if every new n-gram were a new key: at 2/3 full, probes ran long
-        # enough (clusters of ~4 slots) to make an engine step ~40% slower.
-        keys = self._keys_after(new_tokens)
-        if 2 * keys > len(self.table):  # in the step: the helper's table (`room_ahead`) was not ready
-            self._swap_table(np.full((_pow2(2 * keys), 2), -1, dtype=np.int64))
+        if self._table_full(new_tokens):  # in the step: the helper's table (`room_ahead`) was not ready
+            self._swap_table(np.full((_pow2(2 * self._keys_after(new_tokens)), 2), -1, dtype=np.int64))
 
     def _grow(self, rows: int, cols: int) -> None:
         """Reallocate the token rows as rows x cols and the links to match. Wider rows keep every

@@ -140,15 +140,23 @@ def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row
 
 
 @njit(cache=True)
+def table_full(slots, nkeys, tokens, levels):
+    """Whether a table of `slots` holding `nkeys` keys would be more than half full after `tokens`
+    more tokens, if each filed `levels` new keys. At most half full: at 2/3 full, probes ran long
+    enough (clusters of ~4 slots) to make an engine step ~40% slower."""
+    return 2 * (nkeys + tokens * levels) > slots
+
+
+@njit(cache=True)
 def crowded(s_tok, s_table, s_state, at, longest, total, levels, out):
     """out[j]: whether index at[j] must grow before taking `total[at[j]]` more tokens, its longest
-    sequence then `longest[at[j]]` long (`SideIndex._room`'s test: a row that long, or a table more
-    than half full if each token filed `levels` new keys). One call for a step's indexes: a Python
-    `reserve` per index cost ~3 us each, and almost none grows in a step."""
+    sequence then `longest[at[j]]` long (`SideIndex._room`'s test: a row that long, or a full
+    table: `table_full`). One call for a step's indexes: a Python `reserve` per index cost ~3 us
+    each, and almost none grows in a step."""
     for j in range(at.shape[0]):
         k = at[j]
-        keys = s_state[k][NKEYS] + total[k] * levels
-        out[j] = longest[k] >= s_tok[k].shape[1] or 2 * keys > s_table[k].shape[0]
+        out[j] = longest[k] >= s_tok[k].shape[1] or table_full(s_table[k].shape[0], s_state[k][NKEYS], total[k],
+                                                               levels)
 
 
 @njit(cache=True)
