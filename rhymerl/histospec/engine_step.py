@@ -30,7 +30,7 @@ build (`rhymerl.histospec.builds`). Engine thread only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass
 from typing import Sequence
 
 import numpy as np
@@ -42,12 +42,13 @@ from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
 from rhymerl.histospec.flat import FlatBundle, PromptIndex
 from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec.requests import RequestTable, group, step_keys
+from rhymerl.histospec.requests import RequestTable, group
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.stats import SpecStats, Tally
+from rhymerl.histospec.ledger import StepLedger
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
 from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
@@ -75,12 +76,12 @@ class BatchDrafter:
     spec: SpecConfig
     k: int  # vLLM's num_speculative_tokens: no draft may be longer
     max_model_len: int
-    stats: SpecStats = field(default_factory=SpecStats)
+    initial_stats: InitVar[SpecStats | None] = None  # `stats` to count into (None: new ones)
     recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
     background: bool = True  # build large histories in a background thread (False: in the step)
     batched: bool = True  # prompts' own drafts in one compiled call (False: the Python drafter per row)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, initial_stats: SpecStats | None) -> None:
         if not isinstance(self.bundle, FlatBundle):
             self.bundle = FlatBundle.of(self.bundle)
         self.builds = HistoryBuilds(self.spec, self.background)
@@ -95,12 +96,13 @@ class BatchDrafter:
         self.step = 0
         self.cost = StepCostModel(decay=1.0 - 1.0 / self.spec.cost_memory)
         self.calibration = AcceptanceCalibration()  # the drafts' estimates vs what the verifier accepted
-        self.lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
+        self._stats = initial_stats if initial_stats is not None else SpecStats()
+        self._lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
+        self.ledger = StepLedger(self.requests.width)  # the steps' counts until `stats` / `lifetime` are read
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
         self.growth = StepGrowth(self.recent, self.spec.grows_behind())
-        Tally.of([1], [0], [0])  # compile (or load) the step's tally and grouping now, not inside a step
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -111,9 +113,9 @@ class BatchDrafter:
             return out
         t0 = time.perf_counter()
         self.step += 1
-        self.builds.new_step(self.stats)
+        self.builds.new_step(self._stats)
         self.growth.new_step()  # the step before's growth, if it ran behind, is in the indexes now
-        self.stats.grow_seconds, self.growth.seconds = self.stats.grow_seconds + self.growth.seconds, 0.0
+        self._stats.grow_seconds, self.growth.seconds = self._stats.grow_seconds + self.growth.seconds, 0.0
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
                                      token_ids_cpu.dtype)
@@ -121,8 +123,7 @@ class BatchDrafter:
         live = np.flatnonzero(sizes)
         ends = np.asarray(num_tokens_no_spec, np.int64)[live]
         before = ends - sizes[live]
-        found_by, kept_by = step_keys(token_ids_cpu, live, before, ends)
-        slots = self.requests.find(found_by)
+        slots, kept_by = self.requests.find_rows(token_ids_cpu, live, before, ends)
         old = slots >= 0
         processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
         self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
@@ -149,29 +150,46 @@ class BatchDrafter:
         self._drop_idle()
         self.growth.start()  # behind: while the engine runs the next forward pass
         self._stamp = time.perf_counter()
-        self.stats.drafter_seconds += self._stamp - t0
+        self._stats.drafter_seconds += self._stamp - t0
         return out
+
+    @property
+    def stats(self) -> SpecStats:
+        """Acceptance counters (reset by assigning a new `SpecStats`), the steps counted so far in."""
+        self.ledger.flush(self._stats, self._lifetime)
+        return self._stats
+
+    @stats.setter
+    def stats(self, stats: SpecStats) -> None:
+        self.ledger.flush(self._stats, self._lifetime)  # the steps so far count in the ones replaced
+        self._stats = stats
+
+    @property
+    def lifetime(self) -> SpecStats:
+        """Acceptance counters never reset (`stats` is), without position buckets: `_trim`'s fallback."""
+        self.ledger.flush(self._stats, self._lifetime)
+        return self._lifetime
+
+    @lifetime.setter
+    def lifetime(self, lifetime: SpecStats) -> None:
+        self.ledger.flush(self._stats, self._lifetime)
+        self._lifetime = lifetime
 
     def _account(self, slots: np.ndarray, sizes: np.ndarray) -> int:
         """Count the drafts the step that ran verified (the request's sampled tokens are its accepted
         draft plus one) and adapt budgets; the tokens that step processed for these requests."""
         req = self.requests
-        drafted = req.drafted[slots]
-        accepted = np.minimum(sizes - 1, drafted)
         # Position: response tokens before the verified step (`n`, its length when drafted for, less
         # the prompt's). A migrated request counts those it wrote on its old worker too (its prompt is
         # in this bundle). A prompt not in the bundle has plen 0: its prompt counts as response, but
         # such a row never drafts (1-token steps). `lifetime` keeps draft positions only: not these.
-        tally = Tally.of(drafted, accepted, req.n[slots] - req.plen[slots])
-        self.stats.add(tally)
-        self.lifetime.add(tally, positions=False)
-        self.calibration.record_rows(req.probs[slots], drafted, accepted)  # rows without a draft add nothing
-        if self.spec.fail_backoff:
-            req.back_off(slots, drafted, accepted, self.step, self.spec.fail_backoff)
+        processed, drafted, accepted = self.ledger.account(
+            slots, sizes, req.drafted, req.n, req.plen, req.probs, req.fails, req.resume, self.step,
+            self.spec.fail_backoff, self.calibration)
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
             for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
-        return int(len(slots) + drafted.sum())
+        return processed
 
     def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
               ends: np.ndarray) -> None:
@@ -368,7 +386,7 @@ class BatchDrafter:
         """Block until every background build is attached and the last step's growth applied (tests,
         benchmarks, and a proposer handing the cross-prompt tree to a new drafter)."""
         self.growth.finish()
-        self.builds.wait(self.stats)
+        self.builds.wait(self._stats)
 
     def _drop_idle(self) -> None:
         """Every 64 steps, drop prompt indexes without a request for ENTRY_IDLE_STEPS steps."""

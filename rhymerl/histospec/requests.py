@@ -33,24 +33,68 @@ def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarr
     return out
 
 
-def step_keys(tokens: np.ndarray, rows: np.ndarray, before: np.ndarray, ends: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """`row_keys` at `before` (to find the rows' requests) and at `ends` (to store them again), in
-    one call: an engine step needs both, over the same rows."""
-    keys = row_keys(tokens, np.concatenate([rows, rows]), np.concatenate([before, ends]))
-    return keys[:len(rows)], keys[len(rows):]
+@njit(cache=True)
+def _keys(tokens, rows, ends, mix, out):
+    """out[j]: `_key` of row rows[j] at ends[j]."""
+    for j in range(rows.shape[0]):
+        out[j] = _key(tokens, rows[j], ends[j], mix)
 
 
 @njit(cache=True)
-def _keys(tokens, rows, ends, mix, out):
-    """out[j]: sum_t tokens[rows[j], ends[j] - KEY_TAIL + t] * mix[t] + ends[j] * mix[KEY_TAIL] (mod 2**64)."""
+def _key(tokens, row, end, mix):
+    """sum_t tokens[row, end - KEY_TAIL + t] * mix[t] + end * mix[KEY_TAIL] (mod 2**64)."""
     tail = mix.shape[0] - 1
+    key = np.uint64(end) * mix[tail]
+    for t in range(tail):
+        key += np.uint64(tokens[row, max(end - tail + t, 0)]) * mix[t]
+    return key
+
+
+@njit(cache=True)
+def _find_rows(tokens, rows, before, ends, mix, keys, slots, found, kept):
+    """`RequestTable.find_rows`' pass: found / kept filled, the stored entries not taken moved to the
+    front of keys / slots; how many are left."""
+    query = np.empty(rows.shape[0], np.uint64)
     for j in range(rows.shape[0]):
-        end, row = ends[j], rows[j]
-        key = np.uint64(end) * mix[tail]
-        for t in range(tail):
-            key += np.uint64(tokens[row, max(end - tail + t, 0)]) * mix[t]
-        out[j] = key
+        query[j] = _key(tokens, rows[j], before[j], mix)
+        kept[j] = _key(tokens, rows[j], ends[j], mix)
+    return _take(keys, slots, query, found)
+
+
+@njit(cache=True)
+def _take(keys, slots, query, found):
+    """`RequestTable.find`'s pass over the stored keys / slots (see `_find_rows`)."""
+    at = np.full(query.shape[0], -1, np.int64)
+    taken = np.zeros(keys.shape[0], np.bool_)
+    if keys.shape[0]:
+        _match(keys, query, at)
+    for j in range(query.shape[0]):
+        found[j] = slots[at[j]] if at[j] >= 0 else -1
+        if at[j] >= 0:
+            taken[at[j]] = True
+    left = 0
+    for i in range(keys.shape[0]):
+        if not taken[i]:
+            keys[left], slots[left] = keys[i], slots[i]
+            left += 1
+    return left
+
+
+@njit(cache=True)
+def _keep(new_keys, new_slots, keys, slots, last_step, step, grace, out_keys, out_slots, dead):
+    """`RequestTable.keep`'s pass: the step's entries, then the stored ones seen within `grace` steps,
+    into out_*; the others' slots into `dead`. (entries kept, slots dead)."""
+    n = new_keys.shape[0]
+    out_keys[:n], out_slots[:n] = new_keys, new_slots
+    kept, gone = n, 0
+    for i in range(keys.shape[0]):
+        if step - last_step[slots[i]] < grace:
+            out_keys[kept], out_slots[kept] = keys[i], slots[i]
+            kept += 1
+        else:
+            dead[gone] = slots[i]
+            gone += 1
+    return kept, gone
 
 
 def match_keys(stored: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -82,9 +126,15 @@ def _back_off(fails, resume, slots, drafted, accepted, step, cap):
     """`RequestTable.back_off` in one pass over the rows (a dozen array expressions cost ~70 us)."""
     for j in range(slots.shape[0]):
         if drafted[j] > 0:
-            s = slots[j]
-            fails[s] = fails[s] + 1 if accepted[j] == 0 else 0
-            resume[s] = step + min(1 << min(fails[s] - 1, 30), cap) if fails[s] >= 2 else 0
+            _fail(fails, resume, slots[j], accepted[j], step, cap)
+
+
+@njit(cache=True)
+def _fail(fails, resume, s, accepted, step, cap):
+    """Slot s's draft was verified with `accepted` tokens accepted: count a full rejection in a row
+    (`fails`) and set the first step it may draft again (`resume`)."""
+    fails[s] = fails[s] + 1 if accepted == 0 else 0
+    resume[s] = step + min(1 << min(fails[s] - 1, 30), cap) if fails[s] >= 2 else 0
 
 
 class RequestTable:
@@ -114,6 +164,11 @@ class RequestTable:
         self._free = list(range(capacity - 1, -1, -1))
         for dtype in (np.int32, np.int64):  # compile (or load) the kernels now, not inside a step
             row_keys(np.zeros((1, 1), dtype), np.zeros(1, np.int64), np.ones(1, np.int64))
+        for dtype in (np.int32, np.int64):
+            self.find_rows(np.zeros((1, 1), dtype), np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64))
+        self.keep(np.ones(1, np.uint64), np.zeros(1, np.int64), 0, 1)
+        self.find(np.ones(1, np.uint64))
+        self.keep(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0, 1)
         match_keys(np.ones(1, np.uint64), np.ones(1, np.uint64))
         self.back_off(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 1)
 
@@ -135,13 +190,19 @@ class RequestTable:
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The slots stored under `keys` (-1: not found), each stored entry matched at most once and
         then taken out of the table (`keep` stores the step's keys again)."""
-        at = match_keys(self.keys, keys)
-        found = np.where(at >= 0, self.slots[np.maximum(at, 0)], -1) if len(self.slots) else at
-        if (at >= 0).any():
-            left = np.ones(len(self.keys), dtype=bool)
-            left[at[at >= 0]] = False
-            self.keys, self.slots = self.keys[left], self.slots[left]
+        found = np.empty(len(keys), np.int64)
+        left = _take(self.keys, self.slots, np.asarray(keys, np.uint64), found)
+        self.keys, self.slots = self.keys[:left], self.slots[:left]
         return found
+
+    def find_rows(self, tokens: np.ndarray, rows: np.ndarray, before: np.ndarray, ends: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """`find` of the requests in `rows` by their keys at `before` (`row_keys`), and their keys at
+        `ends` (to `keep` them under), in one compiled call: an engine step needs both."""
+        found, kept = np.empty(len(rows), np.int64), np.empty(len(rows), np.uint64)
+        left = _find_rows(tokens, rows, before, ends, _MIX, self.keys, self.slots, found, kept)
+        self.keys, self.slots = self.keys[:left], self.slots[:left]
+        return found, kept
 
     def back_off(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray, step: int, cap: int) -> None:
         """Count each drafting request's fully rejected drafts in a row (`fails`); from the second
@@ -154,11 +215,13 @@ class RequestTable:
     def keep(self, keys: np.ndarray, slots: np.ndarray, step: int, grace: int) -> None:
         """Store this step's requests under their new keys; entries not seen this step stay for
         `grace` steps after they were last seen (a request vLLM paused), then their slots are freed."""
-        alive = step - self.step[self.slots] < grace
-        for slot in self.slots[~alive].tolist():
-            self._free.append(slot)
-        self.keys = np.concatenate([np.asarray(keys, np.uint64), self.keys[alive]])
-        self.slots = np.concatenate([np.asarray(slots, np.int64), self.slots[alive]])
+        size = len(keys) + len(self.keys)
+        out_keys, out_slots, dead = np.empty(size, np.uint64), np.empty(size, np.int64), np.empty(len(self.keys), np.int64)
+        kept, gone = _keep(np.asarray(keys, np.uint64), np.asarray(slots, np.int64), self.keys, self.slots, self.step,
+                           step, grace, out_keys, out_slots, dead)
+        self.keys, self.slots = out_keys[:kept], out_slots[:kept]
+        if gone:
+            self._free.extend(dead[:gone].tolist())
 
     def __len__(self) -> int:
         return len(self.slots)

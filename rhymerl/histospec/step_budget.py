@@ -185,8 +185,12 @@ class AcceptanceCalibration:
         """`record` of drafts given padded: draft i's estimates are probs[i, :lengths[i]]."""
         counted = _count_bins(np.asarray(probs, np.float64), np.asarray(lengths, np.int64),
                               np.asarray(accepted, np.int64), self.drafted, self.accepted)
-        if counted:
-            self.tokens += counted
+        self.counted(counted)
+
+    def counted(self, tokens: int) -> None:
+        """Note `tokens` more draft tokens counted into `drafted` / `accepted` (by a compiled pass)."""
+        if tokens:
+            self.tokens += tokens
             self._table = None
 
     def table(self) -> np.ndarray:
@@ -206,15 +210,22 @@ class AcceptanceCalibration:
 def _count_bins(probs, lengths, accepted, drafted, hits):
     """Add each draft token (probs[i, :lengths[i]]) to drafted[its bin], and to hits[its bin] when
     accepted (j < accepted[i]); the tokens counted. One pass: the engine step records every row's."""
-    bins, counted = drafted.shape[0], 0
+    counted = 0
     for i in range(probs.shape[0]):
         for j in range(min(lengths[i], probs.shape[1])):
-            b = min(max(int(probs[i, j] * bins), 0), bins - 1)  # as AcceptanceCalibration._bin
-            drafted[b] += 1.0
-            if j < accepted[i]:
-                hits[b] += 1.0
+            _count_bin(probs[i, j], j < accepted[i], drafted, hits)
             counted += 1
     return counted
+
+
+@njit(cache=True)
+def _count_bin(p, hit, drafted, hits):
+    """Add one draft token of estimate p (accepted: `hit`) to its bin."""
+    bins = drafted.shape[0]
+    b = min(max(int(p * bins), 0), bins - 1)  # as AcceptanceCalibration._bin
+    drafted[b] += 1.0
+    if hit:
+        hits[b] += 1.0
 
 
 def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:
