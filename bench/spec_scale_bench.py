@@ -205,6 +205,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
         timed.append(step())
         time.sleep(forward_s)
     per_step = statistics.median(cpu for _, cpu in timed)
+    stats = drafter.stats  # read again: the steps' counts are added to it when it is read
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
     sides = [p.index.side for p in drafter.prompts.values()]  # the siblings' indexes (empty without siblings)
     sibling_tokens, sibling_bytes = sum(s.num_tokens for s in sides), sum(s.nbytes for s in sides)

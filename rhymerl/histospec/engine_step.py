@@ -42,6 +42,7 @@ from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
 from rhymerl.histospec.flat import FlatBundle, PromptIndex
 from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
+from rhymerl.histospec import step_pass
 from rhymerl.histospec.requests import RequestTable, group
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.side import SideIndex
@@ -104,6 +105,7 @@ class BatchDrafter:
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
         self.growth = StepGrowth(self.recent, self.spec.grows_behind())
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
+        step_pass.warm()
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -120,33 +122,27 @@ class BatchDrafter:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
                                      token_ids_cpu.dtype)
         sizes = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
-        live = np.flatnonzero(sizes)
-        ends = np.asarray(num_tokens_no_spec, np.int64)[live]
-        before = ends - sizes[live]
-        slots, kept_by = self.requests.find_rows(token_ids_cpu, live, before, ends)
-        old = slots >= 0
-        processed = self._account(slots[old], sizes[live][old])  # tokens the step that just ran processed
-        self._grow(slots[old], token_ids_cpu, live[old], before[old], ends[old])
-        new = np.flatnonzero(~old)  # requests seen for the first time
+        req = self.requests
+        rows = step_pass.begin(req, self.ledger, self.calibration, sizes, num_tokens_no_spec, token_ids_cpu,
+                               self.step, self.spec.fail_backoff, TREE_CHUNK)
+        processed = self._account(rows)  # tokens the step that just ran processed
+        self._grow(rows, token_ids_cpu)
+        live, slots, ends = rows.live, rows.slots, rows.ends
+        new = np.flatnonzero(slots < 0)  # requests seen for the first time
         if len(new):
             slots[new] = self._start(token_ids_cpu, live[new], ends[new], sizes[live[new]])
-            processed += int(before[new].sum())  # their prefill (cached prompt blocks counted too)
-        req = self.requests
-        req.n[slots], req.step[slots], req.drafted[slots] = ends, self.step, 0
-        plan, budgets = self._plan(slots, ends)
-        if plan.any():
-            toks, lens, probs = self._drafts(live[plan], slots[plan], ends[plan], budgets[plan], token_ids_cpu)
-            ps = slots[plan]
-            req.drafted[ps] = lens
-            if probs.shape[1] < req.width:  # narrower than the widest draft: zero the rest
-                req.probs[ps] = 0.0
-            req.probs[ps, :probs.shape[1]] = probs
-            _into_lists(out, live[plan], toks, lens)
-        if old.any() and self._stamp is not None:
+            processed += int(rows.before[new].sum())  # their prefill (cached prompt blocks counted too)
+        drafting, budgets = step_pass.plan(req, rows, self.last_seen, self.step, self.k, self.max_model_len)
+        if len(drafting):
+            ps = slots[drafting]
+            toks, lens, probs = self._drafts(live[drafting], ps, ends[drafting], budgets, token_ids_cpu)
+            step_pass.finish(req.fields, req.probs, ps, lens, probs)
+            _into_lists(out, live[drafting], toks, lens)
+        if len(new) < len(slots) and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
         if self.spec.cost_aware:
             self._trim(out, live, slots)
-        req.keep(kept_by, slots, self.step, STATE_GRACE_STEPS)
+        req.keep(rows.kept, slots, self.step, STATE_GRACE_STEPS)
         self._drop_idle()
         self.growth.start()  # behind: while the engine runs the next forward pass
         self._stamp = time.perf_counter()
@@ -155,7 +151,8 @@ class BatchDrafter:
 
     @property
     def stats(self) -> SpecStats:
-        """Acceptance counters (reset by assigning a new `SpecStats`), the steps counted so far in."""
+        """Acceptance counters (reset by assigning a new `SpecStats`), every step so far counted in
+        when read (`StepLedger`): read it again for later steps' counts."""
         self.ledger.flush(self._stats, self._lifetime)
         return self._stats
 
@@ -175,37 +172,27 @@ class BatchDrafter:
         self.ledger.flush(self._stats, self._lifetime)
         self._lifetime = lifetime
 
-    def _account(self, slots: np.ndarray, sizes: np.ndarray) -> int:
-        """Count the drafts the step that ran verified (the request's sampled tokens are its accepted
-        draft plus one) and adapt budgets; the tokens that step processed for these requests."""
-        req = self.requests
-        # Position: response tokens before the verified step (`n`, its length when drafted for, less
-        # the prompt's). A migrated request counts those it wrote on its old worker too (its prompt is
-        # in this bundle). A prompt not in the bundle has plen 0: its prompt counts as response, but
-        # such a row never drafts (1-token steps). `lifetime` keeps draft positions only: not these.
-        processed, drafted, accepted = self.ledger.account(
-            slots, sizes, req.drafted, req.n, req.plen, req.probs, req.fails, req.resume, self.step,
-            self.spec.fail_backoff, self.calibration)
+    def _account(self, rows: step_pass.StepRows) -> int:
+        """Adapt the continuing requests' budgets to their verified drafts (`step_pass.begin` counted
+        them); the tokens the step that ran processed for them."""
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
-            for slot, d, a in zip(slots.tolist(), drafted.tolist(), accepted.tolist()):
+            req, old = self.requests, rows.slots >= 0
+            for slot, d, a in zip(rows.slots[old].tolist(), rows.drafted[old].tolist(), rows.accepted[old].tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
-        return processed
+        return rows.processed
 
-    def _grow(self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray,
-              ends: np.ndarray) -> None:
+    def _grow(self, step_rows: step_pass.StepRows, tokens: np.ndarray) -> None:
         """Add continuing requests' new tokens to their prompts' siblings (one call for all) and,
         every TREE_CHUNK tokens, to the cross-prompt tree (`self.growth`: now or behind the step); a
         request behind (it arrived with a long prefix) catches up within the step's allowance."""
-        req, growth = self.requests, self.growth
-        sib = np.flatnonzero(req.sib[slots] >= 0)
+        req, growth, sib, due = self.requests, self.growth, step_rows.sib, step_rows.due
+        slots, rows, starts, ends = step_rows.slots, step_rows.live, step_rows.before, step_rows.ends
         if len(sib):
             held = req.sib_n[slots[sib]]
             upto = held + growth.catch_up(ends[sib] - held, ends[sib] - starts[sib], "side")
             sides = self._extend_siblings(req.prompt[slots[sib]], req.sib[slots[sib]], tokens, rows[sib], held, upto)
             growth.ahead(sides, self.max_model_len + self.spec.max_match)  # behind the step: room for the next
             req.sib_n[slots[sib]] = upto
-        in_tree = np.flatnonzero(req.tree[slots] >= 0)
-        due = in_tree[ends[in_tree] - req.tree_n[slots[in_tree]] >= TREE_CHUNK]
         if len(due):
             held = req.tree_n[slots[due]]
             # a request in step holds all but its last < TREE_CHUNK tokens before this step's
@@ -229,14 +216,6 @@ class BatchDrafter:
     def lagging(self) -> int:
         """Tokens of this step's requests not yet in the siblings or the tree (catching up)."""
         return self.growth.lagging
-
-    def _plan(self, slots: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Which rows draft this step (a known prompt and room for a draft), and every row's budget."""
-        req = self.requests
-        prompts = req.prompt[slots]
-        self.last_seen[prompts[prompts >= 0]] = self.step
-        budgets = np.minimum(np.minimum(req.budget[slots], self.k), self.max_model_len - ends)
-        return (prompts >= 0) & (budgets > 0) & (req.resume[slots] <= self.step), budgets
 
     def _drafts(self, rows: np.ndarray, slots: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
                 tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

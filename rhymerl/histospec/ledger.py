@@ -1,4 +1,4 @@
-"""What an engine step's verification says, counted in one compiled pass (`StepLedger`).
+"""What an engine step's verification says, counted in compiled code (`StepLedger`, `account_row`).
 
 After every engine step the drafter learns, for each continuing request, how many of its draft
 tokens the verifier accepted (its sampled tokens less one). That one fact feeds four consumers:
@@ -6,9 +6,10 @@ the acceptance counters (`SpecStats`, for reports), the lifetime acceptance per 
 (`_trim`'s fallback), the acceptance calibration by estimated probability, and the fail back-off.
 Counting them as separate NumPy and Python steps cost ~0.1-0.2 ms of a 256-request step (a Tally,
 two `SpecStats.add`s, a gather of the rows' probabilities, the back-off: ~30 calls, each 3-8 us with
-the step's caches cold), a tenth of issue 17's drafting budget. Here one compiled pass over the
-rows' slots does all four, into arrays (`Counts`); the `SpecStats` objects get them added when read
-(`flush`), so a step does no per-step Python list work. Engine thread only.
+the step's caches cold), a tenth of issue 17's drafting budget. Here the step's compiled pass
+(`rhymerl.histospec.step_pass.begin`) counts each row once (`account_row`) into arrays (`Counts`);
+the `SpecStats` objects get them added when read (`StepLedger.flush`), so a step does no Python
+list work for them. Engine thread only.
 """
 
 from __future__ import annotations
@@ -16,58 +17,40 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rhymerl.histospec.requests import _fail
-from rhymerl.histospec.stats import _BUCKETS, _EDGES, SpecStats, Tally
-from rhymerl.histospec.step_budget import AcceptanceCalibration, _count_bin
+from rhymerl.histospec.requests import DRAFTED, FAILS, N, PLEN, RESUME, _fail
+from rhymerl.histospec.stats import _BUCKETS, SpecStats, Tally
+from rhymerl.histospec.step_budget import _count_bin
 
 
 class Counts:
-    """`SpecStats`' counters as arrays, added to in compiled passes: totals (steps, tokens, drafts,
-    drafted, accepted), draft / accepted length histograms (`width` + 1 lengths), position buckets."""
+    """`SpecStats`' counters as arrays, added to in compiled passes (`arrays`: totals (steps, tokens,
+    drafts, drafted, accepted), draft / accepted length histograms (`width` + 1 lengths), and the
+    position buckets' steps and tokens)."""
 
     def __init__(self, width: int) -> None:
-        self.totals = np.zeros(5, np.int64)
-        self.hist, self.acc = np.zeros(width + 1, np.int64), np.zeros(width + 1, np.int64)
-        self.pos_steps, self.pos_tokens = np.zeros(_BUCKETS, np.int64), np.zeros(_BUCKETS, np.int64)
+        self.arrays = (np.zeros(5, np.int64), np.zeros(width + 1, np.int64), np.zeros(width + 1, np.int64),
+                       np.zeros(_BUCKETS, np.int64), np.zeros(_BUCKETS, np.int64))
 
     def flush(self, stats: SpecStats, positions: bool) -> None:
         """Add the counts to `stats` (`positions`: the position buckets too) and zero them: `stats`
         then holds what `SpecStats.add` of each step's `Tally` would have given."""
-        if not self.totals[0]:
+        totals, hist, acc, pos_steps, pos_tokens = self.arrays
+        if not totals[0]:
             return
-        steps, tokens, drafts, drafted, accepted = self.totals.tolist()
-        size = int(np.flatnonzero(self.hist)[-1]) + 1 if drafts else 0  # a Tally's lists: longest draft + 1
-        stats.add(Tally(steps, tokens, drafts, drafted, accepted, self.hist[:size].tolist(),
-                        self.acc[:size].tolist(), self.pos_steps.tolist(), self.pos_tokens.tolist()), positions)
-        for a in (self.totals, self.hist, self.acc, self.pos_steps, self.pos_tokens):
+        steps, tokens, drafts, drafted, accepted = totals.tolist()
+        size = int(np.flatnonzero(hist)[-1]) + 1 if drafts else 0  # a Tally's lists: longest draft + 1
+        stats.add(Tally(steps, tokens, drafts, drafted, accepted, hist[:size].tolist(), acc[:size].tolist(),
+                        pos_steps.tolist(), pos_tokens.tolist()), positions)
+        for a in self.arrays:
             a.fill(0)
 
 
 class StepLedger:
-    """Counts each step's verified drafts (`account`) for the drafter's stats, lifetime acceptance
-    and calibration, and applies the fail back-off; `flush` adds the counts to the `SpecStats`."""
+    """The counts of the steps since the last `flush`: for the drafter's `stats` (`step`) and its
+    `lifetime` (`lifetime`, whose position buckets are never read)."""
 
     def __init__(self, width: int) -> None:
         self.step, self.lifetime = Counts(width), Counts(width)
-        z = np.zeros(1, np.int64)
-        self.account(z[:0], z[:0], z, z, z, np.zeros((1, 1)), z, z, 0, 0, AcceptanceCalibration())  # compile now
-
-    def account(self, slots: np.ndarray, sizes: np.ndarray, drafted: np.ndarray, n: np.ndarray, plen: np.ndarray,
-                probs: np.ndarray, fails: np.ndarray, resume: np.ndarray, step: int, backoff: int,
-                calibration: AcceptanceCalibration) -> tuple[int, np.ndarray, np.ndarray]:
-        """Request slots[j] sampled sizes[j] tokens (>= 1): its draft of drafted[slot] tokens (estimates
-        probs[slot]) had sizes[j] - 1 of them accepted, at n[slot] - plen[slot] response tokens. Count
-        every row (both `Counts`, `calibration`); with `backoff` > 0, `RequestTable.back_off` on fails /
-        resume. Returns the tokens the verified step processed for them (one each plus their drafts),
-        and the rows' drafted and accepted lengths."""
-        st, life = self.step, self.lifetime
-        got, accepted = np.empty(len(slots), np.int64), np.empty(len(slots), np.int64)
-        processed, counted = _account(slots, sizes, drafted, n, plen, probs, fails, resume, step, backoff,
-                                      st.totals, st.hist, st.acc, st.pos_steps, st.pos_tokens, life.totals,
-                                      life.hist, life.acc, _EDGES, calibration.drafted, calibration.accepted,
-                                      got, accepted)
-        calibration.counted(counted)
-        return processed, got, accepted
 
     def flush(self, stats: SpecStats, lifetime: SpecStats) -> None:
         """Add the counts since the last flush to `stats` and (without positions) `lifetime`."""
@@ -76,27 +59,25 @@ class StepLedger:
 
 
 @njit(cache=True)
-def _account(slots, sizes, drafted, n, plen, probs, fails, resume, step, backoff, totals, hist, acc, pos_steps,
-             pos_tokens, l_totals, l_hist, l_acc, edges, cal_drafted, cal_hits, got, accepted):
-    """`StepLedger.account`'s pass: (tokens processed, draft tokens added to the calibration)."""
-    processed, counted = 0, 0
-    for j in range(slots.shape[0]):
-        s = slots[j]
-        d = drafted[s]
-        a = min(sizes[j] - 1, d)
-        got[j], accepted[j] = d, a
-        processed += 1 + d
-        _tally(totals, hist, acc, d, a)
-        _tally(l_totals, l_hist, l_acc, d, a)
-        b = np.searchsorted(edges, n[s] - plen[s], side="right")
-        pos_steps[b] += 1
-        pos_tokens[b] += a + 1
-        for i in range(min(d, probs.shape[1])):
-            _count_bin(probs[s, i], i < a, cal_drafted, cal_hits)
-            counted += 1
-        if backoff > 0 and d > 0:
-            _fail(fails, resume, s, a, step, backoff)
-    return processed, counted
+def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_drafted, cal_hits, step, backoff):
+    """Request slot s sampled `size` tokens (>= 1) in the step verified at `step`: its draft of
+    fields[DRAFTED, s] tokens (estimates probs[s]) had size - 1 of them accepted, at fields[N, s] -
+    fields[PLEN, s] response tokens. Counts it in both `Counts.arrays` (the lifetime's without
+    position) and the calibration's bins; with `backoff` > 0, the fail back-off (`requests._fail`).
+    Returns (drafted, accepted, draft tokens added to the calibration)."""
+    d = fields[DRAFTED, s]
+    a = min(size - 1, d)
+    _tally(step_counts[0], step_counts[1], step_counts[2], d, a)
+    _tally(life_counts[0], life_counts[1], life_counts[2], d, a)
+    b = np.searchsorted(edges, fields[N, s] - fields[PLEN, s], side="right")
+    step_counts[3][b] += 1
+    step_counts[4][b] += a + 1
+    counted = min(d, probs.shape[1])
+    for i in range(counted):
+        _count_bin(probs[s, i], i < a, cal_drafted, cal_hits)
+    if backoff > 0 and d > 0:
+        _fail(fields[FAILS], fields[RESUME], s, a, step, backoff)
+    return d, a, counted
 
 
 @njit(cache=True)

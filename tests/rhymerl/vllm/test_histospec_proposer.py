@@ -202,10 +202,14 @@ def test_request_key_is_its_length_and_tail():
 def test_equal_keys_each_find_their_own_state():
     # Two requests with the same length and tail (siblings that began alike) keep two states; a
     # state not seen for STATE_GRACE_STEPS steps is freed.
-    from rhymerl.histospec.requests import RequestTable, match_keys
+    from rhymerl.histospec.requests import RequestTable
 
-    assert match_keys(np.array([5, 7, 5], np.uint64), np.array([5, 5, 5, 9], np.uint64)).tolist() == [0, 2, -1, -1]
     table = RequestTable(width=4)
+    x, y, z = table.alloc(), table.alloc(), table.alloc()
+    table.keep(np.array([5, 7, 5], np.uint64), np.array([x, y, z]), step=0, grace=4)
+    # equal keys pair in order (x before z); a key stored once is found once; an unknown key finds none
+    assert table.find(np.array([5, 5, 5, 9, 7, 7], np.uint64)).tolist() == [x, z, -1, -1, y, -1]
+    assert len(table) == 0
     a, b = table.alloc(), table.alloc()
     table.step[[a, b]] = 1
     table.keep(np.array([3, 3], np.uint64), np.array([a, b]), step=1, grace=4)
