@@ -6,11 +6,13 @@ the tokens sampled for it this step, its length, and its prompt + output tokens.
 row's draft. In order:
 
 1. Find each row's request (`rhymerl.histospec.requests.RequestTable`: by its length and last
-   tokens before this step's; one sort-and-search for the batch). A request seen for the first time
-   finds its prompt in the bundle (`PromptTable`), opens its sibling sequence in the prompt's index
-   and its response in the cross-prompt tree.
+   tokens before this step's, through a hash index). A request seen for the first time finds its
+   prompt in the bundle (`PromptTable`), opens its sibling sequence in the prompt's index and its
+   response in the cross-prompt tree.
 2. Count what the step that ran accepted (a request's `sampled` is its accepted draft plus one
-   token): `SpecStats`, the acceptance calibration, the step cost model; adapt budgets.
+   token): `SpecStats` (added to when read), the acceptance calibration, the fail back-off, the
+   step cost model; adapt budgets. Steps 1-2, the plan of step 4 and the drafts' record are
+   compiled passes over all rows (`rhymerl.histospec.step_pass`).
 3. Grow the siblings (one compiled call for all prompts) and the cross-prompt tree (every
    `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group` requests of each prompt join
    it; with `spec.grow_behind`, on a helper thread while the engine runs its next forward pass:
@@ -125,7 +127,7 @@ class BatchDrafter:
         req = self.requests
         rows = step_pass.begin(req, self.ledger, self.calibration, sizes, num_tokens_no_spec, token_ids_cpu,
                                self.step, self.spec.fail_backoff, TREE_CHUNK)
-        processed = self._account(rows)  # tokens the step that just ran processed
+        processed = self._adapt_budgets(rows)  # tokens the step that just ran processed
         self._grow(rows, token_ids_cpu)
         live, slots, ends = rows.live, rows.slots, rows.ends
         new = np.flatnonzero(slots < 0)  # requests seen for the first time
@@ -171,7 +173,7 @@ class BatchDrafter:
         self.ledger.flush(self._stats, self._lifetime)
         self._lifetime = lifetime
 
-    def _account(self, rows: step_pass.StepRows) -> int:
+    def _adapt_budgets(self, rows: step_pass.StepRows) -> int:
         """Adapt the continuing requests' budgets to their verified drafts (`step_pass.begin` counted
         them); the tokens the step that ran processed for them."""
         if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
