@@ -37,6 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rhymerl.histospec import step_pass
 from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.builds import HistoryBuilds
@@ -44,13 +45,12 @@ from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
 from rhymerl.histospec.flat import FlatBundle, PromptIndex
 from rhymerl.histospec.growth import StepGrowth, as_int32
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.histospec import step_pass
+from rhymerl.histospec.ledger import StepLedger
 from rhymerl.histospec.requests import RequestTable, group
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.slots import SideSlots
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.ledger import StepLedger
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)

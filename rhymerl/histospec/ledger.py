@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rhymerl.histospec.requests import DRAFTED, FAILS, N, PLEN, RESUME, _fail
-from rhymerl.histospec.stats import _BUCKETS, SpecStats, Tally
-from rhymerl.histospec.step_budget import _count_bin
+from rhymerl.histospec.requests import DRAFTED, FAILS, N, PLEN, RESUME, back_off_row
+from rhymerl.histospec.stats import POSITION_BUCKETS, SpecStats, Tally
+from rhymerl.histospec.step_budget import count_bin
 
 
 class Counts:
@@ -29,7 +29,7 @@ class Counts:
 
     def __init__(self, width: int) -> None:
         self.arrays = (np.zeros(5, np.int64), np.zeros(width + 1, np.int64), np.zeros(width + 1, np.int64),
-                       np.zeros(_BUCKETS, np.int64), np.zeros(_BUCKETS, np.int64))
+                       np.zeros(POSITION_BUCKETS, np.int64), np.zeros(POSITION_BUCKETS, np.int64))
 
     def flush(self, stats: SpecStats, positions: bool) -> None:
         """Add the counts to `stats` (`positions`: the position buckets too) and zero them: `stats`
@@ -63,8 +63,12 @@ def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_dra
     """Request slot s sampled `size` tokens (>= 1) in the step verified at `step`: its draft of
     fields[DRAFTED, s] tokens (estimates probs[s]) had size - 1 of them accepted, at fields[N, s] -
     fields[PLEN, s] response tokens. Counts it in both `Counts.arrays` (the lifetime's without
-    position) and the calibration's bins; with `backoff` > 0, the fail back-off (`requests._fail`).
+    position) and the calibration's bins; with `backoff` > 0, the fail back-off (`requests.back_off_row`).
     Returns (drafted, accepted, draft tokens added to the calibration)."""
+    # Position: response tokens before the verified step (`n`, its length when drafted for, less the
+    # prompt's). A migrated request counts those it wrote on its old worker too (its prompt is in this
+    # bundle). A prompt not in the bundle has plen 0: its prompt counts as response, but such a row
+    # never drafts (1-token steps). The lifetime keeps draft positions only: not these.
     d = fields[DRAFTED, s]
     a = min(size - 1, d)
     _tally(step_counts[0], step_counts[1], step_counts[2], d, a)
@@ -74,9 +78,9 @@ def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_dra
     step_counts[4][b] += a + 1
     counted = min(d, probs.shape[1])
     for i in range(counted):
-        _count_bin(probs[s, i], i < a, cal_drafted, cal_hits)
+        count_bin(probs[s, i], i < a, cal_drafted, cal_hits)
     if backoff > 0 and d > 0:
-        _fail(fields[FAILS], fields[RESUME], s, a, step, backoff)
+        back_off_row(fields[FAILS], fields[RESUME], s, a, step, backoff)
     return d, a, counted
 
 

@@ -10,8 +10,8 @@ correctness.
 Why arrays: the state lived in a Python object per request, looked up and updated in a Python loop
 over the batch (~4 us per request per step: 1 ms of an engine step at 256 requests, all of issue
 17's drafting budget). Here a step's lookups are one compiled call probing a hash index of the
-stored keys (`rhymerl.histospec.step_pass.begin`: O(1) per request), its updates compiled passes or array expressions over
-the rows' slots, and only a request seen for the first time costs Python work.
+stored keys (`rhymerl.histospec.step_pass.begin`: O(1) per request), its updates are compiled
+passes over the rows' slots, and only a request seen for the first time costs Python work.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ INT_FIELDS = ("budget", "n", "drafted", "prompt", "sib", "sib_n", "tree", "tree_
               "resume")
 # the fields' rows in `RequestTable.fields`, for compiled passes (`rhymerl.histospec.step_pass`)
 BUDGET, N, DRAFTED, PROMPT, SIB, SIB_N, TREE, TREE_N, FORECAST, PLEN, STEP, FAILS, RESUME = range(len(INT_FIELDS))
-_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=np.uint64) | np.uint64(1)
+KEY_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=np.uint64) | np.uint64(1)
 
 
 def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -33,19 +33,19 @@ def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarr
     rows, ends = np.asarray(rows, np.int64), np.asarray(ends, np.int64)
     out = np.zeros(len(rows), dtype=np.uint64)
     if len(rows):
-        _keys(tokens, rows, ends, _MIX, out)
+        _keys(tokens, rows, ends, KEY_MIX, out)
     return out
 
 
 @njit(cache=True)
 def _keys(tokens, rows, ends, mix, out):
-    """out[j]: `_key` of row rows[j] at ends[j]."""
+    """out[j]: `row_key` of row rows[j] at ends[j]."""
     for j in range(rows.shape[0]):
-        out[j] = _key(tokens, rows[j], ends[j], mix)
+        out[j] = row_key(tokens, rows[j], ends[j], mix)
 
 
 @njit(cache=True)
-def _key(tokens, row, end, mix):
+def row_key(tokens, row, end, mix):
     """sum_t tokens[row, end - KEY_TAIL + t] * mix[t] + end * mix[KEY_TAIL] (mod 2**64)."""
     tail = mix.shape[0] - 1
     key = np.uint64(end) * mix[tail]
@@ -55,7 +55,7 @@ def _key(tokens, row, end, mix):
 
 
 @njit(cache=True)
-def _take(keys, slots, index, query, found):
+def take_keys(keys, slots, index, query, found):
     """`RequestTable.find`'s pass: each query key takes the first stored entry with that key not
     yet taken (probe order is insertion order: equal keys pair in order), found[j] its slot (-1:
     none); the entries left are moved to the front of keys / slots and indexed again. How many."""
@@ -118,7 +118,7 @@ def _keep(new_keys, new_slots, keys, slots, last_step, step, grace, out_keys, ou
 
 
 @njit(cache=True)
-def _fail(fails, resume, s, accepted, step, cap):
+def back_off_row(fails, resume, s, accepted, step, cap):
     """Slot s's draft was verified at `step` with `accepted` tokens accepted: count its fully
     rejected drafts in a row (`fails`); from the second on, it skips drafting until step `step` +
     2^(fails - 1), at most + `cap` (`resume`). Only what earlier steps' verifications decided is
@@ -185,7 +185,7 @@ class RequestTable:
         """The slots stored under `keys` (-1: not found), each stored entry matched at most once and
         then taken out of the table (`keep` stores the step's keys again)."""
         found = np.empty(len(keys), np.int64)
-        left = _take(self.keys, self.slots, self.index, np.asarray(keys, np.uint64), found)
+        left = take_keys(self.keys, self.slots, self.index, np.asarray(keys, np.uint64), found)
         self.keys, self.slots = self.keys[:left], self.slots[:left]
         return found
 
@@ -193,7 +193,8 @@ class RequestTable:
         """Store this step's requests under their new keys; entries not seen this step stay for
         `grace` steps after they were last seen (a request vLLM paused), then their slots are freed."""
         size = len(keys) + len(self.keys)
-        out_keys, out_slots, dead = np.empty(size, np.uint64), np.empty(size, np.int64), np.empty(len(self.keys), np.int64)
+        out_keys, out_slots = np.empty(size, np.uint64), np.empty(size, np.int64)
+        dead = np.empty(len(self.keys), np.int64)
         if 2 * size >= len(self.index):  # at most half full: probes stay short
             self.index = np.full(1 << (2 * size).bit_length(), -1, dtype=np.int64)
         kept, gone = _keep(np.asarray(keys, np.uint64), np.asarray(slots, np.int64), self.keys, self.slots, self.step,

@@ -13,8 +13,8 @@ from numba import njit
 # [0, 100), [100, 300), [300, 1000), [1000, inf). Positions past 1,000 occur only in long responses,
 # so the last bucket says how fast a rollout's tail generates.
 POSITION_EDGES = (100, 300, 1000)
-_EDGES = np.asarray(POSITION_EDGES, np.int64)  # once, not per engine step
-_BUCKETS = len(POSITION_EDGES) + 1
+POSITION_EDGE_ARRAY = np.asarray(POSITION_EDGES, np.int64)  # once, not per engine step
+POSITION_BUCKETS = len(POSITION_EDGES) + 1
 
 
 def position_labels() -> list[str]:
@@ -45,8 +45,8 @@ class SpecStats:
     grow_seconds: float = 0.0  # helper-thread CPU growing the cross-prompt tree behind the step (spec.grow_behind)
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
-    pos_steps: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
-    pos_tokens: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
+    pos_steps: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
+    pos_tokens: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
 
     def record(self, drafted: int, accepted: int) -> None:
         """Count one step that verified `drafted` draft tokens and accepted the first `accepted`."""
@@ -76,9 +76,9 @@ class SpecStats:
         only; `record_many` counts the same steps in the totals."""
         if not len(positions):
             return
-        bucket = np.searchsorted(_EDGES, np.asarray(positions), side="right")
-        steps = np.bincount(bucket, minlength=_BUCKETS)
-        emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=_BUCKETS)
+        bucket = np.searchsorted(POSITION_EDGE_ARRAY, np.asarray(positions), side="right")
+        steps = np.bincount(bucket, minlength=POSITION_BUCKETS)
+        emitted = np.bincount(bucket, weights=np.asarray(accepted, np.float64) + 1.0, minlength=POSITION_BUCKETS)
         self.pos_steps = [a + int(b) for a, b in zip(self.pos_steps, steps)]
         self.pos_tokens = [a + int(b) for a, b in zip(self.pos_tokens, emitted)]
 
@@ -200,9 +200,9 @@ class Tally:
         hist, acc = np.zeros(size, np.int64), np.zeros(size, np.int64)
         given = positions is not None
         pos = np.asarray(positions if given else (), np.int64)
-        steps, tokens = np.zeros(_BUCKETS, np.int64), np.zeros(_BUCKETS, np.int64)
+        steps, tokens = np.zeros(POSITION_BUCKETS, np.int64), np.zeros(POSITION_BUCKETS, np.int64)
         totals = np.zeros(3, np.int64)  # drafts, drafted, accepted
-        if not _tally(d, a, pos, given, _EDGES, hist, acc, steps, tokens, totals):
+        if not _tally(d, a, pos, given, POSITION_EDGE_ARRAY, hist, acc, steps, tokens, totals):
             raise ValueError("accepted must be within 0..drafted for every step")
         drafts = int(totals[0])
         return cls(len(d), int(totals[2]) + len(d), drafts, int(totals[1]), int(totals[2]),

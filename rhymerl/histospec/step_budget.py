@@ -213,13 +213,13 @@ def _count_bins(probs, lengths, accepted, drafted, hits):
     counted = 0
     for i in range(probs.shape[0]):
         for j in range(min(lengths[i], probs.shape[1])):
-            _count_bin(probs[i, j], j < accepted[i], drafted, hits)
+            count_bin(probs[i, j], j < accepted[i], drafted, hits)
             counted += 1
     return counted
 
 
 @njit(cache=True)
-def _count_bin(p, hit, drafted, hits):
+def count_bin(p, hit, drafted, hits):
     """Add one draft token of estimate p (accepted: `hit`) to its bin."""
     bins = drafted.shape[0]
     b = min(max(int(p * bins), 0), bins - 1)  # as AcceptanceCalibration._bin

@@ -23,9 +23,9 @@ import numpy as np
 from numba import njit
 
 from rhymerl.histospec.ledger import StepLedger, account_row
-from rhymerl.histospec.requests import (_MIX, BUDGET, DRAFTED, N, PROMPT, RESUME, SIB, STEP, TREE, TREE_N,
-                                        RequestTable, _key, _take)
-from rhymerl.histospec.stats import _EDGES
+from rhymerl.histospec.requests import (BUDGET, DRAFTED, KEY_MIX, N, PROMPT, RESUME, SIB, STEP, TREE, TREE_N,
+                                        RequestTable, row_key, take_keys)
+from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
 from rhymerl.histospec.step_budget import AcceptanceCalibration
 
 
@@ -55,9 +55,9 @@ def begin(req: RequestTable, ledger: StepLedger, calibration: AcceptanceCalibrat
     drafted, accepted, sib, due = (np.zeros(size, np.int64) for _ in range(4))
     kept = np.empty(size, np.uint64)
     count, left, processed, counted, n_sib, n_due = _begin(
-        sizes, np.asarray(num_tokens, np.int64), tokens, _MIX, req.keys, req.slots, req.index, req.fields, req.probs,
-        ledger.step.arrays, ledger.lifetime.arrays, _EDGES, calibration.drafted, calibration.accepted, step, backoff,
-        tree_chunk, live, ends, before, slots, kept, drafted, accepted, sib, due)
+        sizes, np.asarray(num_tokens, np.int64), tokens, KEY_MIX, req.keys, req.slots, req.index, req.fields, req.probs,
+        ledger.step.arrays, ledger.lifetime.arrays, POSITION_EDGE_ARRAY, calibration.drafted, calibration.accepted,
+        step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted, sib, due)
     req.keys, req.slots = req.keys[:left], req.slots[:left]
     calibration.counted(counted)
     return StepRows(live[:count], ends[:count], before[:count], slots[:count], kept[:count], drafted[:count],
@@ -77,9 +77,9 @@ def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, s
             count += 1
     query = np.empty(count, np.uint64)
     for j in range(count):
-        query[j] = _key(tokens, live[j], before[j], mix)
-        kept[j] = _key(tokens, live[j], ends[j], mix)
-    left = _take(keys, stored, index, query, slots[:count])
+        query[j] = row_key(tokens, live[j], before[j], mix)
+        kept[j] = row_key(tokens, live[j], ends[j], mix)
+    left = take_keys(keys, stored, index, query, slots[:count])
     processed, counted, n_sib, n_due = 0, 0, 0, 0
     for j in range(count):
         s = slots[j]
