@@ -10,9 +10,11 @@
   and the drafts handed over as lists.
 
 Why compiled: the same work as ~60 NumPy expressions over the step's 256-row arrays cost ~0.3 ms
-of a step (each 3-8 us with the step's caches cold, 2026-12-05), a third of issue 17's drafting
-budget; as three passes it is a few microseconds a row. What needs Python (a new request's
-prompt, the siblings' and the tree's growth, the drafts as lists) stays in `engine_step`.
+of a step (each 3-8 us with the step's caches cold), a third of issue 17's drafting budget. As
+three passes at 256 rows: `begin` ~0.1 ms (most of it the first touch of the rows' tails after the
+engine's forward pass), `plan` ~0.01, `finish` ~0.09 with the lists (its pass ~0.02); a step ~0.15
+ms less in alternating runs (2026-12-05, `bench/results/spec-scale-2026-12-05h`). What needs
+Python (a new request's prompt, the siblings' and the tree's growth) stays in `engine_step`.
 """
 
 from __future__ import annotations
@@ -163,6 +165,6 @@ def warm() -> None:
         rows = begin(req, ledger, calibration, np.ones(1, np.int64), np.ones(1, np.int64), np.zeros((1, 1), dtype),
                      1, 1, 1)
         rows.slots[:] = req.alloc()
-        drafting, _ = plan(req, rows, np.zeros(1, np.int64), 1, 1, 2)
+        plan(req, rows, np.zeros(1, np.int64), 1, 1, 2)
         finish(req, rows.slots, rows.live, np.ones((1, 1), np.int64), np.ones(1, np.int64), np.ones((1, 1)), [[]])
         req.keep(rows.kept, rows.slots, 1, 1)
