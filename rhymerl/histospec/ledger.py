@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from rhymerl.histospec.requests import DRAFTED, FAILS, N, PLEN, RESUME, back_off_row
-from rhymerl.histospec.stats import POSITION_BUCKETS, SpecStats, Tally
+from rhymerl.histospec.stats import POSITION_BUCKETS, SpecStats, Tally, tally_position, tally_row
 from rhymerl.histospec.step_budget import count_bin
 
 
@@ -71,27 +71,12 @@ def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_dra
     # never drafts (1-token steps). The lifetime keeps draft positions only: not these.
     d = fields[DRAFTED, s]
     a = min(size - 1, d)
-    _tally(step_counts[0], step_counts[1], step_counts[2], d, a)
-    _tally(life_counts[0], life_counts[1], life_counts[2], d, a)
-    b = np.searchsorted(edges, fields[N, s] - fields[PLEN, s], side="right")
-    step_counts[3][b] += 1
-    step_counts[4][b] += a + 1
+    tally_row(step_counts[0], step_counts[1], step_counts[2], d, a)
+    tally_row(life_counts[0], life_counts[1], life_counts[2], d, a)
+    tally_position(edges, step_counts[3], step_counts[4], fields[N, s] - fields[PLEN, s], a)
     counted = min(d, probs.shape[1])
     for i in range(counted):
         count_bin(probs[s, i], i < a, cal_drafted, cal_hits)
     if backoff > 0 and d > 0:
         back_off_row(fields[FAILS], fields[RESUME], s, a, step, backoff)
     return d, a, counted
-
-
-@njit(cache=True)
-def _tally(totals, hist, acc, d, a):
-    """Count one verification of a d-token draft with a accepted (as `SpecStats.record`)."""
-    totals[0] += 1
-    totals[1] += a + 1
-    totals[3] += d
-    totals[4] += a
-    if d > 0:
-        totals[2] += 1
-        hist[d] += 1
-        acc[a] += 1

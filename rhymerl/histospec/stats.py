@@ -201,11 +201,11 @@ class Tally:
         given = positions is not None
         pos = np.asarray(positions if given else (), np.int64)
         steps, tokens = np.zeros(POSITION_BUCKETS, np.int64), np.zeros(POSITION_BUCKETS, np.int64)
-        totals = np.zeros(3, np.int64)  # drafts, drafted, accepted
+        totals = np.zeros(5, np.int64)  # steps, tokens, drafts, drafted, accepted (`tally_row`)
         if not _tally(d, a, pos, given, POSITION_EDGE_ARRAY, hist, acc, steps, tokens, totals):
             raise ValueError("accepted must be within 0..drafted for every step")
-        drafts = int(totals[0])
-        return cls(len(d), int(totals[2]) + len(d), drafts, int(totals[1]), int(totals[2]),
+        n_steps, n_tokens, drafts, n_drafted, n_accepted = totals.tolist()
+        return cls(n_steps, n_tokens, drafts, n_drafted, n_accepted,
                    hist.tolist() if drafts else [], acc.tolist() if drafts else [],
                    steps.tolist() if given else None, tokens.tolist() if given else None)
 
@@ -218,14 +218,30 @@ def _tally(d, a, pos, given, edges, hist, acc, steps, tokens, totals):
         if a[j] < 0 or a[j] > d[j]:
             return False
     for j in range(d.shape[0]):
-        totals[1] += d[j]
-        totals[2] += a[j]
-        if d[j] > 0:
-            totals[0] += 1
-            hist[d[j]] += 1
-            acc[a[j]] += 1
+        tally_row(totals, hist, acc, d[j], a[j])
         if given:
-            b = np.searchsorted(edges, pos[j], side="right")
-            steps[b] += 1
-            tokens[b] += a[j] + 1
+            tally_position(edges, steps, tokens, pos[j], a[j])
     return True
+
+
+@njit(cache=True)
+def tally_row(totals, hist, acc, d, a):
+    """Count one verification of a d-token draft with a accepted (as `record`) into totals (steps,
+    tokens, drafts, drafted, accepted) and the draft / accepted length histograms."""
+    totals[0] += 1
+    totals[1] += a + 1
+    totals[3] += d
+    totals[4] += a
+    if d > 0:
+        totals[2] += 1
+        hist[d] += 1
+        acc[a] += 1
+
+
+@njit(cache=True)
+def tally_position(edges, steps, tokens, position, a):
+    """Count one verification after `position` response tokens that accepted a draft tokens (so
+    emitted a + 1) in its position bucket (as `record_positions`)."""
+    b = np.searchsorted(edges, position, side="right")
+    steps[b] += 1
+    tokens[b] += a + 1
