@@ -162,20 +162,20 @@ def _best_group(conts, order, codes, rewards, lo, hi, depth, reward_weighted):
 
 
 @njit(cache=True)
-def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob, prior, out, out_prob, order):
+def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob, prior, out, out_prob, r, order):
     """`drafter.follow` over the m non-empty continuations conts[:m] (lens, codes, rewards each):
-    writes the draft to `out` and its tokens' probabilities to `out_prob`; (its length, its score,
-    the probabilities summed one by one as `sum` does in Python). `order`: room for m indexes."""
+    writes the draft to out[r] and its tokens' probabilities to out_prob[r]; (its length, its score,
+    the probabilities summed one by one as `sum` does in Python). `order`: room for m indexes.
+    (Rows are written by index, not through views of them: a view per row cost ~5% of a step.)"""
     if m == 0:
         return 0, 0.0
     prob = m / (m + prior)
     if prob < min_token_prob:
         return 0, 0.0
     if m == 1:
-        out[:lens[0]] = conts[0, :lens[0]]
         score = 0.0
         for t in range(lens[0]):
-            out_prob[t] = prob
+            out[r, t], out_prob[r, t] = conts[0, t], prob
             score += prob
         return lens[0], score
     for a in range(m):
@@ -201,7 +201,7 @@ def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_pr
             if prob < min_token_prob:
                 break
             src = order[lo]
-            out_prob[depth] = prob
+            out_prob[r, depth] = prob
             depth += 1
             score += prob
             continue
@@ -210,11 +210,25 @@ def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_pr
         while run < end and conts[first, run] == conts[last, run]:
             run += 1
         for t in range(depth, run):
-            out_prob[t] = prob
+            out_prob[r, t] = prob
             score += prob
         depth = run
-    out[:depth] = conts[src, :depth]
+    for t in range(depth):
+        out[r, t] = conts[src, t]
     return depth, score
+
+
+@njit(cache=True)
+def _sorted_into(sa, lo, hi, near):
+    """near[:hi - lo] = sorted(sa[lo:hi]) by insertion (a few dozen entries: numba's sort call cost
+    more than the sorting, ~20% of the kernel); hi - lo."""
+    for j in range(hi - lo):
+        v, b = sa[lo + j], j
+        while b > 0 and near[b - 1] > v:
+            near[b] = near[b - 1]
+            b -= 1
+        near[b] = v
+    return hi - lo
 
 
 @njit(cache=True)
@@ -253,6 +267,11 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     rewards = np.zeros(limit)
     order = np.empty(limit, dtype=np.int64)  # follow's sort of a row's candidates
     near = np.empty(limit, dtype=np.int32)  # (as sas) a row's occurrences when they are few
+    # The arrays of the slot drafted from, taken from the typed lists when the slot changes: an
+    # engine's rows come grouped by prompt, and each take costs a reference count (~9% of the kernel).
+    held = -1
+    text, sa, key, sample, start, seq_rew = near, near, np.empty(0, np.uint64), np.empty(0, np.uint64), \
+        np.empty(0, np.int64), rewards
     for r in range(slots.shape[0]):
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
         num, slot, side = nums[r], slots[r], sides[r]
@@ -261,7 +280,10 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
             q[j] = rows[row_ids[r], num - 1 - j]
         nf, lo, hi = 0, 0, 0
         if slot >= 0:
-            nf, lo, hi = match(texts[slot], sas[slot], keys[slot], samples[slot], q, nq, min_match)
+            if slot != held:
+                text, sa, key, sample = texts[slot], sas[slot], keys[slot], samples[slot]
+                start, seq_rew, held = starts[slot], seq_rewards[slot], slot
+            nf, lo, hi = match(text, sa, key, sample, q, nq, min_match)
         n, flim, found_n, extra = nf, limit, 0, 0
         if side >= 0:
             seq_lens = s_lens[side]
@@ -282,16 +304,16 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                 continue
         m = 0
         if k:
-            text = texts[slot]
-            if hi - lo <= limit:  # no copy to allocate: the common case of a long match
-                g = near[:hi - lo]
-                g[:] = sas[slot][lo:hi]
+            if hi - lo <= limit:  # the common case of a long match: sorted in place, nothing allocated
+                g, count = near, _sorted_into(sa, lo, hi, near)
             else:
-                g = sas[slot][lo:hi].copy()
+                g = sa[lo:hi].copy()
                 if hi - lo > 4 * k:
                     g = np.partition(g, hi - lo - k)[hi - lo - k:]
-            g.sort()
-            for c in g[g.shape[0] - k:]:
+                g.sort()
+                count = g.shape[0]
+            for j in range(count - k, count):
+                c = g[j]
                 size = 0
                 while size < budget and c + size < text.shape[0] and text[c + size] != PAD:
                     conts[m, size] = text[c + size]
@@ -299,19 +321,19 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                 if size:
                     lens[m], codes[m] = size, c
                     if reward_weighted:
-                        rewards[m] = seq_rewards[slot][_seq_of(starts[slot], c)]
+                        rewards[m] = seq_rew[_seq_of(start, c)]
                     m += 1
         if extra:
-            seq_rew = s_rewards[side]
+            sib_rew = s_rewards[side]
             for c in range(found_n):
                 seq, pos = found[c] // STRIDE, found[c] % STRIDE
                 size = min(budgets[r], seq_lens[seq] - pos, width, budget)
                 if size > 0:
                     conts[m, :size] = seq_tok[seq, pos:pos + size]
                     lens[m], codes[m] = size, found[c] + shifts[r]
-                    rewards[m] = seq_rew[seq] if reward_weighted else 0.0
+                    rewards[m] = sib_rew[seq] if reward_weighted else 0.0
                     m += 1
         size, score = follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob,
-                             prior, out[r], out_prob[r], order)
+                             prior, out, out_prob, r, order)
         if size:
             out_len[r], out_n[r], out_score[r] = size, n, score

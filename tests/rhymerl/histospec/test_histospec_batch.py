@@ -60,7 +60,8 @@ def test_batch_drafts_equal_the_python_drafter(seed, dtype):
     rng = np.random.default_rng(seed)
     for _ in range(25):
         spec, indexes, rows, nums = random_case(rng)
-        rows = rows.astype(dtype)
+        mix = rng.permutation(len(nums))  # the prompts' rows interleaved: the kernel re-takes a slot's arrays
+        indexes, rows, nums = [indexes[i] for i in mix], rows[mix].astype(dtype), [nums[i] for i in mix]
         budgets = rng.integers(1, 17, len(nums)).tolist()
         drafter = BatchIndexDrafter(spec)
         got = drafter.propose(indexes, range(len(nums)), nums, budgets, rows)
