@@ -6,12 +6,17 @@ and every response of the prompt (its H history responses and its 16 live sample
 token replaced by a uniform random one with probability 5%. Prompts are 64 random tokens.
 `engine_rows` lays R requests (16 live samples per prompt) out as an engine's token rows beside the
 bundle of their prompts' histories; `accept` is what a verification of their drafts keeps when the
-model's choices are the rows' own next tokens.
+model's choices are the rows' own next tokens. `Forward` is the engine's forward pass between two
+drafting steps.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import numpy as np
+from numba import njit
 
 from rhymerl.histospec.flat import FlatBundle
 
@@ -59,3 +64,39 @@ def accept(rows: np.ndarray, num: np.ndarray, drafts: list[list[int]]) -> list[n
         sampled.append(rows[i, n:n + took + 1].copy())
         num[i] = n + took + 1
     return sampled
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The engine's forward pass between two drafting steps: `seconds` long (a GPU decode step at
+    256 x 8K is 8-30 ms), the drafting thread spinning (`busy`) or sleeping.
+
+    busy is what the thread does in a GPU engine: vLLM's worker waits for the step's sampled tokens
+    in a CUDA copy, and CUDA spins while it waits when a process holds one context per device
+    (`cudaDeviceScheduleAuto`), so the core keeps its caches. Idle lets the core sleep: on this
+    project's VM a core idle for 10 ms comes back with cold caches, and the drafting step after it
+    costs ~20-30% more (`bench/results/spec-scale-2026-12-06/`). The spin releases the GIL, so the
+    drafter's helper thread runs beside it as it would beside a GPU step."""
+
+    seconds: float = 0.010
+    busy: bool = True
+
+    def wait(self) -> None:
+        if not self.busy:
+            time.sleep(self.seconds)
+            return
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            _spin(SPIN_CHUNK)
+
+
+SPIN_CHUNK = 100_000  # _spin's iterations between clock reads (~15-30 us here)
+
+
+@njit(nogil=True, cache=True)
+def _spin(n: int) -> int:
+    """Integer work without memory traffic, the GIL released."""
+    x = 1
+    for _ in range(n):
+        x = x * 6364136223846793005 + 1442695040888963407
+    return x

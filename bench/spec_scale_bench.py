@@ -1,6 +1,7 @@
 """HistoSpec's data path at reasoning-RL size, on synthetic rhyming histories (issue 17 items 4-5).
 
     rhymerl bench spec-scale [--json] [--json-out FILE] [--quick] [--seed 0] [--point L,H,R] [--spec prompt|engine]
+                             [--forward busy|idle]
 
 Generator: `bench.rhyming` (seeded rhyming histories; response length L, H history responses per
 prompt, R requests per engine, 16 live samples per prompt). Grid: L in 1K, 4K, 16K; H in 16, 64; R in
@@ -43,9 +44,11 @@ trimming off):
   draft from 2 prompts' indexes, as building all of them would take minutes and costs nothing per
   draft). new, new_py and suffix steps accept what a model sampling the row's own tokens would: a
   draft's longest prefix equal to the row's next tokens, then one token (`acceptance_rate` in the
-  JSON, ~0.6-0.75), and 10 ms pass between timed steps (the engine's forward pass). Before
+  JSON, ~0.6-0.75), and 10 ms pass between timed steps (the engine's forward pass; every arm). Before
   2026-12-05 every step accepted nothing, so `spec.fail_backoff` paused most rows and the figures
-  were 2-3x too low;
+  were 2-3x too low. The drafting thread spins through the forward pass, as it does waiting on a GPU
+  (`bench.rhyming.Forward`; `--forward idle` sleeps instead, as every figure before 2026-12-06 did:
+  on this VM the step after a 10 ms sleep starts with cold caches and costs ~20-30% more);
 - index memory per engine (R / 16 prompts, tokens included); with `--spec engine`, the siblings'
   indexes too (`sibling_bytes`, `sibling_bytes_per_token` in the JSON: every running request's
   tokens, prompt tails included, with their n-gram table and links). Per (L, H, P), arithmetic on those
@@ -70,7 +73,7 @@ from datetime import date
 
 import numpy as np
 
-from bench.rhyming import PROMPT_LEN, SAMPLES, accept, engine_rows, rhyming_group
+from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhyming_group
 from rhymerl.histospec.flat import FlatIndex
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.spec_config import SpecConfig
@@ -86,7 +89,6 @@ SUFFIX_TOKENS = 10_000_000  # the suffix arm's history + request prefixes at mos
 # Arms without an index build of their own: new_py and new_inline draft from new's index, suffix keeps
 # its trees itself (their memory is in its drafting point).
 UNBUILT = ("new_py", "new_inline", "suffix")
-FORWARD_S = 0.010  # the engine's forward pass between timed steps: a GPU decode step at 256 x 8K is 8-30 ms
 
 
 def _timed(build, repeats: int) -> tuple[object, float]:
@@ -144,17 +146,17 @@ def build_point(rng, length: int, history: int, arms: list[str]) -> dict:
 
 
 def draft_point(rng, length: int, history: int, requests: int, arms: list[str], steps: int,
-                spec: SpecConfig = SPEC) -> dict:
+                spec: SpecConfig = SPEC, forward: Forward = Forward()) -> dict:
     """An engine step of R requests per arm: stall from history work, drafter ms/step and us/request."""
     bundle, groups, rows, n0 = engine_rows(rng, length, history, requests)
     out = {"length": length, "history": history, "requests": requests, "context": n0,
            "prompts": len(groups)}
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
         arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
-        out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py")
+        out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py", forward=forward)
     if "suffix" in arms:  # the library's trees hold ~355 B per token: cap what one point may put in them
         held = len(groups) * history * length + requests * n0
-        out["suffix"] = (_draft_suffix(groups, rows, n0, requests, steps, history) if held <= SUFFIX_TOKENS else
+        out["suffix"] = (_draft_suffix(groups, rows, n0, requests, steps, history, forward) if held <= SUFFIX_TOKENS else
                          {"skipped": f"{held / 1e6:.1f}M tokens for its trees (> {SUFFIX_TOKENS / 1e6:.0f}M)"})
     two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
     for arm in [a for a in arms if a in ("old", "arctic")]:
@@ -164,21 +166,21 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
             index, seconds = _timed(lambda: make(prompt, r[:history]), 2)
             indexes.append(index)
             build_s.append(seconds)
-        per_step = _draft_other(arm, indexes, rows, n0, requests, steps)
+        per_step = _draft_other(arm, indexes, rows, n0, requests, steps, forward)
         out[arm] = {"stall_ms": 1e3 * statistics.mean(build_s) * len(groups), "step_ms": per_step * 1e3,
                     "us_per_request": per_step / requests * 1e6}
     return out
 
 
 def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, batched: bool,
-               forward_s: float = FORWARD_S) -> dict:
+               forward: Forward = Forward()) -> dict:
     """Steps of today's BatchDrafter: the first sees every request new, and steps go on while the
     background thread indexes the histories and the requests' long prefixes catch up into the
     siblings and the tree (`BatchDrafter.lagging`; the longest of these steps is the stall); then
     steady steps, at `timed_context` tokens. Each step accepts what a model sampling the row's own
     tokens would: a draft's longest prefix equal to the row's next tokens, then one more token (so
     rows advance unevenly and fail_backoff pauses only rows whose drafts fail). Between timed steps
-    the engine's forward pass is `forward_s` of sleep, during which growth behind the step runs."""
+    the engine's forward pass is `forward`'s wait, during which growth behind the step runs."""
     drafter = BatchDrafter(bundle, spec, k=16, max_model_len=rows.shape[1] + 16, batched=batched)
     num = np.full(requests, n0 - 1, dtype=np.int64)
     drafts: list[list[int]] = [[] for _ in range(requests)]
@@ -193,7 +195,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     t0 = time.perf_counter()
     stall, building_steps = step()[0], 1
     while (drafter.building or drafter.lagging) and num.max() < room:
-        time.sleep(forward_s)  # the forward pass: the helper's growth overlaps it, as in the engine
+        forward.wait()  # the forward pass: the helper's growth overlaps it, as in the engine
         stall = max(stall, step()[0])
         building_steps += 1
     drafter.wait_for_builds()
@@ -203,7 +205,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     timed = []
     for _ in range(steps):
         timed.append(step())
-        time.sleep(forward_s)
+        forward.wait()
     per_step = statistics.median(cpu for _, cpu in timed)
     stats = drafter.stats  # read again: the steps' counts are added to it when it is read
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
@@ -216,13 +218,13 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
             "sibling_bytes_per_token": sibling_bytes / sibling_tokens if sibling_tokens else 0.0,
             "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3,
             "step_wall_max_ms": max(wall for wall, _ in timed) * 1e3,
-            "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward_s * 1e3,
+            "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward.seconds * 1e3,
             "timed_context": timed_context,
             "acceptance_rate": (stats.accepted - accepted) / max(1, stats.drafted - drafted)}
 
 
 def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int,
-                  forward_s: float = FORWARD_S) -> dict:
+                  forward: Forward = Forward()) -> dict:
     """vLLM's `suffix` method's work per step (`SuffixDecodingProposer.propose`, stock settings): every
     row's new tokens into its request's local tree and the global cache, then the library's
     speculate over both. The global cache first holds every prompt's history responses (as vLLM's
@@ -252,7 +254,7 @@ def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int
             drafts[i] = cache.speculate(i, rows[i, max(0, n - 24):n], max_spec_tokens=16, max_spec_factor=1.0,
                                         min_token_prob=0.1).token_ids
         timed.append((time.perf_counter() - w0, time.thread_time() - c0))
-        time.sleep(forward_s)
+        forward.wait()
     per_step = statistics.median(cpu for _, cpu in timed)
     memory = cache._global_tree.estimate_memory() + sum(t.estimate_memory() for t in cache._local_trees.values())
     return {"stall_ms": 0.0, "build_s": build_s, "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6,
@@ -260,7 +262,7 @@ def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int
             "timed_context": int(num.mean())}
 
 
-def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) -> float:
+def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int, forward: Forward) -> float:
     """Median seconds per step of the old drafter's per-request work (whole-row key, draft) or the
     library's speculate for R requests: request i is row i % 32, a live sample of prompt (i % 32) // 16,
     and drafts from that prompt's index."""
@@ -280,6 +282,7 @@ def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int) ->
             else:
                 drafter.speculate(row[max(0, n - 24):n].tolist(), 16, 1.0, 0.0, 0.1, False)
         times.append(time.thread_time() - t0)
+        forward.wait()
     return statistics.median(times)
 
 
@@ -291,18 +294,20 @@ def epoch_point(length: int, history: int, prompts: int, new_bpt: float) -> dict
             "index_bytes_if_all_indexed": tokens * (4 + new_bpt)}
 
 
-def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt") -> dict:
+def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt",
+        forward: Forward = Forward()) -> dict:
     rng = np.random.default_rng(seed)
     built = [a for a in arms if a not in UNBUILT]
     builds = [build_point(rng, L, H, built) for L in grid["lengths"] for H in grid["histories"]]
-    drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC)
+    drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC, forward)
               for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
     bpt = {(b["length"], b["history"]): b["new"]["bytes_per_token"] for b in builds if "new" in b}
     epochs = [epoch_point(L, H, P, bpt.get((L, H), 12.0))
               for L in grid["lengths"] for H in grid["histories"] for P in grid["epochs"]]
     return {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor() or '?'}, "
             f"{__import__('os').cpu_count()} CPUs (shared)", "seed": seed, "grid": grid, "arms": arms,
-            "targets": TARGETS, "spec": spec, "builds": builds, "drafts": drafts, "epochs": epochs}
+            "targets": TARGETS, "spec": spec,
+            "forward": {"ms": forward.seconds * 1e3, "busy": forward.busy}, "builds": builds, "drafts": drafts, "epochs": epochs}
 
 
 def table(result: dict) -> str:
@@ -347,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", choices=("prompt", "engine"), default="prompt",
                         help="draft from the prompt's index alone, or with the engine's defaults (siblings, "
                         "cross-prompt tree)")
+    parser.add_argument("--forward", choices=("busy", "idle"), default="busy",
+                        help="the drafting thread during the 10 ms forward pass between steps: spinning, as "
+                        "it does waiting on a GPU (default), or asleep (its core's caches may go cold)")
     args = parser.parse_args(argv)
     # `new` drafts first: an engine's process holds no other arm's memory, and the others (the old
     # dict index, the Python path) left the heap and caches in a state that slowed it by ~30-40%
@@ -359,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.point:
         length, history, requests = (int(x) for x in args.point.split(","))
         grid = {"lengths": (length,), "histories": (history,), "requests": (requests,), "epochs": (1000,)}
-    result = run(grid, args.seed, arms, 2 if args.quick else args.steps, args.spec)
+    result = run(grid, args.seed, arms, 2 if args.quick else args.steps, args.spec,
+                 Forward(busy=args.forward == "busy"))
     text = json.dumps(result, indent=1)
     if args.json_out:
         with open(args.json_out, "w") as f:

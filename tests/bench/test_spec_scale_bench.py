@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.rhyming import CHANGE, SAMPLES, rhyming_group
+from bench.rhyming import CHANGE, SAMPLES, Forward, rhyming_group
 from bench.spec_scale_bench import UNBUILT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +24,16 @@ def test_generator_is_seeded_and_rhymes():
     rows = a[1]
     assert rows.shape == (4 + SAMPLES, 2000)
     assert abs((rows[0] != rows[1]).mean() - 2 * CHANGE) < 0.03
+
+
+def test_forward_pass_spins_or_sleeps():
+    # busy keeps the drafting thread on its core (CPU time accrues), idle lets it sleep; both last the pass
+    for busy in (True, False):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        Forward(seconds=0.1, busy=busy).wait()
+        wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+        assert wall >= 0.1
+        assert (cpu > 0.02) if busy else (cpu < 0.02)
 
 
 def test_spec_scale_bench_quick_json(tmp_path):
@@ -43,3 +54,4 @@ def test_spec_scale_bench_quick_json(tmp_path):
         assert 0 < d["new"]["acceptance_rate"] <= 1 and d["new"]["grow_behind_ms"] > 0
         assert d["new_inline"]["grow_behind_ms"] == 0
     assert result["epochs"] and result["targets"]["bytes_per_token"] == 16
+    assert result["forward"] == {"ms": 10.0, "busy": True}
