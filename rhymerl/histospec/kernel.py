@@ -272,6 +272,9 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     held = -1
     text, sa, key, sample, start, seq_rew = near, near, np.empty(0, np.uint64), np.empty(0, np.uint64), \
         np.empty(0, np.int64), rewards
+    held_side = -1  # the same for the siblings' arrays
+    seq_lens, seq_tok, s_tab, s_link, sib_rew = lens, np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), \
+        np.empty((0, 0), np.int32), rewards
     for r in range(slots.shape[0]):
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
         num, slot, side = nums[r], slots[r], sides[r]
@@ -286,9 +289,10 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
             nf, lo, hi = match(text, sa, key, sample, q, nq, min_match)
         n, flim, found_n, extra = nf, limit, 0, 0
         if side >= 0:
-            seq_lens = s_lens[side]
-            seq_tok = s_tok[side]
-            n, found_n = sibling_match(seq_lens, s_table[side], s_links[side], seq_tok.shape[0], q, nq,
+            if side != held_side:
+                seq_lens, seq_tok, s_tab, s_link = s_lens[side], s_tok[side], s_table[side], s_links[side]
+                sib_rew, held_side = s_rewards[side], side
+            n, found_n = sibling_match(seq_lens, s_tab, s_link, seq_tok.shape[0], q, nq,
                                        nf, min_match, limit, tail, found)
             flim = limit - found_n if nf == n else 0
             for c in range(found_n):  # an occurrence at a sibling's end continues nothing
@@ -324,12 +328,12 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                         rewards[m] = seq_rew[_seq_of(start, c)]
                     m += 1
         if extra:
-            sib_rew = s_rewards[side]
             for c in range(found_n):
                 seq, pos = found[c] // STRIDE, found[c] % STRIDE
                 size = min(budgets[r], seq_lens[seq] - pos, width, budget)
                 if size > 0:
-                    conts[m, :size] = seq_tok[seq, pos:pos + size]
+                    for t in range(size):
+                        conts[m, t] = seq_tok[seq, pos + t]
                     lens[m], codes[m] = size, found[c] + shifts[r]
                     rewards[m] = sib_rew[seq] if reward_weighted else 0.0
                     m += 1

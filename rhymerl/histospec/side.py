@@ -98,7 +98,8 @@ def recent(table, links, rows, key, level, limit, out):
         out[count] = (o & mask) * STRIDE + (o >> shift)
         count += 1
         o = links[o, level]
-    out[:count] = out[:count][::-1].copy()
+    for j in range(count // 2):  # oldest first, in place (a reversed copy allocated per row)
+        out[j], out[count - 1 - j] = out[count - 1 - j], out[j]
     return count
 
 
