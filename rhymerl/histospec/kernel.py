@@ -232,6 +232,30 @@ def _sorted_into(sa, lo, hi, near):
 
 
 @njit(cache=True)
+def _top_into(sa, lo, hi, k, near):
+    """near[:k] = the k largest entries of sa[lo:hi] (its most recent occurrences), ascending; k
+    (0 < k <= hi - lo). One pass that keeps the k largest so far by insertion: a range comes in
+    suffix order, so few entries displace the smallest kept, and nothing is allocated (with 64
+    history responses a prompt's n-grams occur ~65 times, and a copy of the range sorted by numba's
+    `sort`, per row, took 0.03-0.1 ms of a 1.2-1.3 ms kernel, 2026-12-06)."""
+    for j in range(k):
+        v, b = sa[lo + j], j
+        while b > 0 and near[b - 1] > v:
+            near[b] = near[b - 1]
+            b -= 1
+        near[b] = v
+    for j in range(lo + k, hi):
+        v = sa[j]
+        if v > near[0]:
+            b = 0
+            while b + 1 < k and near[b + 1] < v:
+                near[b] = near[b + 1]
+                b += 1
+            near[b] = v
+    return k
+
+
+@njit(cache=True)
 def _seq_of(starts, code):
     """bisect_right(starts, code) - 1: the history sequence holding an occurrence code."""
     lo, hi = 0, starts.shape[0]
@@ -309,15 +333,11 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
         m = 0
         if k:
             if hi - lo <= limit:  # the common case of a long match: sorted in place, nothing allocated
-                g, count = near, _sorted_into(sa, lo, hi, near)
+                count = _sorted_into(sa, lo, hi, near)
             else:
-                g = sa[lo:hi].copy()
-                if hi - lo > 4 * k:
-                    g = np.partition(g, hi - lo - k)[hi - lo - k:]
-                g.sort()
-                count = g.shape[0]
+                count = _top_into(sa, lo, hi, k, near)
             for j in range(count - k, count):
-                c = g[j]
+                c = near[j]
                 size = 0
                 while size < budget and c + size < text.shape[0] and text[c + size] != PAD:
                     conts[m, size] = text[c + size]
