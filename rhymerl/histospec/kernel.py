@@ -235,10 +235,10 @@ def _sorted_into(sa, lo, hi, near):
 def _top_into(sa, lo, hi, k, near):
     """near[:k] = the k largest entries of sa[lo:hi] (its most recent occurrences), ascending; k
     (0 < k <= hi - lo). One pass that keeps the k largest so far by insertion: a range comes in
-    suffix order, unrelated to position, so ~k ln((hi - lo) / k) entries displace the smallest
-    kept, and nothing is allocated (with 64
-    history responses a prompt's n-grams occur ~65 times, and a copy of the range sorted by numba's
-    `sort`, per row, took 0.03-0.1 ms of a 1.2-1.3 ms kernel, 2026-12-06)."""
+    suffix order, unrelated to position, so ~k ln((hi - lo) / k) entries displace the smallest kept,
+    and nothing is allocated. With 64 history responses a prompt's n-grams occur ~65 times, and a
+    copy of the range sorted by numba's `sort`, per row, took 0.03-0.1 ms of a 1.2-1.3 ms kernel
+    (2026-12-06)."""
     _sorted_into(sa, lo, lo + k, near)
     for j in range(lo + k, hi):
         v = sa[j]
