@@ -34,14 +34,14 @@ from rhymerl.histospec.tree import RecentTree
 # PRIOR 0 / 1 gave 2.38 / 2.42 tokens per verification in epoch 0; 2 (factor 3) 2.50; 3 (factor 4) 2.52
 # but 5.10 overall where 2 gives 5.19.
 PRIOR = 2.0
-# Most recent occurrences followed per draft: bounds the cost of common n-grams. Each is a read at a
-# random place of the history; with 64 history responses per prompt (16 samples x 4 epochs) every
-# n-gram occurs ~65 times, and 32 -> 16 took a step of 256 requests at 8K-token contexts from
-# 1.42-1.54 to 1.10-1.13 ms (`rhymerl bench spec-scale`, the prompt's index). Replay drew the same:
-# two default lakes of 2026-12-06, 6.957 -> 6.957 and 6.275 -> 6.269 tokens per verification (epoch 0
-# 2.830 -> 2.832 and 2.763 -> 2.758); the most recent occurrences of a rhyming history mostly continue
-# alike. (Before, on the built-in model's responses: 32 drafted exactly as well as no cap, 8 lost ~14%.)
-MAX_CANDIDATES = 16
+# Most recent occurrences followed per draft: bounds the cost of common n-grams (on the built-in
+# model's responses 32 drafted exactly as well as no cap; 8 lost ~14%). 16 drew the same in replay of
+# two default lakes (2026-12-06: 6.957 -> 6.957, 6.275 -> 6.269 tokens per verification) and took a
+# step with 64 history responses per prompt from 1.42-1.54 to 1.10-1.13 ms, but on the lossless test's
+# untrained model (high-entropy samples, hundreds of siblings) the engine accepted 17-25% fewer draft
+# tokens (T = 1: 29,162 / 7,273 / 1,703 against 35,397 / 9,772 / 2,959 at draft positions 1-3): the
+# more continuations a draft follows, the better its majority estimates a spread-out distribution's mode.
+MAX_CANDIDATES = 32
 
 
 Index = SuffixIndex | PromptIndex  # a prompt's index: the flat one (engine, replay) or the dict one
