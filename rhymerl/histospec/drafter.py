@@ -38,7 +38,7 @@ PRIOR = 2.0
 # model's responses 32 drafted exactly as well as no cap; 8 lost ~14%). 16 drew the same in replay of
 # two default lakes (2026-12-06: 6.957 -> 6.957, 6.275 -> 6.269 tokens per verification) and took a
 # step with 64 history responses per prompt from 1.42-1.54 to 1.10-1.13 ms, but on the lossless test's
-# untrained model (high-entropy samples, hundreds of siblings) the engine accepted 17-25% fewer draft
+# untrained model (high-entropy samples, 4,000 per prompt) the engine accepted 17-25% fewer draft
 # tokens (T = 1: 29,162 / 7,273 / 1,703 against 35,397 / 9,772 / 2,959 at draft positions 1-3): the
 # more continuations a draft follows, the better its majority estimates a spread-out distribution's mode.
 MAX_CANDIDATES = 32
