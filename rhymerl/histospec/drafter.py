@@ -191,13 +191,13 @@ def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int,
     j = lo
     while j < hi:
         tok, start = conts[j][depth], j
-        count, reward, latest = 0, 0.0, -1
         while j < hi and conts[j][depth] == tok:
-            count += 1
-            if reward_weighted:
-                reward += index.reward_of(codes[j])
-            latest = max(latest, codes[j])
             j += 1
+        count, latest = j - start, max(codes[start:j])
+        reward = 0.0
+        if reward_weighted:  # summed oldest first, whatever the continuations' order (as the kernel sums)
+            for code in sorted(codes[start:j]):
+                reward += index.reward_of(code)
         key = (reward, count, latest) if reward_weighted else (count, latest)
         if best_key is None or key > best_key:
             best_key, best = key, (start, j)

@@ -7,7 +7,7 @@ score (floats added in the same order). The Python code stays the reference; tes
 
 Why compiled: at 256 requests per step the Python walk cost ~50 us per request (13 ms per step),
 two orders of magnitude over a step's budget for drafting (issue 17: 1 ms for 256 requests). Here a
-request costs a few bisections and a copy of its candidates' continuations.
+request costs a few bisections and a walk down its candidates' continuations where they lie.
 
 Rows read the arrays of their prompt's index through slots (numba typed lists, one entry per
 attached `FlatIndex` and per `SideIndex`: see `rhymerl.histospec.slots`), history and siblings in the
@@ -128,93 +128,104 @@ def match(text, sa, key, sample, q, nq, min_match):
 
 
 @njit(cache=True)
-def _less(conts, lens, a, b):
-    """Python's list order: conts[a] < conts[b] (a proper prefix sorts first)."""
-    end = min(lens[a], lens[b])
-    for j in range(end):
-        if conts[a, j] != conts[b, j]:
-            return conts[a, j] < conts[b, j]
-    return lens[a] < lens[b]
-
-
-@njit(cache=True)
-def _best_group(conts, order, codes, rewards, lo, hi, depth, reward_weighted):
-    """`drafter._best_group` over conts[order[lo:hi]]."""
-    best_lo, best_hi, have = lo, hi, False
-    bc, br, bl = 0, 0.0, -1
-    j = lo
-    while j < hi:
-        tok, start = conts[order[j], depth], j
+def _best_token(toks, alive, n, codes, rewards, reward_weighted):
+    """`drafter._best_group` over the continuations alive[:n], reading toks[:n] at this depth: (the
+    best group's token, its size). Rewards are summed in the order of `alive` (ascending codes, as
+    the Python drafter sums them); groups never tie, as no two occurrences share a code."""
+    best, bc, br, bl = -1, 0, 0.0, -1
+    for i in range(n):
+        tok = toks[i]
+        seen = False
+        for e in range(i):
+            if toks[e] == tok:
+                seen = True
+                break
+        if seen:
+            continue
         count, reward, latest = 0, 0.0, -1
-        while j < hi and conts[order[j], depth] == tok:
-            count += 1
-            if reward_weighted:
-                reward += rewards[order[j]]
-            latest = max(latest, codes[order[j]])
-            j += 1
+        for e in range(i, n):
+            if toks[e] == tok:
+                count += 1
+                if reward_weighted:
+                    reward += rewards[alive[e]]
+                latest = max(latest, codes[alive[e]])
         if reward_weighted:
             better = (reward > br or (reward == br and (count > bc or (count == bc and latest > bl))))
         else:
             better = count > bc or (count == bc and latest > bl)
-        if not have or better:
-            have, best_lo, best_hi, bc, br, bl = True, start, j, count, reward, latest
-    return best_lo, best_hi
+        if best < 0 or better:
+            best, bc, br, bl = tok, count, reward, latest
+    return best, bc
 
 
 @njit(cache=True)
-def follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob, prior, out, out_prob, r, order):
-    """`drafter.follow` over the m non-empty continuations conts[:m] (lens, codes, rewards each):
-    writes the draft to out[r] and its tokens' probabilities to out_prob[r]; (its length, its score,
-    the probabilities summed one by one as `sum` does in Python). `order`: room for m indexes.
-    (Rows are written by index, not through views of them: a view per row cost ~6% of the kernel.)"""
-    if m == 0:
+def _column(text, stext, pos, own, alive, n, depth, toks):
+    """Keep in alive[:n] the continuations that go on at `depth` and put their tokens there in
+    toks; how many are kept. (`alive` stays ascending, so the history's come first: two loops, no
+    test of which array a continuation is in per token.)"""
+    kept, i = 0, 0
+    while i < n and alive[i] < own:
+        tok = text[pos[alive[i]] + depth]
+        if tok != PAD:
+            alive[kept], toks[kept] = alive[i], tok
+            kept += 1
+        i += 1
+    while i < n:
+        tok = stext[pos[alive[i]] + depth]
+        if tok != PAD:
+            alive[kept], toks[kept] = alive[i], tok
+            kept += 1
+        i += 1
+    return kept
+
+
+@njit(cache=True)
+def follow(text, stext, pos, own, m, codes, rewards, budget, reward_weighted, min_token_prob, prior,
+           out, out_prob, r, alive, toks):
+    """`drafter.follow` over m continuations, the first `own` read from the history's text at
+    pos[:own], the rest from the siblings' tokens copied to `stext` at pos[own:m] (each ends at a
+    PAD, an empty one at once; codes ascending, rewards each): writes the draft to out[r] and its
+    tokens' probabilities to out_prob[r]; (its length, its score, the probabilities summed one by
+    one as `sum` does in Python). `alive`, `toks`: room for m. 0 < budget.
+
+    Column by column where the Python drafter sorts: at each depth the continuations still followed
+    all read one token or split into groups, of which the best is kept. The same draft (a group's
+    choice depends on its members, not on their order), read where the continuations lie: copying 32
+    of them out of the history and sorting them cost ~0.15 ms of a step of 256 requests with 64
+    history responses per prompt (2026-12-06). (Rows are written by index, not through views.)"""
+    for a in range(m):
+        alive[a] = a
+    n = _column(text, stext, pos, own, alive, m, 0, toks)  # the non-empty ones
+    if n == 0:
         return 0, 0.0
-    prob = m / (m + prior)
+    prob = n / (n + prior)
     if prob < min_token_prob:
         return 0, 0.0
-    if m == 1:
-        score = 0.0
-        for t in range(lens[0]):
-            out[r, t], out_prob[r, t] = conts[0, t], prob
-            score += prob
-        return lens[0], score
-    for a in range(m):
-        order[a] = a
-    for a in range(1, m):  # stable insertion sort (m <= MAX_CANDIDATES + siblings)
-        cur, b = order[a], a
-        while b > 0 and _less(conts, lens, cur, order[b - 1]):
-            order[b] = order[b - 1]
-            b -= 1
-        order[b] = cur
-    lo, hi, depth, src, score = 0, m, 0, order[0], 0.0
-    while depth < budget:
-        while lo < hi and lens[order[lo]] <= depth:
-            lo += 1
-        if lo == hi:
-            break
-        first, last = order[lo], order[hi - 1]
-        src = first
-        if conts[first, depth] != conts[last, depth]:
-            size = hi - lo
-            lo, hi = _best_group(conts, order, codes, rewards, lo, hi, depth, reward_weighted)
-            prob *= (hi - lo) / size
+    depth, score = 0, 0.0
+    while True:
+        tok, count = toks[0], 0
+        for i in range(n):
+            count += toks[i] == tok
+        if count < n:  # a branch: keep the best group (a majority is: no other is as large)
+            if reward_weighted or 2 * count <= n:
+                tok, count = _best_token(toks, alive, n, codes, rewards, reward_weighted)
+            prob *= count / n
             if prob < min_token_prob:
-                break
-            src = order[lo]
-            out_prob[r, depth] = prob
-            depth += 1
-            score += prob
-            continue
-        end = min(lens[first], lens[last])
-        run = depth + 1
-        while run < end and conts[first, run] == conts[last, run]:
-            run += 1
-        for t in range(depth, run):
-            out_prob[r, t] = prob
-            score += prob
-        depth = run
-    for t in range(depth):
-        out[r, t] = conts[src, t]
+                return depth, score
+            kept = 0
+            for i in range(n):
+                if toks[i] == tok:
+                    alive[kept] = alive[i]
+                    kept += 1
+            n = kept
+        out[r, depth], out_prob[r, depth] = tok, prob
+        score += prob
+        depth += 1
+        if depth == budget:
+            break
+        n = _column(text, stext, pos, own, alive, n, depth, toks)
+        if n == 0:
+            break
     return depth, score
 
 
@@ -232,23 +243,41 @@ def _sorted_into(sa, lo, hi, near):
 
 
 @njit(cache=True)
-def _top_into(sa, lo, hi, k, near):
-    """near[:k] = the k largest entries of sa[lo:hi] (its most recent occurrences), ascending; k
-    (0 < k <= hi - lo). One pass that keeps the k largest so far by insertion: a range comes in
-    suffix order, unrelated to position, so ~k ln((hi - lo) / k) entries displace the smallest kept,
-    and nothing is allocated. With 64 history responses a prompt's n-grams occur ~65 times, and a
-    copy of the range sorted by numba's `sort`, per row, took 0.03-0.1 ms of a 1.2-1.3 ms kernel
-    (2026-12-06)."""
-    _sorted_into(sa, lo, lo + k, near)
+def _sift(heap, k, v):
+    """Put v at the root of the min-heap heap[:k] and sift it down."""
+    b = 0
+    while True:
+        c = 2 * b + 1
+        if c >= k:
+            break
+        if c + 1 < k and heap[c + 1] < heap[c]:
+            c += 1
+        if heap[c] >= v:
+            break
+        heap[b] = heap[c]
+        b = c
+    heap[b] = v
+
+
+@njit(cache=True)
+def _top_into(sa, lo, hi, k, near, ascending):
+    """near[:k] = the k largest entries of sa[lo:hi] (its most recent occurrences; distinct), in no
+    particular order unless `ascending` (0 < k <= hi - lo). One pass that keeps the k largest so far
+    in a min-heap: a range comes in suffix order, unrelated to position, so ~k ln((hi - lo) / k)
+    entries displace the smallest kept, each in log k steps, and nothing is allocated. (With 64
+    history responses a prompt's n-grams occur ~65 times: a copy of the range sorted by numba's
+    `sort` per row took 0.03-0.1 ms of a 1.2-1.3 ms kernel, keeping them by insertion ~0.05.)"""
+    for j in range(k):
+        v, b = sa[lo + j], j
+        while b > 0 and near[(b - 1) >> 1] > v:  # heapify by sifting up
+            near[b] = near[(b - 1) >> 1]
+            b = (b - 1) >> 1
+        near[b] = v
     for j in range(lo + k, hi):
-        v = sa[j]
-        if v > near[0]:
-            b = 0
-            while b + 1 < k and near[b + 1] < v:
-                near[b] = near[b + 1]
-                b += 1
-            near[b] = v
-    return k
+        if sa[j] > near[0]:
+            _sift(near, k, sa[j])
+    if ascending:
+        _sorted_into(near, 0, k, near)
 
 
 @njit(cache=True)
@@ -281,11 +310,12 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     tail = np.empty(max_match, dtype=np.uint64)  # the siblings' keys of the tail
     found = np.empty(limit, dtype=np.int64)  # the siblings' occurrences of a row's match
     width = out.shape[1]
-    conts = np.empty((limit, width), dtype=np.int64)  # one row's candidates: reused by every row
-    lens = np.empty(limit, dtype=np.int64)
+    pos = np.empty(limit, dtype=np.int64)  # one row's candidates: where their continuations start
+    stext = np.empty(limit * (width + 1), dtype=np.int32)  # the siblings' continuations, each PAD-ended
     codes = np.empty(limit, dtype=np.int64)
     rewards = np.zeros(limit)
-    order = np.empty(limit, dtype=np.int64)  # follow's sort of a row's candidates
+    alive = np.empty(limit, dtype=np.int64)  # follow's continuations still followed
+    toks = np.empty(limit, dtype=np.int64)  # and their tokens at a depth
     near = np.empty(limit, dtype=np.int32)  # (as sas) a row's occurrences when they are few
     # The arrays of the slot drafted from, taken from the typed lists when the slot changes: an
     # engine's rows come grouped by prompt, and each take costs a reference count (~9% of the kernel).
@@ -293,7 +323,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     text, sa, key, sample, start, seq_rew = near, near, np.empty(0, np.uint64), np.empty(0, np.uint64), \
         np.empty(0, np.int64), rewards
     held_side = -1  # the same for the siblings' arrays
-    seq_lens, seq_tok, s_tab, s_link, sib_rew = lens, np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), \
+    seq_lens, seq_tok, s_tab, s_link, sib_rew = codes, np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), \
         np.empty((0, 0), np.int32), rewards
     for r in range(slots.shape[0]):
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
@@ -328,32 +358,30 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                 continue
         m = 0
         if k:
-            if hi - lo <= limit:  # the common case of a long match: sorted in place, nothing allocated
-                count = _sorted_into(sa, lo, hi, near)
-            else:
-                count = _top_into(sa, lo, hi, k, near)
-            for j in range(count - k, count):
-                c = near[j]
-                size = 0
-                while size < budget and c + size < text.shape[0] and text[c + size] != PAD:
-                    conts[m, size] = text[c + size]
-                    size += 1
-                if size:
-                    lens[m], codes[m] = size, c
-                    if reward_weighted:
-                        rewards[m] = seq_rew[_seq_of(start, c)]
-                    m += 1
+            if hi - lo > k:  # its k most recent (ascending when follow sums rewards oldest first)
+                _top_into(sa, lo, hi, k, near, reward_weighted)
+            elif reward_weighted:  # follow sums rewards oldest first; else the order does not matter
+                _sorted_into(sa, lo, hi, near)
+            for j in range(k):
+                c = sa[lo + j] if hi - lo == k and not reward_weighted else near[j]
+                pos[m], codes[m] = c, c  # (text ends in pads: a continuation read from it ends there)
+                if reward_weighted:
+                    rewards[m] = seq_rew[_seq_of(start, c)]
+                m += 1
+        own, w = m, 0
         if extra:
             for c in range(found_n):
-                seq, pos = found[c] // STRIDE, found[c] % STRIDE
-                size = min(budgets[r], seq_lens[seq] - pos, width, budget)
+                seq, at = found[c] // STRIDE, found[c] % STRIDE
+                size = min(budgets[r], seq_lens[seq] - at, width, budget)
                 if size > 0:
                     for t in range(size):
-                        conts[m, t] = seq_tok[seq, pos + t]
-                    lens[m], codes[m] = size, found[c] + shifts[r]
+                        stext[w + t] = seq_tok[seq, at + t]
+                    stext[w + size] = PAD
+                    pos[m], codes[m] = w, found[c] + shifts[r]
                     rewards[m] = sib_rew[seq] if reward_weighted else 0.0
+                    w += size + 1
                     m += 1
-        size, score = follow(conts, lens, codes, rewards, m, budget, reward_weighted, min_token_prob,
-                             prior, out, out_prob, r, order)
+        size, score = follow(text, stext, pos, own, m, codes, rewards, budget, reward_weighted, min_token_prob,
+                             prior, out, out_prob, r, alive, toks)
         if size:
             out_len[r], out_n[r], out_score[r] = size, n, score
