@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 
 # modules with @njit(cache=True) (a test checks)
-COMPILED = ("growth", "kernel", "ledger", "requests", "side", "side_arrays", "stats", "step_budget", "step_pass")
+COMPILED = ("growth", "kernel", "ledger", "requests", "search", "side", "side_arrays", "stats", "step_budget",
+            "step_pass")
 STAMP = "numba-sources.sha1"  # the sources' hash the cache files were compiled from
 
 

@@ -8,6 +8,8 @@ score (floats added in the same order). The Python code stays the reference; tes
 Why compiled: at 256 requests per step the Python walk cost ~50 us per request (13 ms per step),
 two orders of magnitude over a step's budget for drafting (issue 17: 1 ms for 256 requests). Here a
 request costs a few bisections and a walk down its candidates' continuations where they lie.
+The search for a row's match is `rhymerl.histospec.search` (every row's first bisections run
+before the rows are drafted, a prompt's rows in lockstep).
 
 Rows read the arrays of their prompt's index through slots (numba typed lists, one entry per
 attached `FlatIndex` and per `SideIndex`: see `rhymerl.histospec.slots`), history and siblings in the
@@ -22,10 +24,10 @@ from llvmlite.binding import ffi
 from numba import njit
 
 from rhymerl.histospec.index import STRIDE
+from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers
 from rhymerl.histospec.side import sibling_match
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
-SAMPLE = 64  # a history's search keys sampled every SAMPLE entries (`FlatSlots`: ~1/8 byte per token)
 
 
 def _answer_dict_probes_plainly() -> None:
@@ -43,88 +45,6 @@ def _answer_dict_probes_plainly() -> None:
 
 
 _answer_dict_probes_plainly()
-
-
-@njit(cache=True)
-def _lower(key, lo, hi, v):
-    """First index in [lo, hi) with key >= v (bisect_left)."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if key[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True)
-def _first_at_least(key, sample, v):
-    """bisect_left(key, v), the sampled keys (sample[j] = key[j * SAMPLE]) searched first: the
-    bisection's first levels read a small array the rows of a step share (in cache) instead of
-    one cache line each deep in a history's keys."""
-    j = _lower(sample, 0, sample.shape[0], v)
-    if j == 0:
-        return 0
-    return _lower(key, (j - 1) * SAMPLE + 1, min(key.shape[0], j * SAMPLE), v)
-
-
-@njit(cache=True)
-def _first_at_least_from(key, lo, v):
-    """bisect_left(key, v, lo): galloping from lo (the range after lo is short: one n-gram's)."""
-    size, step, hi = key.shape[0], 1, lo
-    while hi < size and key[hi] < v:
-        lo = hi + 1
-        hi = lo + step
-        step *= 2
-    return _lower(key, lo, min(hi, size), v)
-
-
-@njit(cache=True)
-def _bisect_back(text, sa, lo, hi, back, tok, right):
-    """bisect_left (right: bisect_right) of `tok` in sa[lo:hi] keyed by text[g - back]."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        t = text[sa[mid] - back]
-        if t < tok or (right and t == tok):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True)
-def match(text, sa, key, sample, q, nq, min_match):
-    """(n, lo, hi) as `FlatIndex.match_range` for the reversed tail q[:nq] (q[j]: j + 1 back)."""
-    size = key.shape[0]
-    if nq < min_match or size == 0:
-        return 0, 0, 0
-    k1 = np.uint64(q[0] + 1) << np.uint64(32)
-    if nq >= 2:
-        k2 = k1 | np.uint64(q[1] + 1)
-        lo = _first_at_least(key, sample, k2)
-        hi = _first_at_least_from(key, lo, k2 + np.uint64(1))
-        if lo < hi:
-            n = 2
-            while n < nq:
-                back, tok = n + 1, q[n]
-                if hi - lo == 1:
-                    if text[sa[lo] - back] != tok:
-                        break
-                    a, b = lo, hi
-                else:  # the range's ends first: in rhyming histories all of it often reads `tok`
-                    a = lo if text[sa[lo] - back] >= tok else _bisect_back(text, sa, lo + 1, hi, back, tok, False)
-                    b = hi if text[sa[hi - 1] - back] <= tok else _bisect_back(text, sa, a, hi - 1, back, tok, True)
-                    if a >= b:
-                        break
-                n, lo, hi = n + 1, a, b
-            if n >= min_match:
-                return n, lo, hi
-            return 0, 0, 0
-    lo = _first_at_least(key, sample, k1)
-    hi = _first_at_least_from(key, lo, k1 + (np.uint64(1) << np.uint64(32)))
-    if lo < hi and min_match <= 1:
-        return 1, lo, hi
-    return 0, 0, 0
 
 
 @njit(cache=True)
@@ -325,6 +245,9 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     held_side = -1  # the same for the siblings' arrays
     seq_lens, seq_tok, s_tab, s_link, sib_rew = codes, np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), \
         np.empty((0, 0), np.int32), rewards
+    # Every row's pair looked up first, a prompt's rows together (their cache misses overlap).
+    pair_lo, scratch = np.empty(slots.shape[0], np.int64), np.empty((3, slots.shape[0]), np.int64)
+    pair_lowers(keys, samples, slots, rows, row_ids, nums, pair_lo, scratch, LOCKSTEP)
     for r in range(slots.shape[0]):
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
         num, slot, side = nums[r], slots[r], sides[r]
@@ -336,7 +259,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
             if slot != held:
                 text, sa, key, sample = texts[slot], sas[slot], keys[slot], samples[slot]
                 start, seq_rew, held = starts[slot], seq_rewards[slot], slot
-            nf, lo, hi = match(text, sa, key, sample, q, nq, min_match)
+            nf, lo, hi = match(text, sa, key, sample, q, nq, min_match, pair_lo[r])
         n, flim, found_n, extra = nf, limit, 0, 0
         if side >= 0:
             if side != held_side:

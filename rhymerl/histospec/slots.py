@@ -16,7 +16,7 @@ import numpy as np
 from numba import typed, types
 
 from rhymerl.histospec.flat import PromptIndex
-from rhymerl.histospec.kernel import SAMPLE
+from rhymerl.histospec.search import SAMPLE
 from rhymerl.histospec.side import ROWS, SideIndex
 from rhymerl.histospec.side_arrays import append_many, appending_many, crowded
 
@@ -61,7 +61,7 @@ class _Slots:
 
 
 class FlatSlots(_Slots):
-    """The arrays of attached `FlatIndex`es: texts, sas, keys, samples (every `kernel.SAMPLE`th
+    """The arrays of attached `FlatIndex`es: texts, sas, keys, samples (every `search.SAMPLE`th
     key), starts, rewards (the history's)."""
 
     def __init__(self) -> None:
