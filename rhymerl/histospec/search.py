@@ -6,9 +6,9 @@ A history's keys are sorted (`FlatIndex`: the two tokens before each position, p
 and `samples` holds every SAMPLE-th of them, so a search bisects the samples (a small array the
 rows of a step share, in cache) and then one block of SAMPLE keys. Each level of a bisection is a
 load that depends on the one before: with 64 history responses per prompt, at 8K-token contexts,
-most of those loads miss the caches, and a step of 256 requests spent ~0.3 ms waiting on them.
+most of those loads miss the caches (~0.2-0.3 ms of a step of 256 requests at 4K x 64).
 `pair_lowers` runs the bisections of up to LOCKSTEP rows of one prompt a level at a time together,
-so their loads are in flight at once (2026-12-06: ~9% of the kernel's step at 4K x 64).
+so their loads are in flight at once (2026-12-06, captured calls at 4K x 64: kernel 1.08 -> 0.97 ms).
 """
 
 from __future__ import annotations
