@@ -236,7 +236,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     rewards = np.zeros(limit)
     alive = np.empty(limit, dtype=np.int64)  # follow's continuations still followed
     toks = np.empty(limit, dtype=np.int64)  # and their tokens at a depth
-    near = np.empty(limit, dtype=np.int32)  # (as sas) a row's occurrences when they are few
+    near = np.empty(limit, dtype=np.int32)  # (as sas) a long range's most recent occurrences (a heap)
     # The arrays of the slot drafted from, taken from the typed lists when the slot changes: an
     # engine's rows come grouped by prompt, and each take costs a reference count (~9% of the kernel).
     held = -1
