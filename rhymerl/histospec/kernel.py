@@ -152,14 +152,13 @@ def follow(text, stext, pos, own, m, codes, rewards, budget, reward_weighted, mi
 @njit(cache=True)
 def _sorted_into(sa, lo, hi, near):
     """near[:hi - lo] = sorted(sa[lo:hi]) by insertion (a few dozen entries: numba's sort call cost
-    more than the sorting, ~20% of the kernel); hi - lo."""
+    more than the sorting, ~20% of the kernel)."""
     for j in range(hi - lo):
         v, b = sa[lo + j], j
         while b > 0 and near[b - 1] > v:
             near[b] = near[b - 1]
             b -= 1
         near[b] = v
-    return hi - lo
 
 
 @njit(cache=True)

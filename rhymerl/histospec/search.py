@@ -37,10 +37,17 @@ def _first_at_least(key, sample, v):
     """bisect_left(key, v), the sampled keys (sample[j] = key[j * SAMPLE]) searched first: the
     bisection's first levels read a small array the rows of a step share (in cache) instead of
     one cache line each deep in a history's keys."""
-    j = _lower(sample, 0, sample.shape[0], v)
+    lo, hi = _block(_lower(sample, 0, sample.shape[0], v), key.shape[0])
+    return _lower(key, lo, hi, v)
+
+
+@njit(cache=True)
+def _block(j, size):
+    """The keys to search after the samples' bisection put the value at j: those after sample j - 1
+    (it is below the value) up to sample j (not below it); none when j == 0 (key[0] is not below)."""
     if j == 0:
-        return 0
-    return _lower(key, (j - 1) * SAMPLE + 1, min(key.shape[0], j * SAMPLE), v)
+        return 0, 0
+    return (j - 1) * SAMPLE + 1, min(size, j * SAMPLE)
 
 
 @njit(cache=True)
@@ -160,9 +167,8 @@ def pair_lowers(keys, samples, slots, rows, row_ids, nums, pair_lo, scratch, gro
                 vals[i] = (np.uint64(rows[row, num - 1] + 1) << np.uint64(32)) | np.uint64(rows[row, num - 2] + 1)
             lo[i], hi[i] = 0, sample.shape[0]
         _lockstep_lower(sample, vals, lo, hi, r, e)
-        for i in range(r, e):  # the block of keys after the last sample below the pair's key
-            j = lo[i]
-            lo[i], hi[i] = (0, 0) if j == 0 else ((j - 1) * SAMPLE + 1, min(key.shape[0], j * SAMPLE))
+        for i in range(r, e):
+            lo[i], hi[i] = _block(lo[i], key.shape[0])
         _lockstep_lower(key, vals, lo, hi, r, e)
         for i in range(r, e):
             pair_lo[i] = lo[i] if nums[i] >= 2 else -1
