@@ -43,7 +43,7 @@ from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.builds import HistoryBuilds
 from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
 from rhymerl.histospec.flat import FlatBundle, PromptIndex
-from rhymerl.histospec.growth import StepGrowth, as_int32
+from rhymerl.histospec.growth import StepGrowth
 from rhymerl.histospec.index import HistoryBundle
 from rhymerl.histospec.ledger import StepLedger
 from rhymerl.histospec.requests import RequestTable, group
@@ -232,17 +232,15 @@ class BatchDrafter:
         if self.recent is None:
             return toks, lens, probs
         asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
-        if len(asks):  # HistoSpecDrafter.against_recent, on views of the token rows (no list per row)
-            speculate = self.recent.speculate_array
-            factor, floor = self.spec.recent_spec_factor, self.spec.min_token_prob
-            starts = np.maximum(ends[asks] - self.recent.depth, 0)
-            for j, i, a, n, budget, own in zip(asks.tolist(), rows[asks].tolist(), starts.tolist(), ends[asks].tolist(),
-                                               budgets[asks].tolist(), scores[asks].tolist()):
-                other = speculate(as_int32(tokens[i, a:n]), budget, factor, floor)
-                if other.score > own:  # ties go to the prompt's own
-                    size = len(other.token_ids)
-                    toks[j, :size], probs[j, :size], probs[j, size:], lens[j] = (
-                        other.token_ids, other.probs, 0.0, size)
+        if len(asks):  # HistoSpecDrafter.against_recent for those rows (ties go to the prompt's own)
+            won, sizes, flat, flat_probs = self.recent.speculate_rows(
+                tokens, rows[asks], np.maximum(ends[asks] - self.recent.depth, 0), ends[asks], budgets[asks],
+                self.spec.recent_spec_factor, self.spec.min_token_prob, scores[asks])
+            if won:
+                js, sizes = asks[won], np.asarray(sizes, np.int64)
+                at, cols = np.repeat(js, sizes), np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+                probs[js] = 0.0
+                toks[at, cols], probs[at, cols], lens[js] = flat, flat_probs, sizes
         return toks, lens, probs
 
     def _drafts_by_row(self, prompts: list[_Prompt], rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,

@@ -166,8 +166,3 @@ def _extend(recent: RecentTree, parts: list[tuple[int, np.ndarray]]) -> None:
     for handle, tokens in parts:
         extend(handle, tokens)
 
-
-def as_int32(tokens: np.ndarray) -> np.ndarray:
-    """`tokens` (a slice of one token row) as the int32 array the library takes: the row itself when
-    the engine's rows are int32 (vLLM's are), else a copy of the slice alone, never of all rows."""
-    return tokens if tokens.dtype == np.int32 else tokens.astype(np.int32)

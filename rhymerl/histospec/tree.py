@@ -91,6 +91,32 @@ class RecentTree:
         return self.tree.speculate_ndarray(context[-self.depth:], budget, max_spec_factor or _NO_FACTOR, 0.0,
                                            min_token_prob, False)
 
+    def speculate_rows(self, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                       budgets: np.ndarray, max_spec_factor: float, min_token_prob: float, beat: np.ndarray
+                       ) -> tuple[list[int], list[int], list[int], list[float]]:
+        """`speculate_array(tokens[rows[j], starts[j]:ends[j]], budgets[j], ...)` for every j (the
+        engine step's rows that ask the tree), keeping the drafts that score above beat[j]: (their js,
+        their lengths, their tokens one after another, their probabilities likewise). The winners'
+        lists are joined for the caller's one write (a NumPy write of each row's lists cost ~2 us,
+        as much as a third of the library's call, 2026-12-06)."""
+        speculate, factor, cast = self.tree.speculate_ndarray, max_spec_factor or _NO_FACTOR, tokens.dtype != np.int32
+        won: list[int] = []
+        sizes: list[int] = []
+        flat: list[int] = []
+        probs: list[float] = []
+        for j, (i, a, n, budget, own) in enumerate(zip(rows.tolist(), starts.tolist(), ends.tolist(),
+                                                       budgets.tolist(), beat.tolist())):
+            context = tokens[i, max(a, n - self.depth):n]  # a view of the row (int32 in vLLM: no copy)
+            draft = speculate(context.astype(np.int32) if cast else context, budget, factor, 0.0, min_token_prob,
+                              False)
+            if draft.score > own:
+                drafted = draft.token_ids
+                won.append(j)
+                sizes.append(len(drafted))
+                flat += drafted
+                probs += draft.probs
+        return won, sizes, flat, probs
+
     def speculate(self, context: Sequence[int], budget: int, max_spec_factor: float,
                   min_token_prob: float) -> tuple[tuple[int, ...], int, float, tuple[float, ...]]:
         """(tokens, match length, score, per-token probabilities) of the tree's best draft after
