@@ -84,31 +84,24 @@ class RecentTree:
             self.tree.extend_ndarray(handle, tokens)
             self.lengths[handle] += len(tokens)
 
-    def speculate_array(self, context: np.ndarray, budget: int, max_spec_factor: float,
-                        min_token_prob: float) -> Any:
-        """`speculate` after an int32 array's last `depth` tokens (non-empty; budget > 0), as the
-        library's own draft object (.token_ids, .probs, .score, .match_len): the engine step's path."""
-        return self.tree.speculate_ndarray(context[-self.depth:], budget, max_spec_factor or _NO_FACTOR, 0.0,
-                                           min_token_prob, False)
-
     def speculate_rows(self, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                        budgets: np.ndarray, max_spec_factor: float, min_token_prob: float, beat: np.ndarray
                        ) -> tuple[list[int], list[int], list[int], list[float]]:
-        """`speculate_array(tokens[rows[j], starts[j]:ends[j]], budgets[j], ...)` for every j (the
-        engine step's rows that ask the tree), keeping the drafts that score above beat[j]: (their js,
-        their lengths, their tokens one after another, their probabilities likewise). The winners'
-        lists are joined for the caller's one write (a NumPy write of each row's lists cost ~2 us,
-        as much as a third of the library's call, 2026-12-06)."""
-        speculate, factor, cast = self.tree.speculate_ndarray, max_spec_factor or _NO_FACTOR, tokens.dtype != np.int32
+        """`speculate(tokens[rows[j], starts[j]:ends[j]], budgets[j], ...)` for every j (the engine
+        step's rows that ask the tree; of a longer context, its last `depth` tokens), keeping the
+        drafts that score above beat[j]: (their js, their lengths, their tokens one after another,
+        their probabilities likewise). The winners' lists are joined for the caller's one write (a
+        NumPy write of each row's lists cost ~2 us, a third of the library's call, 2026-12-06)."""
+        speculate, factor = self.tree.speculate_ndarray, max_spec_factor or _NO_FACTOR
         won: list[int] = []
         sizes: list[int] = []
         flat: list[int] = []
         probs: list[float] = []
         for j, (i, a, n, budget, own) in enumerate(zip(rows.tolist(), starts.tolist(), ends.tolist(),
                                                        budgets.tolist(), beat.tolist())):
-            context = tokens[i, max(a, n - self.depth):n]  # a view of the row (int32 in vLLM: no copy)
-            draft = speculate(context.astype(np.int32) if cast else context, budget, factor, 0.0, min_token_prob,
-                              False)
+            # a view of the row: int32 in vLLM, read in place (the binding converts other integer types)
+            context = tokens[i, max(a, n - self.depth):n]
+            draft = speculate(context, budget, factor, 0.0, min_token_prob, False)
             if draft.score > own:
                 drafted = draft.token_ids
                 won.append(j)
