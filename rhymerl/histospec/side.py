@@ -158,8 +158,8 @@ class SideIndex:
         if not len(seq_ids):
             return
         longest, total = np.zeros(1, np.int64), np.zeros(1, np.int64)
-        if not appending_many((self.lens,), (self.state,), np.zeros(len(seq_ids), np.int64), seq_ids, starts, ends,
-                              longest, total):
+        if appending_many((self.lens,), (self.state,), np.zeros(len(seq_ids), np.int64), seq_ids, starts, ends,
+                          longest, total) < 0:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
         self._room(int(self.state[NSEQ]), int(longest[0]), int(total[0]))
         append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,

@@ -163,12 +163,20 @@ def crowded(s_tok, s_table, s_state, at, longest, total, levels, out):
 def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
     """Checked before appending ends[j] - starts[j] tokens to sequence seqs[j] of index sides[j]
     for every j: longest[k], the longest sequence of index k after it, and total[k], the tokens it
-    takes (the caller zeroes both); False if a sequence id is unknown to its index. s_lens / s_state:
-    the indexes' arrays (a typed list, or a tuple of one index's)."""
+    takes (the caller zeroes both). Returns -1 if a sequence id is unknown to its index, else 1 when
+    the rows come grouped by index in ascending order (as `append_many` wants them), 0 when not.
+    s_lens / s_state: the indexes' arrays (a typed list, or a tuple of one index's), taken when the
+    index differs from the row before's (an engine's rows come grouped by prompt)."""
+    ordered, k = 1, -1
+    lens, state = s_lens[0], s_state[0]
     for j in range(seqs.shape[0]):
-        k, seq = sides[j], seqs[j]
-        if seq < 0 or seq >= s_state[k][NSEQ]:
-            return False
+        if sides[j] != k:
+            ordered &= sides[j] > k
+            k = sides[j]
+            lens, state = s_lens[k], s_state[k]
+        seq = seqs[j]
+        if seq < 0 or seq >= state[NSEQ]:
+            return -1
         count = ends[j] - starts[j]
-        longest[k], total[k] = max(longest[k], s_lens[k][seq] + count), total[k] + count
-    return True
+        longest[k], total[k] = max(longest[k], lens[seq] + count), total[k] + count
+    return ordered

@@ -121,8 +121,9 @@ class SideSlots(_Slots):
         at = np.fromiter((self.slot(side) for side in sides), np.int64, len(sides))
         longest, total = np.zeros(len(self.tok), np.int64), np.zeros(len(self.tok), np.int64)
         rows_at, seq_ids = at[np.asarray(which, np.int64)], np.asarray(seq_ids, np.int64)
-        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-        if not appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total):
+        starts, ends, row_ids = (np.asarray(a, np.int64) for a in (starts, ends, row_ids))
+        ordered = appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total)
+        if ordered < 0:
             raise ValueError(f"unknown sibling sequence id in {seq_ids.tolist()}")
         grow = np.zeros(len(sides), np.bool_)
         crowded(self.tok, self.table, self.state, at, longest, total, sides[0].max_match - sides[0].min_match + 1,
@@ -130,9 +131,11 @@ class SideSlots(_Slots):
         for j in np.flatnonzero(grow).tolist():
             sides[j].reserve(longest[at[j]], total[at[j]])
             self.slot(sides[j])  # its arrays, reallocated
-        by = np.argsort(rows_at, kind="stable")  # each index's rows together, in their order
-        append_many(self.tok, self.lens, self.table, self.links, self.state, rows_at[by], seq_ids[by], tokens,
-                    np.asarray(row_ids, np.int64)[by], starts[by], ends[by], sides[0].min_match, sides[0].max_match)
+        if not ordered:  # each index's rows together, in their order (an engine's rows mostly are)
+            by = np.argsort(rows_at, kind="stable")
+            rows_at, seq_ids, row_ids, starts, ends = rows_at[by], seq_ids[by], row_ids[by], starts[by], ends[by]
+        append_many(self.tok, self.lens, self.table, self.links, self.state, rows_at, seq_ids, tokens, row_ids,
+                    starts, ends, sides[0].min_match, sides[0].max_match)
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
         """Free the slots of siblings not among `indexes`' (their prompts were dropped)."""
