@@ -116,9 +116,9 @@ def test_replay_drafts_epoch_zero_from_an_earlier_step_of_another_prompt():
 @needs_arctic
 def test_the_step_path_drafts_what_the_list_path_drafts_and_keeps_only_drafts_that_win():
     # Rule: the engine's path (responses grown from int32 arrays, all asking rows' drafts in one call
-    # on views of the token rows, int32 or cast from int64, the last `depth` tokens of a longer
-    # context) drafts what the list path drafts, after the same tokens went in either way; it keeps
-    # exactly the drafts that score above the row's own (ties go to the own draft).
+    # on views of int32 or int64 token rows, the last `depth` tokens of a longer context) drafts
+    # what the list path drafts, after the same tokens went in either way; it keeps exactly the
+    # drafts that score above the row's own (ties go to the own draft).
     rng = np.random.default_rng(3)
     a, b = RecentTree(capacity=8, depth=24), RecentTree(capacity=8, depth=24)
     base = rng.integers(0, 20, 300)
