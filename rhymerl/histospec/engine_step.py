@@ -234,8 +234,8 @@ class BatchDrafter:
         asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
         if len(asks):  # HistoSpecDrafter.against_recent for those rows (ties go to the prompt's own)
             won, sizes, flat, flat_probs = self.recent.speculate_rows(
-                tokens, rows[asks], np.maximum(ends[asks] - self.recent.depth, 0), ends[asks], budgets[asks],
-                self.spec.recent_spec_factor, self.spec.min_token_prob, scores[asks])
+                tokens, rows[asks], ends[asks], budgets[asks], self.spec.recent_spec_factor, self.spec.min_token_prob,
+                scores[asks])
             if won:
                 js, sizes = asks[won], np.asarray(sizes, np.int64)
                 at, cols = np.repeat(js, sizes), np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)

@@ -84,23 +84,23 @@ class RecentTree:
             self.tree.extend_ndarray(handle, tokens)
             self.lengths[handle] += len(tokens)
 
-    def speculate_rows(self, tokens: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                       budgets: np.ndarray, max_spec_factor: float, min_token_prob: float, beat: np.ndarray
+    def speculate_rows(self, tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
+                       max_spec_factor: float, min_token_prob: float, beat: np.ndarray
                        ) -> tuple[list[int], list[int], list[int], list[float]]:
-        """`speculate(tokens[rows[j], starts[j]:ends[j]], budgets[j], ...)` for every j (the engine
-        step's rows that ask the tree; of a longer context, its last `depth` tokens), keeping the
-        drafts that score above beat[j]: (their js, their lengths, their tokens one after another,
-        their probabilities likewise). The winners' lists are joined for the caller's one write (a
-        NumPy write of each row's lists cost ~2 us, a third of the library's call, 2026-12-06)."""
+        """`speculate(tokens[rows[j], :ends[j]], budgets[j], ...)` for every j (the engine step's rows
+        that ask the tree: a row's context is its first ends[j] tokens), keeping the drafts that score
+        above beat[j]: (their js, their lengths, their tokens one after another, their probabilities
+        likewise). The winners' lists are joined for the caller's one write (a NumPy write of each
+        row's lists cost ~2 us, a third of the library's call, 2026-12-06)."""
         speculate, factor = self.tree.speculate_ndarray, max_spec_factor or _NO_FACTOR
         won: list[int] = []
         sizes: list[int] = []
         flat: list[int] = []
         probs: list[float] = []
-        for j, (i, a, n, budget, own) in enumerate(zip(rows.tolist(), starts.tolist(), ends.tolist(),
-                                                       budgets.tolist(), beat.tolist())):
-            # a view of the row: int32 in vLLM, read in place (the binding converts other integer types)
-            context = tokens[i, max(a, n - self.depth):n]
+        for j, (i, n, budget, own) in enumerate(zip(rows.tolist(), ends.tolist(), budgets.tolist(), beat.tolist())):
+            # its last `depth` tokens, a view of the row: int32 in vLLM, read in place (the binding
+            # converts other integer types)
+            context = tokens[i, max(0, n - self.depth):n]
             draft = speculate(context, budget, factor, 0.0, min_token_prob, False)
             if draft.score > own:
                 drafted = draft.token_ids

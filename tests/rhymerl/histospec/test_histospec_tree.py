@@ -116,7 +116,7 @@ def test_replay_drafts_epoch_zero_from_an_earlier_step_of_another_prompt():
 @needs_arctic
 def test_the_step_path_drafts_what_the_list_path_drafts_and_keeps_only_drafts_that_win():
     # Rule: the engine's path (responses grown from int32 arrays, all asking rows' drafts in one call
-    # on views of int32 or int64 token rows, the last `depth` tokens of a longer context) drafts
+    # on views of int32 or int64 token rows, contexts longer than the tree's depth) drafts
     # what the list path drafts, after the same tokens went in either way; it keeps exactly the
     # drafts that score above the row's own (ties go to the own draft).
     rng = np.random.default_rng(3)
@@ -132,12 +132,12 @@ def test_the_step_path_drafts_what_the_list_path_drafts_and_keeps_only_drafts_th
             b.extend_array(hb, resp[lo:lo + 37].astype(np.int32))
     ends = np.arange(5, 300, 11)
     which = ends % 2  # row 1 holds tokens the tree never saw: no draft
-    starts, budgets = np.where(ends % 3 == 0, 0, np.maximum(ends - 24, 0)), np.full(len(ends), 12)
+    budgets = np.full(len(ends), 12)
     for dtype in (np.int32, np.int64):
         tokens = np.stack([base, base + 100]).astype(dtype)
         wants = [a.speculate(tokens[r, :e].tolist(), 12, 2.0, 0.1) for r, e in zip(which, ends)]
         scores = np.array([w[2] for w in wants])
-        won, sizes, flat, probs = b.speculate_rows(tokens, which, starts, ends, budgets, 2.0, 0.1, scores - 1e-6)
+        won, sizes, flat, probs = b.speculate_rows(tokens, which, ends, budgets, 2.0, 0.1, scores - 1e-6)
         assert won == list(range(len(ends))) and any(not w[0] for w in wants) and any(w[0] for w in wants)
         at = 0
         for want, size in zip(wants, sizes):
@@ -145,7 +145,7 @@ def test_the_step_path_drafts_what_the_list_path_drafts_and_keeps_only_drafts_th
             at += size
         assert at == len(flat) == len(probs)
         beat = np.where(np.arange(len(ends)) % 4 == 0, scores, scores - 1e-6)  # every fourth row: a tie
-        won = b.speculate_rows(tokens, which, starts, ends, budgets, 2.0, 0.1, beat)[0]
+        won = b.speculate_rows(tokens, which, ends, budgets, 2.0, 0.1, beat)[0]
         assert won == [j for j in range(len(ends)) if j % 4]
 
 
