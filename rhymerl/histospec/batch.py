@@ -28,7 +28,7 @@ class BatchIndexDrafter:
     def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES,
                  sides: SideSlots | None = None) -> None:
         self.spec, self.limit = spec, max_candidates
-        self.slots = FlatSlots()
+        self.slots = FlatSlots(spec.max_match)
         self.sides = sides if sides is not None else SideSlots()  # the caller's, to share with its growth
         self._warm()
 
@@ -103,7 +103,7 @@ class BatchIndexDrafter:
                                   min_match=self.spec.min_match, max_match=self.spec.max_match)
         index.add([1, 2])
         saved = self.slots, self.sides
-        self.slots, self.sides = FlatSlots(), SideSlots()
+        self.slots, self.sides = FlatSlots(self.spec.max_match), SideSlots()
         try:
             for dtype in (np.int32, np.int64):
                 self.propose([index, index], [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype))

@@ -6,19 +6,22 @@ Why a reversed-context suffix array
 -----------------------------------
 The drafter asks: after the longest tail of this context (min_match..max_match tokens) that occurred
 before, which positions continue it, most recent first? Sort every continuation position g of the
-history by the tokens *before* it, read backwards (t[g-1], t[g-2], ..., t[g-D], D = max_match rounded
-up to a power of two): the positions whose last n tokens equal the context's last n form one
-contiguous run of that order for every n <= D, and the run for n + 1 lies inside the run for n. One
-sorted array answers every match length, so the index costs per indexed token 4 bytes of position
-(`sa`, int32) and 8 of search key (`key`: the two tokens before it packed in a uint64, for
-`searchsorted`), 12 bytes beyond the tokens themselves (`text`, int32), against ~400 for one dict entry
-per n-gram. It is built by prefix doubling (log2 D rounds of rank, combine, sort, all in numpy, which
-releases the GIL while sorting: a background thread builds it while the engine steps). It cannot grow,
-so siblings go to a `SideIndex` beside it (`PromptIndex`); a sibling step touches only that.
+history by the tokens *before* it, read backwards (t[g-1], t[g-2], ..., t[g-M], M = max_match, at
+least 2), ties in position order: the positions whose last n tokens equal the context's last n form
+one contiguous run of that order for every n <= M, and the run for n + 1 lies inside the run for n.
+A run M deep is in position order, so its most recent occurrences are its last entries: the drafting
+kernel reads them there instead of selecting them from the whole run (with 64 history responses per
+prompt a run holds ~65). One sorted array answers every match length, so the index costs per indexed
+token 4 bytes of position (`sa`, int32) and 8 of search key (`key`: the two tokens before it packed
+in a uint64, for `searchsorted`), 12 bytes beyond the tokens themselves (`text`, int32), against ~400
+for one dict entry per n-gram. It is built by prefix doubling (ceil(log2 M) rounds of rank, combine,
+sort, all in numpy, which releases the GIL while sorting: a background thread builds it while the
+engine steps). It cannot grow, so siblings go to a `SideIndex` beside it (`PromptIndex`); a sibling
+step touches only that.
 
-Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (-1) and the whole
-followed by D more; a pad equals no token, so a match never crosses a sequence start and a
-continuation read from `text` ends at the next pad.
+Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (-1; D: M rounded
+up to a power of two) and the whole followed by D more; a pad equals no token, so a match never
+crosses a sequence start and a continuation read from `text` ends at the next pad.
 """
 
 from __future__ import annotations
@@ -85,14 +88,15 @@ class FlatIndex:
         cand = np.flatnonzero(real[1:] & real[:-1]) + 1  # a token before it and one to continue with
         r = np.zeros(len(text), dtype=np.int64)
         r[1:] = text[:-1] + 1  # r[g]: the reversed context of g, one token deep so far (pad: 0)
-        m = 1
-        while m < depth:  # double the depth: context of g = (context of g, context of g - m)
+        m, deep = 1, max(2, max_match)
+        while m < deep:  # context of g, m tokens deep = (context of g, context of g - step), m + step deep
+            step = min(m, deep - m)  # the last round's windows overlap: sorted exactly max_match deep
             if int(r.max()) + 1 >= 1 << 31:
                 r = _rank(r)
             prev = np.zeros_like(r)
-            prev[m:] = r[:-m]
+            prev[step:] = r[:-step]
             r = r * (int(r.max()) + 1) + prev
-            m *= 2
+            m += step
         sa[:] = cand[np.argsort(r[cand], kind="stable")]
         before = (text[sa - 1] + 1).astype(np.uint64) << np.uint64(32)
         np.bitwise_or(before, (text[np.maximum(sa - 2, 0)] + 1).astype(np.uint64), out=key)

@@ -224,6 +224,10 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     `limit` most recent occurrences of it join, after the history's most recent `limit` minus as many
     (if the history matched that long). Writes out[r, :out_len[r]], out_n[r] (match length; 0: empty
     draft), out_score[r] and the tokens' probabilities out_prob[r, :out_len[r]].
+
+    A history matched max_match deep (>= 2) gives its run's last `limit` entries: every history was
+    sorted exactly that deep, ties by position (`FlatIndex`; `FlatSlots` refuses another depth), so
+    they are its most recent occurrences, in order. A shallower run's are selected (`_top_into`).
     """
     q = np.empty(max_match, dtype=np.int64)
     tail = np.empty(max_match, dtype=np.uint64)  # the siblings' keys of the tail
@@ -280,12 +284,15 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                 continue
         m = 0
         if k:
-            if hi - lo > k:  # its k most recent (ascending when follow sums rewards oldest first)
+            ordered = nf == max_match and nf >= 2  # a run as deep as the sort is in position order
+            if ordered:
+                lo = hi - k
+            elif hi - lo > k:  # its k most recent (ascending when follow sums rewards oldest first)
                 _top_into(sa, lo, hi, k, near, reward_weighted)
             elif reward_weighted:  # follow sums rewards oldest first; else the order does not matter
                 _sorted_into(sa, lo, hi, near)
             for j in range(k):
-                c = sa[lo + j] if hi - lo == k and not reward_weighted else near[j]
+                c = sa[lo + j] if ordered or (hi - lo == k and not reward_weighted) else near[j]
                 pos[m], codes[m] = c, c  # (text ends in pads: a continuation read from it ends there)
                 if reward_weighted:
                     rewards[m] = seq_rew[_seq_of(start, c)]

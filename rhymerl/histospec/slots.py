@@ -62,11 +62,13 @@ class _Slots:
 
 class FlatSlots(_Slots):
     """The arrays of attached `FlatIndex`es: texts, sas, keys, samples (every `search.SAMPLE`th
-    key), starts, rewards (the history's)."""
+    key), starts, rewards (the history's). Every history is indexed `max_match` deep, the depth the
+    drafting kernel matches to: it reads a run that deep as in position order (`FlatIndex`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_match: int) -> None:
         super().__init__((_I32, _I32, _U64, _U64, _I64, _F64))
         self.texts, self.sas, self.keys, self.samples, self.starts, self.rewards = self.lists
+        self.max_match = max_match
 
     def slot(self, index: PromptIndex) -> int:
         """The slot of `index`'s history (-1: not attached yet)."""
@@ -76,6 +78,9 @@ class FlatSlots(_Slots):
         got = self._slot.get(id(flat))
         if got is not None:
             return got[0]
+        if flat.max_match != self.max_match:
+            raise ValueError(f"a history indexed with max_match {flat.max_match} cannot be drafted with max_match "
+                             f"{self.max_match}: build its FlatIndex with the drafter's spec.max_match")
         key = np.ascontiguousarray(flat.key, np.uint64)
         return self._put(flat, (np.ascontiguousarray(flat.text, np.int32), np.ascontiguousarray(flat.sa, np.int32),
                                 key, key[::SAMPLE].copy(), np.ascontiguousarray(flat.starts, np.int64),

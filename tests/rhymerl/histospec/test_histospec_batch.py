@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rhymerl.histospec.batch import BatchIndexDrafter
-from rhymerl.histospec.drafter import EMPTY
+from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES
 from rhymerl.histospec.flat import FlatIndex, PromptIndex
 from rhymerl.histospec.slots import FlatSlots
 from rhymerl.histospec.spec_config import SpecConfig
@@ -55,19 +55,23 @@ def random_case(rng):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_batch_drafts_equal_the_python_drafter(seed, dtype):
+@pytest.mark.parametrize("limit", [MAX_CANDIDATES, 3])
+def test_batch_drafts_equal_the_python_drafter(seed, dtype, limit):
     # Rule: for every row, the compiled path returns exactly HistoSpecDrafter._from_index's Draft.
+    # With 3 candidates most matched runs hold more than the kept occurrences (the kernel keeps a
+    # run's most recent: the last entries of a max_match-deep run, selected from a shallower one).
     rng = np.random.default_rng(seed)
     for _ in range(25):
         spec, indexes, rows, nums = random_case(rng)
         mix = rng.permutation(len(nums))  # the prompts' rows interleaved: the kernel re-takes a slot's arrays
         indexes, rows, nums = [indexes[i] for i in mix], rows[mix].astype(dtype), [nums[i] for i in mix]
         budgets = rng.integers(1, 17, len(nums)).tolist()
-        drafter = BatchIndexDrafter(spec)
+        drafter = BatchIndexDrafter(spec, max_candidates=limit)
         got = drafter.propose(indexes, range(len(nums)), nums, budgets, rows)
         for ix, row, n, b, draft in zip(indexes, rows, nums, budgets, got):
-            want = spec.drafter(ix)._from_index(row[:n].tolist(), b)
-            assert draft == want
+            python = spec.drafter(ix)
+            python.max_candidates = limit
+            assert draft == python._from_index(row[:n].tolist(), b)
         _, lens, _, _, probs = drafter.draft_arrays(indexes, range(len(nums)), nums, budgets, rows)
         assert not probs[np.arange(probs.shape[1])[None, :] >= lens[:, None]].any()  # 0 past each length
 
@@ -83,12 +87,15 @@ def test_no_rows_and_rows_without_a_history_or_match():
 def test_slots_are_shared_per_history_and_freed_when_dropped():
     spec = SpecConfig()
     a, b = (PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=7) for _ in range(2))
-    slots = FlatSlots()
+    slots = FlatSlots(7)
     assert (slots.slot(a), slots.slot(a), slots.slot(b)) == (0, 0, 1)
     slots.retain([b])
     assert len(slots) == 1 and slots.slot(a) == 0  # a's slot was freed, then reused
     bd = BatchIndexDrafter(spec)
     assert bd.propose([a], [0], [2], [4], np.array([[1, 2]], np.int32))[0].tokens == (3, 4)
+    # a history indexed to another depth is refused: the kernel reads max_match-deep runs as in position order
+    with pytest.raises(ValueError, match="max_match 5 cannot be drafted with max_match 7"):
+        slots.slot(PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=5))
 
 
 def test_a_siblings_slot_follows_its_arrays_when_they_grow():

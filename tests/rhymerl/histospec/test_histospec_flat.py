@@ -93,6 +93,20 @@ def test_drafts_equal_the_dict_index_drafts_on_a_rhyming_history():
         assert new.propose(ctx, 16) == old.propose(ctx, 16)
 
 
+@pytest.mark.parametrize("max_match", [2, 3, 5, 7, 8, 11])
+def test_positions_are_sorted_by_exactly_max_match_tokens_back_then_by_position(max_match):
+    # Rule: sa orders positions by their max_match tokens before (read backwards, a pad before every
+    # real token), ties by position: the drafting kernel reads a max_match-deep run's most recent
+    # occurrences as its last entries. (Sorted one token deeper, as before, a run max_match deep
+    # falls apart into runs by the next token back, each in position order but not the whole.)
+    rng = np.random.default_rng(max_match)
+    ix = FlatIndex.build(rng.integers(0, 3, 2000), [250] * 8, [1, 2], min_match=1, max_match=max_match)
+    text, sa = ix.text.astype(np.int64), ix.sa.astype(np.int64)
+    back = np.stack([text[sa - j] for j in range(1, max_match + 1)])  # row j - 1: j tokens back
+    order = np.lexsort(np.vstack([sa[None], back[::-1]]))  # the last key is the primary one
+    assert np.array_equal(order, np.arange(len(sa)))
+
+
 def test_index_costs_twelve_bytes_per_token_beyond_the_tokens():
     ix = FlatIndex.build(np.arange(1000) % 97, [100] * 10, [1, 2, 3], min_match=1, max_match=7)
     assert ix.num_tokens == 1030
