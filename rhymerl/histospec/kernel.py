@@ -20,14 +20,11 @@ as `PromptIndex.recent_match` appends them. Shapes: R rows, W the widest budget.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from llvmlite.binding import ffi
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from rhymerl.histospec.index import STRIDE
-from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers
+from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers, prefetch
 from rhymerl.histospec.side import sibling_match
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
@@ -48,22 +45,6 @@ def _answer_dict_probes_plainly() -> None:
 
 
 _answer_dict_probes_plainly()
-
-
-@intrinsic
-def _prefetch(typingctx, arr, idx):
-    """Ask for the cache line of arr[idx] now, for reading soon (LLVM's `prefetch`: a hint, which
-    never faults, so idx may lie past the array's end)."""
-
-    def codegen(context, builder, signature, args):
-        i8p = ir.IntType(8).as_pointer()
-        at = builder.bitcast(builder.gep(context.make_array(arr)(context, builder, args[0]).data, [args[1]]), i8p)
-        signature = ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3)
-        fn = cgutils.get_or_insert_function(builder.module, signature, "llvm.prefetch.p0i8")
-        builder.call(fn, [at] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])  # read, keep close, data
-        return context.get_dummy_value()
-
-    return types.void(arr, idx), codegen
 
 
 @njit(cache=True)
@@ -138,7 +119,7 @@ def follow(text, stext, pos, own, m, codes, rewards, budget, reward_weighted, mi
     # one's last line now, so those misses overlap with the first lines' instead of coming one by one
     # at later depths (16K x 64 histories, 256 requests: the kernel 0.74 -> 0.64 ms in the step).
     for a in range(own):
-        _prefetch(text, pos[a] + budget - 1)
+        prefetch(text, pos[a] + budget - 1)
     n = _column(text, stext, pos, own, alive, m, 0, toks)  # the non-empty ones
     if n == 0:
         return 0, 0.0
