@@ -1,6 +1,7 @@
 """The search half of HistoSpec's drafting kernel (numba): a row's longest matched tail in a
 `FlatIndex`'s arrays (`match`, as `FlatIndex.match_range`), the first step of every row's search
-done for a whole batch at once (`pair_lowers`), and a software prefetch (`prefetch`) for the kernel.
+done for a whole batch at once (`pair_lowers`), and a software prefetch (`prefetch`) for the kernel
+and the siblings' inserts (`side_arrays`).
 
 A history's keys are sorted (`FlatIndex`: the two tokens before each position, packed in a uint64),
 and `samples` holds every SAMPLE-th of them, so a search bisects the samples (a small array the
