@@ -304,6 +304,9 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                 m += 1
         own, w = m, 0
         if extra:
+            for c in range(found_n):  # the siblings' lines asked for at once (each a row of its own)
+                seq, at = found[c] // STRIDE, found[c] % STRIDE
+                prefetch(seq_tok[seq], at)
             for c in range(found_n):
                 seq, at = found[c] // STRIDE, found[c] % STRIDE
                 size = min(budgets[r], seq_lens[seq] - at, width, budget)

@@ -42,8 +42,9 @@ from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.pages import small_pages
+from rhymerl.histospec.search import prefetch
 from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending_many,
-                                           copy_rows, find, index_range, rehash, relayout, relayout_heads,
+                                           copy_rows, find, home, index_range, rehash, relayout, relayout_heads,
                                            table_full)
 
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
@@ -339,6 +340,9 @@ def sibling_match(lens, table, links, rows, q, nq, n_flat, lo, limit, keys, code
     tail_keys(q, nq, keys)
     n = n_flat
     if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
+        mask = table.shape[0] - 1
+        for m in range(max(n, lo), nq + 1):
+            prefetch(table, 2 * home(keys[m - 1], mask))
         n = max(longest(lens, table, links, rows, keys, nq, lo), n)
     if n == 0:
         return 0, 0
