@@ -129,8 +129,7 @@ class BatchDrafter:
                                self.step, self.spec.fail_backoff, TREE_CHUNK)
         processed = self._adapt_budgets(rows)  # tokens the step that just ran processed
         self._grow(rows, token_ids_cpu)
-        live, slots, ends = rows.live, rows.slots, rows.ends
-        new = np.flatnonzero(slots < 0)  # requests seen for the first time
+        live, slots, ends, new = rows.live, rows.slots, rows.ends, rows.new  # new: requests seen for the first time
         if len(new):
             slots[new] = self._start(token_ids_cpu, live[new], ends[new], sizes[live[new]])
             processed += int(rows.before[new].sum())  # their prefill (cached prompt blocks counted too)

@@ -44,6 +44,7 @@ class StepRows(NamedTuple):
     sib: np.ndarray  # the rows (indexes j) of continuing requests with a sibling sequence
     due: np.ndarray  # those with a response in the cross-prompt tree and >= `tree_chunk` tokens to add
     processed: int  # tokens the verified step processed for the continuing requests (one each + drafts)
+    new: np.ndarray  # the rows (indexes j) of requests seen for the first time (slot -1)
 
 
 def begin(req: RequestTable, ledger: StepLedger, calibration: AcceptanceCalibration, sizes: np.ndarray,
@@ -54,24 +55,24 @@ def begin(req: RequestTable, ledger: StepLedger, calibration: AcceptanceCalibrat
     (`backoff` > 0) for `step`."""
     size = len(sizes)
     live, ends, before, slots = (np.empty(size, np.int64) for _ in range(4))
-    drafted, accepted, sib, due = (np.zeros(size, np.int64) for _ in range(4))
+    drafted, accepted, sib, due, new = (np.zeros(size, np.int64) for _ in range(5))
     kept = np.empty(size, np.uint64)
-    count, left, processed, counted, n_sib, n_due = _begin(
+    count, left, processed, counted, n_sib, n_due, n_new = _begin(
         sizes, np.asarray(num_tokens, np.int64), tokens, KEY_MIX, req.keys, req.slots, req.index, req.fields, req.probs,
         ledger.step.arrays, ledger.lifetime.arrays, POSITION_EDGE_ARRAY, calibration.drafted, calibration.accepted,
-        step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted, sib, due)
+        step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted, sib, due, new)
     req.keys, req.slots = req.keys[:left], req.slots[:left]
     calibration.counted(counted)
     return StepRows(live[:count], ends[:count], before[:count], slots[:count], kept[:count], drafted[:count],
-                    accepted[:count], sib[:n_sib], due[:n_due], processed)
+                    accepted[:count], sib[:n_sib], due[:n_due], processed, new[:n_new])
 
 
 @njit(cache=True)
 def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, step_counts, life_counts, edges,
            cal_drafted, cal_hits, step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted,
-           sib, due):
+           sib, due, new):
     """`begin`'s pass: (rows decoding, stored keys left, tokens processed, calibration tokens counted,
-    rows in `sib`, rows in `due`)."""
+    rows in `sib`, rows in `due`, rows in `new`)."""
     count = 0
     for i in range(sizes.shape[0]):
         if sizes[i] > 0:
@@ -82,10 +83,12 @@ def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, s
         query[j] = row_key(tokens, live[j], before[j], mix)
         kept[j] = row_key(tokens, live[j], ends[j], mix)
     left = take_keys(keys, stored, index, query, slots[:count])
-    processed, counted, n_sib, n_due = 0, 0, 0, 0
+    processed, counted, n_sib, n_due, n_new = 0, 0, 0, 0, 0
     for j in range(count):
         s = slots[j]
         if s < 0:
+            new[n_new] = j
+            n_new += 1
             continue
         d, a, c = account_row(fields, probs, s, sizes[live[j]], step_counts, life_counts, edges, cal_drafted,
                               cal_hits, step, backoff)
@@ -98,7 +101,7 @@ def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, s
         if fields[TREE, s] >= 0 and ends[j] - fields[TREE_N, s] >= tree_chunk:
             due[n_due] = j
             n_due += 1
-    return count, left, processed, counted, n_sib, n_due
+    return count, left, processed, counted, n_sib, n_due, n_new
 
 
 def plan(req: RequestTable, rows: StepRows, last_seen: np.ndarray, step: int, k: int,

@@ -63,7 +63,7 @@ def test_begin_finds_requests_wherever_their_rows_moved_and_skips_rows_without_s
     rows = step_pass.begin(req, StepLedger(2), AcceptanceCalibration(), sizes, ends, moved, step=2, backoff=0,
                            tree_chunk=64)
     assert rows.live.tolist() == [0, 2, 3] and rows.before.tolist() == [25, 30, 11]
-    assert rows.slots.tolist() == [slots[2], slots[1], -1]
+    assert rows.slots.tolist() == [slots[2], slots[1], -1] and rows.new.tolist() == [2]  # the new request's row j
     assert len(req) == 1  # slot 0's entry stays until keep decides (grace)
 
 
@@ -74,7 +74,7 @@ def test_plan_drafts_only_known_prompts_with_room_not_backing_off():
     req.resume[slots] = [0, 0, 9, 0]  # slot 2 backs off until step 9
     ends = np.array([10, 10, 10, 60])
     rows = step_pass.StepRows(np.arange(4), ends, ends - 1, slots, np.zeros(4, np.uint64), *[np.zeros(4, np.int64)] * 4,
-                              0)
+                              0, np.zeros(0, np.int64))
     last_seen = np.zeros(2, np.int64)
     drafting, budgets = step_pass.plan(req, rows, last_seen, step=5, k=6, max_model_len=62)
     assert drafting.tolist() == [0, 3] and budgets.tolist() == [6, 2]  # k caps row 0; room (62 - 60) row 3
