@@ -75,12 +75,13 @@ def _log2(rows):
 
 
 @njit(cache=True)
-def longest(lens, table, links, rows, keys, nq, lo):
-    """The longest n (lo..nq) whose key keys[n - 1] occurred with a token after it; 0 if none
-    (`SuffixIndex.longest`: an occurrence at its sequence's end continues nothing). `rows`: the
-    sequences the arrays hold, a power of two (local codes are position * rows + seq)."""
+def longest(lens, table, links, rows, keys, nq, lo, floor):
+    """The longest n (floor..nq, floor >= lo, the index's shortest n-gram) whose key keys[n - 1]
+    occurred with a token after it; 0 if none (`SuffixIndex.longest`: an occurrence at its
+    sequence's end continues nothing). `rows`: the sequences the arrays hold, a power of two (local
+    codes are position * rows + seq)."""
     shift, mask = _log2(rows), rows - 1
-    for n in range(nq, lo - 1, -1):
+    for n in range(nq, floor - 1, -1):
         o = find(table, keys[n - 1])
         while o != -1:
             if o >> shift < lens[o & mask]:
@@ -281,7 +282,8 @@ class SideIndex:
         if not self.state[NOCC]:
             return 0
         keys, nq = self._keys(tail)
-        return int(longest(self.lens, self.table, self.links, self.tok.shape[0], keys, nq, self.min_match))
+        return int(longest(self.lens, self.table, self.links, self.tok.shape[0], keys, nq, self.min_match,
+                           self.min_match))
 
     def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
         """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
@@ -340,10 +342,10 @@ def sibling_match(lens, table, links, rows, q, nq, n_flat, lo, limit, keys, code
     tail_keys(q, nq, keys)
     n = n_flat
     if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
-        mask = table.shape[0] - 1
-        for m in range(max(n, lo), nq + 1):
+        floor, mask = max(n + 1, lo), table.shape[0] - 1  # only a longer match than the history's counts
+        for m in range(floor, nq + 1):  # the levels' slots asked for at once: longest probes them in turn
             prefetch(table, 2 * home(keys[m - 1], mask))
-        n = max(longest(lens, table, links, rows, keys, nq, lo), n)
+        n = max(longest(lens, table, links, rows, keys, nq, lo, floor), n)
     if n == 0:
         return 0, 0
     return n, recent(table, links, rows, keys[n - 1], n - lo, limit, codes)
