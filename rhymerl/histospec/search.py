@@ -127,7 +127,7 @@ def match(text, sa, key, sample, q, nq, min_match, pair_lo):
         if lo < hi:
             if hi - lo <= PREFETCH_RUN:  # each level's bisections would read the tokens before them one by one
                 for j in range(lo, hi):
-                    prefetch(text, sa[j] - 4)  # (levels 3..7 read 3..7 tokens back)
+                    prefetch(text, sa[j] - 4)  # (at the default max_match 7, levels 3..7 read 3..7 tokens back)
             n = 2
             while n < nq:
                 back, tok = n + 1, q[n]
