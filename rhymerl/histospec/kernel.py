@@ -13,7 +13,7 @@ before the rows are drafted, a prompt's rows in lockstep).
 
 Rows read the arrays of their prompt's index through slots (numba typed lists, one entry per
 attached `FlatIndex` and per `SideIndex`: see `rhymerl.histospec.slots`), history and siblings in the
-same call: the siblings' continuations (`rhymerl.histospec.side.sibling_match`) follow the history's
+same call: the siblings' continuations (`rhymerl.histospec.side_search.sibling_match`) follow the history's
 as `PromptIndex.recent_match` appends them. Shapes: R rows, W the widest budget.
 """
 
@@ -25,7 +25,8 @@ from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers, prefetch
-from rhymerl.histospec.side import sibling_match
+from rhymerl.histospec.side_search import pending_keys, sibling_match
+from rhymerl.histospec.side_arrays import NPTOK
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
 
@@ -219,10 +220,11 @@ def _seq_of(starts, code):
 
 @njit(cache=True)
 def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_table, s_links, s_rewards,
-               sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match, max_spec_factor,
-               reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
+               s_state, s_pend, sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match,
+               max_spec_factor, reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
-    none) and its siblings s_*[sides[r]] (-1: none; their codes shifted by shifts[r] past the history's),
+    none) and its siblings s_*[sides[r]] (-1: none; their codes shifted by shifts[r] past the history's;
+    their pending n-grams read as if filed, `rhymerl.histospec.side_search.pending_keys`),
     at most budgets[r] tokens, from the `limit` most recent occurrences of the longest tail.
 
     With siblings, the match length is the longer of the history's and the siblings'; the siblings'
@@ -253,6 +255,8 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     held_side = -1  # the same for the siblings' arrays
     seq_lens, seq_tok, s_tab, s_link, sib_rew = codes, np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), \
         np.empty((0, 0), np.int32), rewards
+    # the siblings' n-grams appended but not filed yet (`SideIndex.flush`, behind the step): keyed once per prompt
+    pk, p_info, npe = np.empty((64, max_match - min_match + 1), np.uint64), np.empty((64, 3), np.int64), 0
     # Every row's pair looked up first, a prompt's rows together (their cache misses overlap).
     pair_lo, scratch = np.empty(slots.shape[0], np.int64), np.empty((3, slots.shape[0]), np.int64)
     pair_lowers(keys, samples, slots, rows, row_ids, nums, pair_lo, scratch, LOCKSTEP)
@@ -272,9 +276,12 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
         if side >= 0:
             if side != held_side:
                 seq_lens, seq_tok, s_tab, s_link = s_lens[side], s_tok[side], s_table[side], s_links[side]
-                sib_rew, held_side = s_rewards[side], side
+                sib_rew, held_side, state = s_rewards[side], side, s_state[side]
+                if state[NPTOK] > pk.shape[0]:
+                    pk, p_info = np.empty((state[NPTOK], pk.shape[1]), np.uint64), np.empty((state[NPTOK], 3), np.int64)
+                npe = pending_keys(seq_tok, seq_lens, state, s_pend[side], min_match, max_match, pk, p_info)
             n, found_n = sibling_match(seq_lens, s_tab, s_link, seq_tok.shape[0], q, nq,
-                                       nf, min_match, limit, tail, found)
+                                       nf, min_match, limit, tail, found, pk, p_info, npe)
             flim = limit - found_n if nf == n else 0
             for c in range(found_n):  # an occurrence at a sibling's end continues nothing
                 if min(budgets[r], seq_lens[found[c] // STRIDE] - found[c] % STRIDE, width) > 0:

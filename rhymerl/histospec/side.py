@@ -1,4 +1,5 @@
-"""The siblings' part of a prompt's index, in arrays a compiled step reads and grows (`SideIndex`).
+"""The siblings' part of a prompt's index, in arrays a compiled step reads and grows (`SideIndex`;
+its compiled queries: `rhymerl.histospec.side_search`).
 
 A prompt's samples of the current step (its siblings) grow by a few tokens every engine step, so
 they cannot live in the read-only suffix array of its history (`rhymerl.histospec.flat`). They live
@@ -18,7 +19,13 @@ answers, but stored as flat arrays instead of a dict of Python lists:
 - the links: for every position and n, the local code of the n-gram's occurrence before the one
   ending there (int32, -1: none), so a key's occurrences are a chain, newest first (its `limit` most
   recent are its first `limit` links). A position's links for all n sit side by side: one cache line
-  written per new token.
+  written per new token;
+- the pending ranges: (seq, first end, last end) of tokens appended whose n-grams are not filed yet
+  (`pend`, in append order, `flush` files them in that order). The engine step appends its tokens
+  and the helper thread files them behind the step (filing was ~0.5 of a ~2.5 ms step at 256
+  requests, the table's cache misses mostly, 2026-12-06); its drafting kernel reads the pending ones
+  where they lie (`rhymerl.histospec.side_search`), every query here files them first, and a new
+  sequence's prefix waits among them, so the chains end as if each n-gram were filed when appended.
 
 Why: at 256 requests per engine step the dict table cost ~25 us per request per step in Python (the
 keys of the growing tails, the appends, the longest-match loop): more than the whole step may spend
@@ -38,71 +45,21 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.pages import small_pages
-from rhymerl.histospec.search import prefetch
-from rhymerl.histospec.side_arrays import (_U_MUL, _U_SEED, NKEYS, NOCC, NSEQ, append_rows, appending_many,
-                                           copy_rows, find, home, index_range, rehash, relayout, relayout_heads,
-                                           table_full)
+from rhymerl.histospec.side_arrays import (NKEYS, NOCC, NPEND, NPTOK, NSEQ, STATE, appending_many, copy_rows,
+                                           copy_rows_of, pend, rehash, relayout, relayout_heads, table_full)
+from rhymerl.histospec.side_arrays import flush as flush_pending
+from rhymerl.histospec.side_search import longest, recent, tail_keys
 
 # Sequences the arrays hold from the start: a GRPO group's samples join in their first steps, and each
 # time they outgrow the rows every code is rewritten (position * rows + seq; 14 ms in the step that
 # opened 16 prompts of 16 samples with 4 rows to start with, 2026-12-05). 16 x 64 positions: 32 KB.
 ROWS = 16
+PENDING = 2 * ROWS  # pending ranges room from the start: a step's rows of a prompt, its new sequences' prefixes
 FILL_SLOTS = 1 << 17  # table slots `room_ahead` fills per call (2 MB: ~2 ms of page faults here)
 SOON = 2  # `room_ahead` may make room this many steps' growth early (within its allowance)
-
-
-@njit(cache=True)
-def tail_keys(q, nq, out):
-    """out[n - 1]: the key of the last n tokens for n = 1..nq, the tail reversed in q (q[j]: j + 1
-    back), as `rhymerl.histospec.index._tail_keys`."""
-    key = _U_SEED
-    for n in range(nq):
-        key = key * _U_MUL + np.uint64(q[n] + 1)
-        out[n] = key
-
-
-@njit(cache=True)
-def _log2(rows):
-    """log2 of a power of two."""
-    shift = 0
-    while (1 << shift) < rows:
-        shift += 1
-    return shift
-
-
-@njit(cache=True)
-def longest(lens, table, links, rows, keys, nq, lo, floor):
-    """The longest n (floor..nq, floor >= lo, the index's shortest n-gram) whose key keys[n - 1]
-    occurred with a token after it; 0 if none (`SuffixIndex.longest`: an occurrence at its
-    sequence's end continues nothing). `rows`: the sequences the arrays hold, a power of two (local
-    codes are position * rows + seq)."""
-    shift, mask = _log2(rows), rows - 1
-    for n in range(nq, floor - 1, -1):
-        o = find(table, keys[n - 1])
-        while o != -1:
-            if o >> shift < lens[o & mask]:
-                return n
-            o = links[o, n - lo]
-    return 0
-
-
-@njit(cache=True)
-def recent(table, links, rows, key, level, limit, out):
-    """The `limit` most recent occurrences of `key` (an n-gram of `level` + lo tokens) into
-    out[:count] as codes (seq_id * STRIDE + position), oldest first; count. `rows`: as `longest`."""
-    shift, mask = _log2(rows), rows - 1
-    o, count = find(table, key), 0
-    while o != -1 and count < limit:
-        out[count] = (o & mask) * STRIDE + (o >> shift)
-        count += 1
-        o = links[o, level]
-    for j in range(count // 2):  # oldest first, in place (a reversed copy allocated per row)
-        out[j], out[count - 1 - j] = out[count - 1 - j], out[j]
-    return count
 
 
 class SideIndex:
@@ -118,7 +75,8 @@ class SideIndex:
                              f"max_match={max_match}")
         self.min_match, self.max_match = min_match, max_match
         self.prefix = np.asarray([int(t) for t in prefix][-max_match:], dtype=np.int32)
-        self.state = np.zeros(3, dtype=np.int64)  # NSEQ, NOCC, NKEYS
+        self.state = np.zeros(STATE, dtype=np.int64)  # NSEQ, NOCC, NKEYS, NPEND, NPTOK
+        self.pend = np.zeros((PENDING, 3), dtype=np.int64)  # (seq, first end, last end) not yet filed, in order
         self.tok = np.zeros((ROWS, 64), dtype=np.int32)
         self.lens = np.zeros(ROWS, dtype=np.int64)
         self.rewards = np.zeros(ROWS, dtype=np.float64)
@@ -135,13 +93,12 @@ class SideIndex:
         seq = int(self.state[NSEQ])
         if seq >= STRIDE:
             raise ValueError("index holds too many sequences; build a fresh one per step")
-        self._room(seq + 1, len(self.prefix), len(self.prefix))
+        self._room(seq + 1, len(self.prefix), len(self.prefix), ranges=1)
         self.state[NSEQ] = seq + 1
         self.rewards[seq] = float(reward)
         self.lens[seq] = len(self.prefix)
         self.tok[seq, :len(self.prefix)] = self.prefix
-        index_range(self.tok, self.lens, self.table, self.links, self.state, seq, 1, self.min_match,
-                    self.max_match)  # n-grams inside the prefix itself
+        pend(self.pend, self.state, seq, 1, len(self.prefix))  # n-grams inside the prefix itself, filed in turn
         if len(tokens):
             self.extend(seq, tokens)
         return seq
@@ -159,19 +116,27 @@ class SideIndex:
         seq_ids, starts, ends = (np.asarray(a, np.int64) for a in (seq_ids, starts, ends))
         if not len(seq_ids):
             return
-        longest, total = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        longest, total, ranges = (np.zeros(1, np.int64) for _ in range(3))
         if appending_many((self.lens,), (self.state,), np.zeros(len(seq_ids), np.int64), seq_ids, starts, ends,
-                          longest, total) < 0:
+                          longest, total, ranges) < 0:
             raise ValueError(f"unknown sequence id in {seq_ids.tolist()}; ids run 0..{self.state[NSEQ] - 1}")
-        self._room(int(self.state[NSEQ]), int(longest[0]), int(total[0]))
-        append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
-                    np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
+        self._room(int(self.state[NSEQ]), int(longest[0]), int(total[0]), ranges=int(ranges[0]))
+        copy_rows_of(self.tok, self.lens, self.pend, self.state, seq_ids, tokens, np.asarray(row_ids, np.int64),
+                     starts, ends)
+        self.flush()
 
-    def reserve(self, longest: int, total: int) -> None:
-        """Make room for appending `total` tokens in all, the longest sequence then `longest` tokens
-        long (`extend_rows` does this itself; `rhymerl.histospec.slots.SideSlots.extend_rows`, for
-        many indexes in one compiled call, first)."""
-        self._room(int(self.state[NSEQ]), int(longest), int(total))
+    def flush(self) -> None:
+        """File the n-grams of what was appended and not yet filed (`SideSlots.extend_rows` with
+        `defer`, a new sequence's prefix), in the order appended. The queries below do this first;
+        the engine's drafting kernel reads the pending ones where they lie instead."""
+        if self.state[NPEND]:
+            flush_pending(self.tok, self.table, self.links, self.state, self.pend, self.min_match, self.max_match)
+
+    def reserve(self, longest: int, total: int, ranges: int = 0) -> None:
+        """Make room for appending `total` tokens in all in `ranges` pending ranges, the longest
+        sequence then `longest` tokens long (`extend_rows` does this itself;
+        `rhymerl.histospec.slots.SideSlots.extend_rows`, for many indexes in one compiled call, first)."""
+        self._room(int(self.state[NSEQ]), int(longest), int(total), ranges=int(ranges))
 
     def set_reward(self, seq_id: int, reward: float) -> None:
         """Record the reward of a finished sibling so reward-weighted drafting can use it."""
@@ -219,11 +184,13 @@ class SideIndex:
     def _table_full(self, tokens: int) -> bool:
         """Whether the table would be more than half full after `tokens` more tokens, even if every
         n-gram they end were a new key (`side_arrays.table_full`)."""
-        return bool(table_full(len(self.table), int(self.state[NKEYS]), tokens, self.max_match - self.min_match + 1))
+        return bool(table_full(len(self.table), int(self.state[NKEYS]), tokens + int(self.state[NPTOK]),
+                               self.max_match - self.min_match + 1))
 
     def _keys_after(self, tokens: int) -> int:
-        """Keys in the table after `tokens` more tokens, if every n-gram they end were a new key."""
-        return int(self.state[NKEYS]) + tokens * (self.max_match - self.min_match + 1)
+        """Keys in the table after `tokens` more tokens and the pending ones, if every n-gram they end
+        were a new key."""
+        return int(self.state[NKEYS]) + (tokens + int(self.state[NPTOK])) * (self.max_match - self.min_match + 1)
 
     def _swap_table(self, new: np.ndarray) -> None:
         """Move every key into `new` (all free) and use it."""
@@ -231,15 +198,20 @@ class SideIndex:
         rehash(self.table, new)
         self.table, self._next = new, None
 
-    def _room(self, seqs: int, length: int, new_tokens: int, longest: int = 1 << 40) -> None:
+    def _room(self, seqs: int, length: int, new_tokens: int, longest: int = 1 << 40, ranges: int = 0) -> None:
         """Grow the arrays (by doubling) for `seqs` sequences, one of `length` tokens, and
-        `new_tokens` more indexed tokens; rows no wider than a sequence of `longest` tokens needs
-        (codes do not depend on the width: a 16,471-token limit gets rows of 16,472, not 32K)."""
+        `new_tokens` more indexed tokens in `ranges` more pending ranges; rows no wider than a
+        sequence of `longest` tokens needs (codes do not depend on the width: a 16,471-token limit
+        gets rows of 16,472, not 32K)."""
         rows, cols = self.tok.shape
         if seqs > rows or length >= cols:  # a position may be `length` (a sequence's end): cols > length
             self._grow(max(rows, _pow2(seqs)), max(cols, min(_pow2(length + 1), longest + 1)))
         if self._table_full(new_tokens):  # in the step: the helper's table (`room_ahead`) was not ready
             self._swap_table(np.full((_pow2(2 * self._keys_after(new_tokens)), 2), -1, dtype=np.int64))
+        if int(self.state[NPEND]) + ranges > len(self.pend):
+            grown = np.zeros((_pow2(int(self.state[NPEND]) + ranges), 3), np.int64)
+            grown[:len(self.pend)] = self.pend
+            self.pend, self.generation = grown, self.generation + 1
 
     def _grow(self, rows: int, cols: int) -> None:
         """Reallocate the token rows as rows x cols and the links to match. Wider rows keep every
@@ -279,6 +251,7 @@ class SideIndex:
     def longest(self, tail: Sequence[int]) -> int:
         """The longest n (min_match..max_match) such that the last n tokens of `tail` occurred with a
         token after them; 0 when none did."""
+        self.flush()
         if not self.state[NOCC]:
             return 0
         keys, nq = self._keys(tail)
@@ -288,13 +261,14 @@ class SideIndex:
     def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
         """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
         (some may sit at a sequence's end)."""
+        self.flush()
         if not self.state[NOCC] or n <= 0:
             return []
         keys, nq = self._keys(tail)
         if n > nq:
             raise ValueError(f"n={n} is longer than the tail ({nq} tokens of it are matched)")
         out = np.zeros(max(1, min(limit, int(self.state[NOCC]))), dtype=np.int64)
-        count = recent(self.table, self.links, self.tok.shape[0], keys[n - 1], n - self.min_match, len(out), out)
+        count = recent(self.table, self.links, self.tok.shape[0], keys[n - 1], n - self.min_match, len(out), out, 0)
         return out[:count].tolist()
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
@@ -311,8 +285,14 @@ class SideIndex:
 
     @property
     def occurrences(self) -> int:
-        """Occurrences filed (0: nothing to match)."""
+        """Occurrences (0: nothing to match), the pending ones filed first."""
+        self.flush()
         return int(self.state[NOCC])
+
+    @property
+    def searchable(self) -> bool:
+        """Whether anything is filed or pending (what the drafting kernel reads), filing nothing."""
+        return bool(self.state[NOCC] or self.state[NPEND])
 
     @property
     def num_tokens(self) -> int:
@@ -322,7 +302,7 @@ class SideIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays."""
-        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.table, self.links))
+        return sum(a.nbytes for a in (self.tok, self.lens, self.rewards, self.table, self.links, self.pend))
 
     def __len__(self) -> int:
         return int(self.state[NSEQ])
@@ -331,21 +311,3 @@ class SideIndex:
 def _pow2(n: int) -> int:
     """The smallest power of two >= max(n, 1)."""
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-@njit(cache=True)
-def sibling_match(lens, table, links, rows, q, nq, n_flat, lo, limit, keys, codes):
-    """For a row whose tail, reversed, is q[:nq] and whose history matched its last n_flat tokens:
-    (n, count), n the match length (the longer of the history's and the siblings'; 0: none) and the
-    siblings' `limit` most recent occurrences of its last n tokens in codes[:count], oldest first
-    (what `PromptIndex.recent_match` takes from the siblings; keys: scratch of nq keys)."""
-    tail_keys(q, nq, keys)
-    n = n_flat
-    if n != nq:  # the history matched the whole tail: no sibling match is longer (no search)
-        floor, mask = max(n + 1, lo), table.shape[0] - 1  # only a longer match than the history's counts
-        for m in range(floor, nq + 1):  # the levels' slots asked for at once: longest probes them in turn
-            prefetch(table, 2 * home(keys[m - 1], mask))
-        n = max(longest(lens, table, links, rows, keys, nq, lo, floor), n)
-    if n == 0:
-        return 0, 0
-    return n, recent(table, links, rows, keys[n - 1], n - lo, limit, codes)

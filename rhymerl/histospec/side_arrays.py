@@ -1,9 +1,9 @@
 """The storage under `SideIndex` (`rhymerl.histospec.side`, whose docstring gives the layout): its
 n-gram table (open addressing: a key's home slot, finding, filing an occurrence, rehashing into a
-larger table), appending sequences' tokens and filing their n-grams (for one index, and for many in
-one call: `append_many`), and moving the token rows and links into larger arrays. Compiled (numba);
-the functions marked nogil also run on the engine's helper thread behind the step
-(`SideIndex.room_ahead`).
+larger table), appending sequences' tokens (`copy_many`) and filing their n-grams after (`flush`:
+an index's pending ranges, in the order they were appended; in the step, or behind it), and moving
+the token rows and links into larger arrays. Compiled (numba); the functions marked nogil also run
+on the engine's helper thread behind the step (`SideIndex.room_ahead`, `flush_all`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from rhymerl.histospec.search import prefetch
 
 _U_MIX, _U_32 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(32)
 _U_SEED, _U_MUL = np.uint64(_SEED), np.uint64(_MUL)
-NSEQ, NOCC, NKEYS = 0, 1, 2  # the counters in SideIndex.state
+# The counters in SideIndex.state: sequences, occurrences filed, keys in the table, pending ranges
+# (appended, their n-grams not yet filed: `SideIndex.pend`), and their tokens.
+NSEQ, NOCC, NKEYS, NPEND, NPTOK = 0, 1, 2, 3, 4
+STATE = 5
 
 
 @njit(cache=True)
@@ -94,12 +97,12 @@ def relayout_heads(table, old_rows, rows):
             table[i, 1] = code // old_rows * rows + code % old_rows
 
 
-@njit(cache=True)
-def index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
+@njit(cache=True, nogil=True)
+def index_ends(tok, table, links, state, seq, first_end, last_end, lo, hi):
     """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
-    first_end..lens[seq] (`SuffixIndex._index_range`)."""
+    first_end..last_end (`SuffixIndex._index_range`)."""
     rows = tok.shape[0]
-    for end in range(first_end, lens[seq] + 1):
+    for end in range(first_end, last_end + 1):
         key = _U_SEED
         for n in range(1, min(hi, end) + 1):
             key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
@@ -108,60 +111,79 @@ def index_range(tok, lens, table, links, state, seq, first_end, lo, hi):
 
 
 @njit(cache=True)
-def append_one(tok, lens, table, links, state, seq, rows, row, a, b, lo, hi):
-    """Append rows[row, a:b] to sequence `seq`, indexing the new n-grams (`SuffixIndex.extend`; the
-    engine's token rows are read in place: no list of the new tokens is built)."""
-    start = lens[seq]
-    for t in range(b - a):
-        tok[seq, start + t] = rows[row, a + t]
-    lens[seq] = start + b - a
-    index_range(tok, lens, table, links, state, seq, start + 1, lo, hi)
+def pend(pending, state, seq, first_end, last_end):
+    """Note that sequence `seq`'s n-grams ending at first_end..last_end wait to be filed (room in
+    `pending` ensured by the caller)."""
+    if last_end >= first_end:
+        at = state[NPEND]
+        pending[at, 0], pending[at, 1], pending[at, 2] = seq, first_end, last_end
+        state[NPEND], state[NPTOK] = at + 1, state[NPTOK] + last_end - first_end + 1
 
 
 @njit(cache=True)
-def append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`append_one` of rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order."""
+def copy_rows_of(tok, lens, pending, state, seqs, rows, row_ids, starts, ends):
+    """Append rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order, their
+    n-grams pending (`flush` files them; the engine's token rows are read in place)."""
     for j in range(seqs.shape[0]):
-        append_one(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+        seq, a, b = seqs[j], starts[j], ends[j]
+        start = lens[seq]
+        for t in range(b - a):
+            tok[seq, start + t] = rows[row_ids[j], a + t]
+        lens[seq] = start + b - a
+        pend(pending, state, seq, start + 1, start + b - a)
 
 
-@njit(cache=True)
-def _ask_slots(s_table, sides, rows, row_ids, starts, ends, lo, hi):
-    """Ask for the home slot of every n-gram `append_many` is about to file (rows[row_ids[j]] ending
-    at starts[j] + 1..ends[j], as its sequence holds the row's tokens) before filing any. A step's
+@njit(cache=True, nogil=True)
+def _ask_pending(tok, table, state, pending, lo, hi):
+    """Ask for the home slot of every n-gram `flush` is about to file before filing any. A step's
     prompts hold ~256 MB of tables at 8K-token contexts and siblings drift apart, so most inserts
     miss the caches (~85 ns each in the step, ~15 ns on one prompt's table alone); asked for together
     the misses overlap (256 requests: the siblings' growth 0.70-0.80 -> 0.60-0.62 ms, 2026-12-06).
     A prefetch, not a load: a pass that loaded each slot first took as long as the inserts it saved."""
-    k = sides[0]
-    table = s_table[k]
-    for j in range(sides.shape[0]):
-        if sides[j] != k:
-            k = sides[j]
-            table = s_table[k]
-        mask, row = table.shape[0] - 1, row_ids[j]
-        for end in range(starts[j] + 1, ends[j] + 1):
+    mask = table.shape[0] - 1
+    for p in range(state[NPEND]):
+        seq = pending[p, 0]
+        for end in range(pending[p, 1], pending[p, 2] + 1):
             key = _U_SEED
             for n in range(1, min(hi, end) + 1):
-                key = key * _U_MUL + np.uint64(rows[row, end - n] + 1)
+                key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
                 if n >= lo:
                     prefetch(table, 2 * home(key, mask))  # (a slot is two int64s)
 
 
+@njit(cache=True, nogil=True)
+def flush(tok, table, links, state, pending, lo, hi):
+    """File the pending ranges' n-grams, in the order they were appended (so every key's chain lists
+    its occurrences as if each had been filed when appended)."""
+    for p in range(state[NPEND]):
+        index_ends(tok, table, links, state, pending[p, 0], pending[p, 1], pending[p, 2], lo, hi)
+    state[NPEND], state[NPTOK] = 0, 0
+
+
 @njit(cache=True)
-def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`append_rows` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
-    row j goes to sequence seqs[j] of index sides[j]. An index's arrays are taken from the lists
-    (~40 ns an item) when the index differs from the row before's: rows grouped by index take each
-    index's once."""
-    _ask_slots(s_table, sides, rows, row_ids, starts, ends, lo, hi)
-    k = sides[0]
-    tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
-    for j in range(seqs.shape[0]):
-        if sides[j] != k:
-            k = sides[j]
-            tok, lens, table, links, state = s_tok[k], s_lens[k], s_table[k], s_links[k], s_state[k]
-        append_one(tok, lens, table, links, state, seqs[j], rows, row_ids[j], starts[j], ends[j], lo, hi)
+def copy_many(s_tok, s_lens, s_pend, s_state, sides, seqs, rows, row_ids, starts, ends):
+    """`copy_rows_of` across many indexes (typed lists of their arrays, `rhymerl.histospec.slots`):
+    row j goes to sequence seqs[j] of index sides[j] (rows grouped by index: an index's arrays are
+    taken from the lists, ~40 ns an item, when it differs from the row before's)."""
+    b = 0
+    while b < seqs.shape[0]:
+        k, e = sides[b], b + 1
+        while e < seqs.shape[0] and sides[e] == k:
+            e += 1
+        copy_rows_of(s_tok[k], s_lens[k], s_pend[k], s_state[k], seqs[b:e], rows, row_ids[b:e], starts[b:e], ends[b:e])
+        b = e
+
+
+@njit(cache=True, nogil=True)
+def flush_all(s_tok, s_table, s_links, s_state, s_pend, lo, hi):
+    """`flush` every index with pending ranges (a freed slot holds empty arrays), every slot's
+    table asked for first."""
+    for k in range(len(s_state)):
+        if s_state[k].shape[0] == STATE and s_state[k][NPEND]:
+            _ask_pending(s_tok[k], s_table[k], s_state[k], s_pend[k], lo, hi)
+    for k in range(len(s_state)):
+        if s_state[k].shape[0] == STATE and s_state[k][NPEND]:
+            flush(s_tok[k], s_table[k], s_links[k], s_state[k], s_pend[k], lo, hi)
 
 
 @njit(cache=True)
@@ -173,23 +195,27 @@ def table_full(slots, nkeys, tokens, levels):
 
 
 @njit(cache=True)
-def crowded(s_tok, s_table, s_state, at, longest, total, levels, out):
-    """out[j]: whether index at[j] must grow before taking `total[at[j]]` more tokens, its longest
-    sequence then `longest[at[j]]` long (`SideIndex._room`'s test: a row that long, or a full
-    table: `table_full`). One call for a step's indexes: a Python `reserve` per index cost ~3 us
-    each, and almost none grows in a step."""
+def crowded(s_tok, s_table, s_state, s_pend, at, longest, total, ranges, levels, out):
+    """out[j]: whether index at[j] must grow before taking `total[at[j]]` more tokens in
+    `ranges[at[j]]` more pending ranges, its longest sequence then `longest[at[j]]` long
+    (`SideIndex._room`'s test: a row that long, a full table (`table_full`, pending tokens
+    counted), or no room for the ranges). One call for a step's indexes: a Python `reserve` per
+    index cost ~3 us each, and almost none grows in a step."""
     for j in range(at.shape[0]):
         k = at[j]
-        out[j] = longest[k] >= s_tok[k].shape[1] or table_full(s_table[k].shape[0], s_state[k][NKEYS], total[k],
-                                                               levels)
+        state = s_state[k]
+        out[j] = (longest[k] >= s_tok[k].shape[1]
+                  or table_full(s_table[k].shape[0], state[NKEYS], total[k] + state[NPTOK], levels)
+                  or state[NPEND] + ranges[k] > s_pend[k].shape[0])
 
 
 @njit(cache=True)
-def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
+def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total, ranges):
     """Checked before appending ends[j] - starts[j] tokens to sequence seqs[j] of index sides[j]
-    for every j: longest[k], the longest sequence of index k after it, and total[k], the tokens it
-    takes (the caller zeroes both). Returns -1 if a sequence id is unknown to its index, else 1 when
-    the rows come grouped by index in ascending order (as `append_many` wants them), 0 when not.
+    for every j: longest[k], the longest sequence of index k after it, total[k], the tokens it
+    takes, and ranges[k], its rows (the caller zeroes all three). Returns -1 if a sequence id is
+    unknown to its index, else 1 when the rows come grouped by index in ascending order (as
+    `copy_many` wants them), 0 when not.
     s_lens / s_state: the indexes' arrays (a typed list, or a tuple of one index's), taken when the
     index differs from the row before's (an engine's rows come grouped by prompt)."""
     ordered, k = 1, -1
@@ -204,4 +230,5 @@ def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
             return -1
         count = ends[j] - starts[j]
         longest[k], total[k] = max(longest[k], lens[seq] + count), total[k] + count
+        ranges[k] += 1
     return ordered

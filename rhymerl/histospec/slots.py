@@ -18,7 +18,7 @@ from numba import typed, types
 from rhymerl.histospec.flat import PromptIndex
 from rhymerl.histospec.search import SAMPLE
 from rhymerl.histospec.side import ROWS, SideIndex
-from rhymerl.histospec.side_arrays import append_many, appending_many, crowded
+from rhymerl.histospec.side_arrays import appending_many, copy_many, crowded, flush_all
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
@@ -92,19 +92,21 @@ class FlatSlots(_Slots):
 
 
 class SideSlots(_Slots):
-    """The arrays of `SideIndex`es (siblings): tok, lens, table, links, rewards, state."""
+    """The arrays of `SideIndex`es (siblings): tok, lens, table, links, rewards, state, pend."""
 
     def __init__(self) -> None:
-        super().__init__((_I32_2D, _I64, _I64_2D, _I32_2D, _F64, _I64))
-        self.tok, self.lens, self.table, self.links, self.rewards, self.state = self.lists
+        super().__init__((_I32_2D, _I64, _I64_2D, _I32_2D, _F64, _I64, _I64_2D))
+        self.tok, self.lens, self.table, self.links, self.rewards, self.state, self.pend = self.lists
         side = SideIndex(1, 2)  # compile (or load) the kernels now, not inside an engine step (~18 ms)
         for _ in range(ROWS + 1):  # more sequences than rows: the codes are rewritten
             side.add([1])
         side.extend(0, list(range(80)))  # wider rows (copied), a larger table (rehashed)
         side.room_ahead(64, 64, 1024)  # the next table, filled behind the step
         for dtype in (np.int32, np.int64):
-            self.extend_rows([side], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([[1, 2]], dtype),
-                             np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64))
+            for defer in (True, False):
+                self.extend_rows([side], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([[1, 2]], dtype),
+                                 np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), defer)
+        self.flush_all(1, 2)
         self._retain(set())
 
     def slot(self, side: SideIndex) -> int:
@@ -112,35 +114,46 @@ class SideSlots(_Slots):
         got = self._slot.get(id(side))
         if got is not None and got[1] == side.generation:
             return got[0]
-        return self._put(side, (side.tok, side.lens, side.table, side.links, side.rewards, side.state),
+        return self._put(side, (side.tok, side.lens, side.table, side.links, side.rewards, side.state, side.pend),
                          side.generation)
 
     def extend_rows(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
-                    row_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+                    row_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, defer: bool = False) -> None:
         """`SideIndex.extend_rows` for many indexes in one compiled call: row j appends
         tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j] of sides[which[j]] (distinct
         sequences; each index's rows in order; one min_match..max_match for all). An engine step grows
-        all its prompts' siblings so."""
+        all its prompts' siblings so. With `defer`, the new n-grams are only noted (pending) until
+        `flush_all` (the engine's helper thread, behind the step) files them; the drafting kernel and
+        every `SideIndex` query answer meanwhile as if they were filed."""
         if not len(seq_ids):
             return
         at = np.fromiter((self.slot(side) for side in sides), np.int64, len(sides))
-        longest, total = np.zeros(len(self.tok), np.int64), np.zeros(len(self.tok), np.int64)
+        longest, total, ranges = (np.zeros(len(self.tok), np.int64) for _ in range(3))
         rows_at, seq_ids = at[np.asarray(which, np.int64)], np.asarray(seq_ids, np.int64)
         starts, ends, row_ids = (np.asarray(a, np.int64) for a in (starts, ends, row_ids))
-        ordered = appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total)
+        ordered = appending_many(self.lens, self.state, rows_at, seq_ids, starts, ends, longest, total, ranges)
         if ordered < 0:
             raise ValueError(f"unknown sibling sequence id in {seq_ids.tolist()}")
         grow = np.zeros(len(sides), np.bool_)
-        crowded(self.tok, self.table, self.state, at, longest, total, sides[0].max_match - sides[0].min_match + 1,
-                grow)
+        crowded(self.tok, self.table, self.state, self.pend, at, longest, total, ranges,
+                sides[0].max_match - sides[0].min_match + 1, grow)
         for j in np.flatnonzero(grow).tolist():
-            sides[j].reserve(longest[at[j]], total[at[j]])
+            sides[j].reserve(longest[at[j]], total[at[j]], ranges[at[j]])
             self.slot(sides[j])  # its arrays, reallocated
         if not ordered:  # each index's rows together, in their order (an engine's rows mostly are)
             by = np.argsort(rows_at, kind="stable")
             rows_at, seq_ids, row_ids, starts, ends = rows_at[by], seq_ids[by], row_ids[by], starts[by], ends[by]
-        append_many(self.tok, self.lens, self.table, self.links, self.state, rows_at, seq_ids, tokens, row_ids,
-                    starts, ends, sides[0].min_match, sides[0].max_match)
+        copy_many(self.tok, self.lens, self.pend, self.state, rows_at, seq_ids, tokens, row_ids, starts, ends)
+        if not defer:
+            self.flush_all(sides[0].min_match, sides[0].max_match)
+
+    def flush_all(self, min_match: int, max_match: int) -> None:
+        """File every slot's pending n-grams (`SideIndex.flush`; releases the GIL: the engine's helper
+        thread runs it behind the step, the engine's thread reading no slot meanwhile)."""
+        for _, generation, side in list(self._slot.values()):
+            if side.generation != generation:  # reallocated since its slot was set (its pending ranges too)
+                self.slot(side)
+        flush_all(self.tok, self.table, self.links, self.state, self.pend, min_match, max_match)
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
         """Free the slots of siblings not among `indexes`' (their prompts were dropped)."""

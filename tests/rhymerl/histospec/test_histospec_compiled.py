@@ -26,8 +26,8 @@ def test_a_change_to_one_compiled_module_drops_every_compiled_modules_cache(tmp_
     (cache / "kernel.f-10.py311.nbi").write_text("recompiled")
     assert fresh_cache(package) == 0  # same sources: the cache stays
     assert (cache / "kernel.f-10.py311.nbi").exists() and (cache / STAMP).exists()
-    (package / "side.py").write_text("# side, edited\n")
-    assert fresh_cache(package) == 1  # the kernel's cache, compiled with the old side, goes
+    (package / "side_search.py").write_text("# side_search, edited\n")
+    assert fresh_cache(package) == 1  # the kernel's cache, compiled with the old side_search, goes
     assert not (cache / "kernel.f-10.py311.nbi").exists()
 
 

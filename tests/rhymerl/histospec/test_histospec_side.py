@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from rhymerl.histospec.index import SuffixIndex, _tail_keys
-from rhymerl.histospec.side import NKEYS, ROWS, SOON, SideIndex
+from rhymerl.histospec.index import STRIDE, SuffixIndex, _tail_keys
+from rhymerl.histospec.side import NKEYS, NOCC, ROWS, SOON, SideIndex
 
 
 def grow_both(rng, lo, hi, vocab):
@@ -218,23 +218,30 @@ def test_extending_many_indexes_in_one_call_equals_extending_each():
 
 def test_the_one_call_room_test_answers_as_room_does():
     # Rule: side_arrays.crowded (SideSlots.extend_rows's test for all indexes at once) says "grow"
-    # exactly when SideIndex.reserve reallocates: a sequence as long as the rows are wide, or a table
-    # over half full if every new token filed a new key per n.
+    # exactly when SideIndex.reserve reallocates: a sequence as long as the rows are wide, a table
+    # over half full if every new or pending token filed a new key per n, or more pending ranges
+    # than the index has room for.
+    from rhymerl.histospec.side import PENDING
     from rhymerl.histospec.side_arrays import crowded
     from rhymerl.histospec.slots import SideSlots
 
     slots = SideSlots()
-    for longest, total in [(63, 1), (64, 1), (40, 1), (40, 20), (40, 60)]:
+    cases = [(63, 1, 1, 0), (64, 1, 1, 0), (40, 1, 1, 0), (40, 20, 1, 0), (40, 60, 1, 0), (40, 1, PENDING, 0),
+             (40, 1, PENDING + 1, 0), (40, 30, 1, 0), (40, 30, 1, 10)]  # the last: full for its pending keys
+    for longest, total, ranges, pending in cases:
         side = SideIndex(1, 7)
         side.add(list(range(40)))  # rows 64 wide
+        if pending:  # appended, not filed: their keys count as the new tokens' do
+            slots.extend_rows([side], np.zeros(1, np.int64), np.zeros(1, np.int64), np.arange(pending)[None],
+                              np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([pending]), defer=True)
         k, out = slots.slot(side), np.zeros(1, np.bool_)
         at = np.full(1, k, np.int64)
-        longests, totals = np.zeros(len(slots.tok), np.int64), np.zeros(len(slots.tok), np.int64)
-        longests[k], totals[k] = longest, total
-        crowded(slots.tok, slots.table, slots.state, at, longests, totals, 7, out)
+        longests, totals, rangess = (np.zeros(len(slots.tok), np.int64) for _ in range(3))
+        longests[k], totals[k], rangess[k] = longest, total, ranges
+        crowded(slots.tok, slots.table, slots.state, slots.pend, at, longests, totals, rangess, 7, out)
         before = side.generation
-        side.reserve(longest, total)
-        assert bool(out[0]) == (side.generation != before), (longest, total)
+        side.reserve(longest, total, ranges)
+        assert bool(out[0]) == (side.generation != before), (longest, total, ranges, pending)
 
 
 def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_allowance():
@@ -259,3 +266,46 @@ def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_
     assert side.room_ahead(0, total, longest=1000, allowance=0) == 0 and side.table is table
     assert side.room_ahead(0, total, longest=1000, allowance=1) > 0
     assert len(side.table) == 2 * len(table)  # under FILL_SLOTS: filled in one call and swapped in
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pending_ngrams_answer_as_filed(seed):
+    # Rule: the drafting kernel's siblings' search (`sibling_match`) over tokens appended but not yet
+    # filed (`SideSlots.extend_rows(defer=True)`: read where they lie) answers exactly as after they
+    # are filed: the same match length, the same `limit` most recent occurrences in the same order.
+    # Tokens 5 and 6 occur only in what is pending, so some tails match only there; a small limit cuts
+    # some answers inside the pending ones, others inside the filed ones.
+    from rhymerl.histospec.side_search import pending_keys, sibling_match
+    from rhymerl.histospec.slots import SideSlots
+
+    rng = np.random.default_rng(seed)
+    lo, hi = 1, 4
+    side, slots = SideIndex(lo, hi, [7, 8]), SideSlots()
+    for _ in range(3):
+        side.add(rng.integers(0, 5, 30).tolist())
+    rows = rng.integers(0, 7, (3, 12))
+    firsts, lasts = np.zeros(3, np.int64), rng.integers(1, 13, 3)
+    held = int(side.state[NOCC])
+    slots.extend_rows([side], np.zeros(3, np.int64), np.arange(3), rows, np.arange(3), firsts, lasts, defer=True)
+    side.add()  # a new sequence's prefix joins the pending ones too, filed after them
+    assert side.searchable and side.state[NOCC] == held  # nothing filed yet
+
+    def answers():
+        pk, info = np.empty((64, hi - lo + 1), np.uint64), np.empty((64, 3), np.int64)
+        npe = pending_keys(side.tok, side.lens, side.state, side.pend, lo, hi, pk, info)
+        got, keys, codes = [], np.empty(hi, np.uint64), np.empty(3, np.int64)
+        for seq in range(3):
+            tokens = side.sequence(seq)
+            for end in range(2, len(tokens) + 1):
+                q = np.array(tokens[max(0, end - hi):end][::-1], np.int64)
+                for n_flat in (0, 1, 2):
+                    n, count = sibling_match(side.lens, side.table, side.links, side.tok.shape[0], q, len(q), n_flat,
+                                             lo, 3, keys, codes, pk, info, npe)
+                    got.append((n, codes[:count].tolist()))
+        return got, npe
+
+    pending, npe = answers()
+    side.flush()
+    filed, none = answers()
+    assert npe == int(lasts.sum()) + 2 and none == 0 and pending == filed
+    assert sum(1 for n, codes in filed if n and codes and max(codes) % STRIDE > 32) > 10  # pending ones answered

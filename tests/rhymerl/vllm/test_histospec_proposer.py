@@ -241,9 +241,12 @@ def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):
     return heads, hists, live
 
 
-def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
+@pytest.mark.parametrize("behind", ["on", "off"])
+def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step(behind):
     # Rule: the compiled batch path (BatchDrafter.batched) drafts exactly what the Python drafter drafts
-    # per row, step after step, with siblings, histories, the cross-prompt tree and rows moving.
+    # per row, step after step, with siblings, histories, the cross-prompt tree and rows moving; also
+    # when the siblings' new n-grams are filed behind the step (the kernel reads them pending, the
+    # Python drafter's queries file them first).
     from rhymerl.histospec.suffix import has_arctic_inference
 
     rng = np.random.default_rng(0)
@@ -252,7 +255,7 @@ def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
     bundle = HistoryBundle(tuple(PromptHistory(p, h, w) for p, h, w in zip(heads, hists, rewards)))
     for reward_weighted in (False, True):
         spec = SpecConfig(budget_rule="doubling", max_budget=8, cost_aware=False, reward_weighted=reward_weighted,
-                          recent_responses=8 if has_arctic_inference() else 0)
+                          recent_responses=8 if has_arctic_inference() else 0, grow_behind=behind)
         arms = [BatchDrafter(bundle, spec, k=8, max_model_len=200, batched=b) for b in (True, False)]
         batch = FakeBatch([heads[k] + (int(r[0]),) for k, r in live], width=200)
         order = np.arange(len(live))
