@@ -25,8 +25,8 @@ from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers, prefetch
-from rhymerl.histospec.side_search import pending_keys, sibling_match
 from rhymerl.histospec.side_arrays import NPTOK
+from rhymerl.histospec.side_search import pending_keys, sibling_match
 
 PAD = -1  # as rhymerl.histospec.flat.PAD
 

@@ -170,7 +170,8 @@ def copy_many(s_tok, s_lens, s_pend, s_state, sides, seqs, rows, row_ids, starts
         k, e = sides[b], b + 1
         while e < seqs.shape[0] and sides[e] == k:
             e += 1
-        copy_rows_of(s_tok[k], s_lens[k], s_pend[k], s_state[k], seqs[b:e], rows, row_ids[b:e], starts[b:e], ends[b:e])
+        copy_rows_of(s_tok[k], s_lens[k], s_pend[k], s_state[k], seqs[b:e], rows, row_ids[b:e], starts[b:e],
+                     ends[b:e])
         b = e
 
 
