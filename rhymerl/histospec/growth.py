@@ -89,7 +89,8 @@ class StepGrowth:
             _gather(np.zeros((1, 1), dtype), one, one, one, np.empty(0, np.int32))
 
     def new_step(self) -> None:
-        """Wait for the previous step's tree growth (re-raising its error here), reset the allowances."""
+        """Wait for the previous step's tree growth and siblings' filing (re-raising its error here),
+        reset the allowances."""
         self.finish()
         self.left, self.lagging = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}, 0
 
@@ -126,6 +127,8 @@ class StepGrowth:
     def file_behind(self) -> None:
         """The step appended siblings' tokens without filing their n-grams (`SideSlots.extend_rows`
         with `defer`): the helper files them (`file_siblings`) before anything else."""
+        if self.file_siblings is None:  # they would wait forever, the tables reserved for them
+            raise ValueError("StepGrowth was made without file_siblings: it cannot file the siblings' n-grams")
         self._filing = True
 
     def ahead(self, sides: list[SideIndex], longest: int) -> None:
@@ -147,14 +150,15 @@ class StepGrowth:
         self._running = self._pool.submit(self._run, work, sides, filing)
 
     def finish(self) -> None:
-        """Block until the helper's tree growth is applied; re-raise its error in this thread."""
+        """Block until the helper's tree growth and siblings' filing are applied; re-raise its error in
+        this thread."""
         running, self._running = self._running, None
         if running is not None:
             running.result()
 
     def _run(self, parts: list[tuple[int, np.ndarray]], sides: list[SideIndex], filing: bool) -> None:
         t0 = time.thread_time()
-        if filing and self.file_siblings is not None:  # first: room_ahead counts only what is filed
+        if filing:  # first: room_ahead's estimates are then of the filed table
             self.file_siblings()
         if parts:
             _extend(self.recent, parts)

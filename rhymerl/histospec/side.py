@@ -128,7 +128,9 @@ class SideIndex:
     def flush(self) -> None:
         """File the n-grams of what was appended and not yet filed (`SideSlots.extend_rows` with
         `defer`, a new sequence's prefix), in the order appended. The queries below do this first;
-        the engine's drafting kernel reads the pending ones where they lie instead."""
+        the engine's drafting kernel reads the pending ones where they lie instead. Never while the
+        engine's helper thread files them (`StepGrowth.finish` first): a range filed twice links an
+        occurrence to itself."""
         if self.state[NPEND]:
             flush_pending(self.tok, self.table, self.links, self.state, self.pend, self.min_match, self.max_match)
 

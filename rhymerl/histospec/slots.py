@@ -5,7 +5,8 @@ step's one drafting call (`rhymerl.histospec.kernel.draft_rows`) reads each row'
 (`FlatIndex`) and siblings (`SideIndex`) through their slots. An index gets a slot the first time a
 row reads it (its arrays are referenced, not copied); a `SideIndex` whose arrays were reallocated as
 its siblings grew (`SideIndex.generation`) has its slot's entries replaced; `retain` frees the slots
-of the indexes the caller dropped, for reuse. Engine thread only.
+of the indexes the caller dropped, for reuse. Engine thread only, but for `SideSlots.flush_all`,
+which the engine's helper thread runs behind the step while the engine's thread reads no slot.
 """
 
 from __future__ import annotations

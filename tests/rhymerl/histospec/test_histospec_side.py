@@ -268,8 +268,8 @@ def test_room_due_next_step_is_always_made_room_for_later_steps_only_within_the_
     assert len(side.table) == 2 * len(table)  # under FILL_SLOTS: filled in one call and swapped in
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_pending_ngrams_answer_as_filed(seed):
+@pytest.mark.parametrize("seed,lo", [(0, 1), (1, 1), (2, 2), (3, 2)])
+def test_pending_ngrams_answer_as_filed(seed, lo):
     # Rule: the drafting kernel's siblings' search (`sibling_match`) over tokens appended but not yet
     # filed (`SideSlots.extend_rows(defer=True)`: read where they lie) answers exactly as after they
     # are filed: the same match length, the same `limit` most recent occurrences in the same order.
@@ -279,7 +279,7 @@ def test_pending_ngrams_answer_as_filed(seed):
     from rhymerl.histospec.slots import SideSlots
 
     rng = np.random.default_rng(seed)
-    lo, hi = 1, 4
+    hi = 4
     side, slots = SideIndex(lo, hi, [7, 8]), SideSlots()
     for _ in range(3):
         side.add(rng.integers(0, 5, 30).tolist())
