@@ -208,11 +208,11 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
         timed.append(step())
         forward.wait()
     per_step = statistics.median(cpu for _, cpu in timed)
+    drafter.wait_for_builds()  # the last step's growth, to count it (and its helper done with the siblings)
     stats = drafter.stats  # read again: the steps' counts are added to it when it is read
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
     sides = [p.index.side for p in drafter.prompts.values()]  # the siblings' indexes (empty without siblings)
     sibling_tokens, sibling_bytes = sum(s.num_tokens for s in sides), sum(s.nbytes for s in sides)
-    drafter.wait_for_builds()  # the last step's growth, to count it
     return {"stall_ms": stall * 1e3, "steps_while_building": building_steps, "build_wait_s": build_wait,
             "step_ms": per_step * 1e3, "us_per_request": per_step / requests * 1e6, "index_bytes": index_bytes,
             "sibling_tokens": sibling_tokens, "sibling_bytes": sibling_bytes,
