@@ -3,7 +3,7 @@ n-gram table (open addressing: a key's home slot, finding, filing an occurrence,
 larger table), appending sequences' tokens (`copy_many`) and filing their n-grams after (`flush`:
 an index's pending ranges, in the order they were appended; in the step, or behind it), and moving
 the token rows and links into larger arrays. Compiled (numba); the functions marked nogil also run
-on the engine's helper thread behind the step (`SideIndex.room_ahead`, `flush_all`).
+on the engine's helper thread behind the step (`SideIndex.room_ahead`, `flush_slots`).
 """
 
 from __future__ import annotations
@@ -176,13 +176,13 @@ def copy_many(s_tok, s_lens, s_pend, s_state, sides, seqs, rows, row_ids, starts
 
 
 @njit(cache=True, nogil=True)
-def flush_all(s_tok, s_table, s_links, s_state, s_pend, lo, hi):
-    """`flush` every index with pending ranges (a freed slot holds empty arrays), every slot's
-    table asked for first."""
-    for k in range(len(s_state)):
+def flush_slots(s_tok, s_table, s_links, s_state, s_pend, at, lo, hi):
+    """`flush` the indexes in slots `at` that have pending ranges (a freed slot holds empty arrays),
+    all their tables' slots asked for first."""
+    for k in at:
         if s_state[k].shape[0] == STATE and s_state[k][NPEND]:
             _ask_pending(s_tok[k], s_table[k], s_state[k], s_pend[k], lo, hi)
-    for k in range(len(s_state)):
+    for k in at:
         if s_state[k].shape[0] == STATE and s_state[k][NPEND]:
             flush(s_tok[k], s_table[k], s_links[k], s_state[k], s_pend[k], lo, hi)
 

@@ -19,7 +19,7 @@ from numba import typed, types
 from rhymerl.histospec.flat import PromptIndex
 from rhymerl.histospec.search import SAMPLE
 from rhymerl.histospec.side import ROWS, SideIndex
-from rhymerl.histospec.side_arrays import appending_many, copy_many, crowded, flush_all
+from rhymerl.histospec.side_arrays import appending_many, copy_many, crowded, flush_slots
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
 _U64, _F64 = types.Array(types.uint64, 1, "C"), types.Array(types.float64, 1, "C")
@@ -145,8 +145,9 @@ class SideSlots(_Slots):
             by = np.argsort(rows_at, kind="stable")
             rows_at, seq_ids, row_ids, starts, ends = rows_at[by], seq_ids[by], row_ids[by], starts[by], ends[by]
         copy_many(self.tok, self.lens, self.pend, self.state, rows_at, seq_ids, tokens, row_ids, starts, ends)
-        if not defer:
-            self.flush_all(sides[0].min_match, sides[0].max_match)
+        if not defer:  # these indexes only: their slots are fresh, and only they took tokens or prefixes
+            flush_slots(self.tok, self.table, self.links, self.state, self.pend, at, sides[0].min_match,
+                        sides[0].max_match)
 
     def flush_all(self, min_match: int, max_match: int) -> None:
         """File every slot's pending n-grams (`SideIndex.flush`; releases the GIL: the engine's helper
@@ -154,7 +155,8 @@ class SideSlots(_Slots):
         for _, generation, side in list(self._slot.values()):
             if side.generation != generation:  # reallocated since its slot was set (its pending ranges too)
                 self.slot(side)
-        flush_all(self.tok, self.table, self.links, self.state, self.pend, min_match, max_match)
+        flush_slots(self.tok, self.table, self.links, self.state, self.pend, np.arange(len(self.state)), min_match,
+                    max_match)
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
         """Free the slots of siblings not among `indexes`' (their prompts were dropped)."""
