@@ -40,7 +40,9 @@ trimming off):
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
   step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
   the engine hands the drafter are built before the clock starts; new's wall time beside
-  it in the JSON as step_wall_ms, its helper thread's CPU per step as grow_behind_ms; old and arctic
+  it, step_wall_ms in the JSON, and its helper thread's CPU per step, grow_behind_ms: with the
+  engine's defaults the helper asks the cross-prompt tree within the step (2026-12-06, g), so the
+  drafting thread's CPU time leaves that out and the wall time is the step's; old and arctic
   draft from 2 prompts' indexes, as building all of them would take minutes and costs nothing per
   draft). new, new_py and suffix steps accept what a model sampling the row's own tokens would: a
   draft's longest prefix equal to the row's next tokens, then one token (`acceptance_rate` in the
@@ -330,6 +332,11 @@ def table(result: dict) -> str:
         cells = [f"{d[a]['stall_ms']:.1f} | {d[a]['step_ms']:.2f} | {d[a]['us_per_request']:.1f}"
                  if "skipped" not in d[a] else "- | - | -" for a in arms]
         lines.append(f"| {d['length']} | {d['history']} | {d['requests']} | {d['context']} | " + " | ".join(cells) + " |")
+    timed = [a for a in arms if a in ("new", "new_inline")]  # the drafting thread may wait on the helper's work
+    lines += ["", "| L | H | R | " + " | ".join(f"{a} wall ms/step | {a} helper ms/step" for a in timed) + " |",
+              "|---" * (3 + 2 * len(timed)) + "|"]
+    lines += [f"| {d['length']} | {d['history']} | {d['requests']} | " + " | ".join(
+        f"{d[a]['step_wall_ms']:.2f} | {d[a]['grow_behind_ms']:.2f}" for a in timed) + " |" for d in result["drafts"]]
     sib = [d for d in result["drafts"] if d.get("new", {}).get("sibling_tokens")]
     if sib:
         lines += ["", "| L | H | R | sibling tokens (new) | MB | B/token |", "|---|---|---|---|---|---|"]

@@ -5,12 +5,13 @@
 match length and score): history and siblings in one call of `rhymerl.histospec.kernel.draft_rows`
 for all rows, reading each prompt's arrays through its slots (`rhymerl.histospec.slots`; `retain`
 frees the slots of indexes the caller dropped). The cross-prompt tree stays with the caller
-(`HistoSpecDrafter.against_recent`). Engine thread only.
+(`HistoSpecDrafter.against_recent`; the engine asks it beside the kernel, which releases the GIL:
+`rhymerl.histospec.tree_asks`). Engine thread only.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -67,9 +68,14 @@ class BatchIndexDrafter:
         return self.draft_groups(groups, which, row_ids, nums, budgets, tokens)
 
     def draft_groups(self, indexes: Sequence[PromptIndex], which: np.ndarray, row_ids: Sequence[int],
-                     nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+                     nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray,
+                     scores: np.ndarray | None = None, progress: np.ndarray | None = None,
+                     started: Callable[[], object] | None = None) -> tuple[np.ndarray, ...]:
         """`draft_arrays` with row r drafting from indexes[which[r]] (distinct indexes: the engine's
-        prompts, looked up once per prompt, not per row)."""
+        prompts, looked up once per prompt, not per row). `scores` (zeros, one per row), if given, is
+        the scores' array; `progress` (int64, zeros), if given, counts the rows drafted so far in
+        progress[0] (`publish`), for another thread to read their scores while the kernel, which
+        releases the GIL, drafts the rest; started(), if given, is called just before the kernel."""
         count, spec = len(which), self.spec
         which = np.asarray(which, np.int64)
         slots = np.fromiter((self.slots.slot(ix) for ix in indexes), np.int64, len(indexes))[which]
@@ -82,14 +88,17 @@ class BatchIndexDrafter:
         out = np.zeros((count, width), dtype=np.int64)
         out_len = np.zeros(count, dtype=np.int64)
         out_n = np.zeros(count, dtype=np.int64)
-        out_score = np.zeros(count, dtype=np.float64)
+        out_score = np.zeros(count, dtype=np.float64) if scores is None else scores
         out_prob = np.zeros((count, width), dtype=np.float64)
         sib, flat = self.sides, self.slots
+        progress = np.zeros(1, np.int64) if progress is None else progress
+        if started is not None:
+            started()
         kernel.draft_rows(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
                           slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sib.state, sib.pend, sides,
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
-                          float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob)
+                          float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob, progress)
         return out, out_len, out_n, out_score, out_prob  # the kernel writes no probability past a row's length
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:

@@ -20,8 +20,9 @@ row's draft. In order:
    drafting reading them unfiled). A request that arrives with a long prefix (moved from another worker,
    or preempted) joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step beyond the step's
    new ones, so no step stalls on it; its siblings draft from what is indexed meanwhile.
-4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), then the
-   cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget.
+4. Draft: the prompts' own drafts for all rows in one compiled call (`BatchIndexDrafter`), and the
+   cross-prompt tree for the rows whose own draft scores below `spec.recent_gate` x budget (with the
+   helper, asked there as the compiled call finishes each row: `rhymerl.histospec.tree_asks`).
 5. Trim the drafts to what pays under the measured step cost (`spec.cost_aware`), keeping whole the
    drafts of the requests forecast to finish last (`spec.tail_fraction`).
 
@@ -42,7 +43,7 @@ from rhymerl.histospec import step_pass
 from rhymerl.histospec.batch import BatchIndexDrafter
 from rhymerl.histospec.budget import FixedBudget
 from rhymerl.histospec.builds import HistoryBuilds
-from rhymerl.histospec.drafter import HistoSpecDrafter, asks_tree
+from rhymerl.histospec.drafter import HistoSpecDrafter
 from rhymerl.histospec.flat import FlatBundle, PromptIndex
 from rhymerl.histospec.growth import StepGrowth
 from rhymerl.histospec.index import HistoryBundle
@@ -56,6 +57,7 @@ from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
 from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
+from rhymerl.histospec.tree_asks import TreeAsks
 
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
@@ -121,7 +123,7 @@ class BatchDrafter:
         self.step += 1
         self.builds.new_step(self._stats)
         self.growth.new_step()  # the step before's growth, if it ran behind, is in the indexes now
-        self._stats.grow_seconds, self.growth.seconds = self._stats.grow_seconds + self.growth.seconds, 0.0
+        self._count_helper()
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))],
                                      token_ids_cpu.dtype)
@@ -232,21 +234,18 @@ class BatchDrafter:
         if self.own is None:
             return self._drafts_by_row([self.prompts[k] for k in keys.tolist()], rows, ends, budgets, tokens)
         distinct, which = group(keys, self._mark)  # one look-up per prompt, not per row
-        toks, lens, _, scores, probs = self.own.draft_groups([self.prompts[k].index for k in distinct.tolist()],
-                                                             which, rows, ends, budgets, tokens)
+        indexes, spec = [self.prompts[k].index for k in distinct.tolist()], self.spec
         if self.recent is None:
+            toks, lens, _, _, probs = self.own.draft_groups(indexes, which, rows, ends, budgets, tokens)
             return toks, lens, probs
-        asks = np.flatnonzero(asks_tree(scores, budgets, self.spec.recent_gate) & (ends > 0))  # every row at once
-        if len(asks):  # HistoSpecDrafter.against_recent for those rows (ties go to the prompt's own)
-            won, sizes, flat, flat_probs = self.recent.speculate_rows(
-                tokens, rows[asks], ends[asks], budgets[asks], self.spec.recent_spec_factor, self.spec.min_token_prob,
-                scores[asks])
-            if won:
-                js, sizes = asks[won], np.asarray(sizes, np.int64)
-                at, cols = np.repeat(js, sizes), np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-                probs[js] = 0.0
-                toks[at, cols], probs[at, cols], lens[js] = flat, flat_probs, sizes
-        return toks, lens, probs
+        # the rows that ask the tree ask it as the kernel drafts them, on the helper if there is one
+        # (HistoSpecDrafter.against_recent; ties go to the prompt's own)
+        tree = TreeAsks(self.recent, self.growth.beside, tokens, rows, ends, budgets, spec.recent_gate,
+                        spec.recent_spec_factor, spec.min_token_prob)
+        drafts = tree.drafts(lambda scores, progress, started: self.own.draft_groups(
+            indexes, which, rows, ends, budgets, tokens, scores, progress, started))
+        self.growth.seconds += tree.seconds  # the helper's CPU, with its growth behind the step
+        return drafts
 
     def _drafts_by_row(self, prompts: list[_Prompt], rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
                        tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -369,7 +368,12 @@ class BatchDrafter:
         """Block until every background build is attached and the last step's growth applied (tests,
         benchmarks, and a proposer handing the cross-prompt tree to a new drafter)."""
         self.growth.finish()
+        self._count_helper()
         self.builds.wait(self._stats)
+
+    def _count_helper(self) -> None:
+        """Count the helper's CPU so far in `stats` (its growth waited for)."""
+        self._stats.grow_seconds, self.growth.seconds = self._stats.grow_seconds + self.growth.seconds, 0.0
 
     def _drop_idle(self) -> None:
         """Every 64 steps, drop prompt indexes without a request for ENTRY_IDLE_STEPS steps."""

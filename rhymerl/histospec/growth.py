@@ -69,7 +69,8 @@ AHEAD_BYTES = 6 << 20
 class StepGrowth:
     """The step's catch-up allowances, and its additions to the tree (`tree`: at once or, with
     `behind`, by the helper thread from `start` until the next `new_step` or `finish`), where the
-    siblings' n-grams are filed too (`file_behind`)."""
+    siblings' n-grams are filed too (`file_behind`). Within the step, while the helper is idle, it
+    runs the step's own work handed to `beside` (the tree's questions: `rhymerl.histospec.tree_asks`)."""
 
     def __init__(self, recent: RecentTree | None, behind: bool,
                  file_siblings: Callable[[], None] | None = None) -> None:
@@ -139,15 +140,25 @@ class StepGrowth:
         if self.behind:
             self._sides, self._longest = sides, longest
 
+    def beside(self, work: Callable[[], object]) -> Future | None:
+        """With `behind`: run `work` on the helper thread now (between `new_step` and `start`, when
+        the helper is idle), for the caller to wait on; without, None (no helper: the caller does it)."""
+        if not self.behind:
+            return None
+        return self._helper().submit(work)
+
     def start(self) -> None:
         """Hand this step's tree growth and room-making to the helper thread (with `behind`;
         otherwise the growth is done)."""
         if not self._due and not self._sides and not self._filing:
             return
         work, sides, filing, self._due, self._sides, self._filing = self._due, self._sides, self._filing, [], [], False
+        self._running = self._helper().submit(self._run, work, sides, filing)
+
+    def _helper(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="histospec-grow")
-        self._running = self._pool.submit(self._run, work, sides, filing)
+        return self._pool
 
     def finish(self) -> None:
         """Block until the helper's tree growth and siblings' filing are applied; re-raise its error in

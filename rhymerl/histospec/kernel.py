@@ -24,7 +24,7 @@ from llvmlite.binding import ffi
 from numba import njit
 
 from rhymerl.histospec.index import STRIDE
-from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers, prefetch
+from rhymerl.histospec.search import LOCKSTEP, match, pair_lowers, prefetch, publish
 from rhymerl.histospec.side_arrays import NPTOK
 from rhymerl.histospec.side_search import pending_keys, sibling_match
 
@@ -218,14 +218,16 @@ def _seq_of(starts, code):
     return lo - 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the helper thread asks the cross-prompt tree meanwhile (`progress`)
 def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_lens, s_table, s_links, s_rewards,
                s_state, s_pend, sides, shifts, rows, row_ids, nums, budgets, limit, min_match, max_match,
-               max_spec_factor, reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob):
+               max_spec_factor, reward_weighted, min_token_prob, prior, out, out_len, out_n, out_score, out_prob,
+               progress):
     """Draft every row r: its context is rows[row_ids[r], :nums[r]], its history texts[slots[r]] (slot -1:
     none) and its siblings s_*[sides[r]] (-1: none; their codes shifted by shifts[r] past the history's;
     their pending n-grams read as if filed, `rhymerl.histospec.side_search.pending_keys`),
     at most budgets[r] tokens, from the `limit` most recent occurrences of the longest tail.
+    progress[0]: the rows done so far (written as each row starts, for a thread reading them meanwhile).
 
     With siblings, the match length is the longer of the history's and the siblings'; the siblings'
     `limit` most recent occurrences of it join, after the history's most recent `limit` minus as many
@@ -261,6 +263,7 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
     pair_lo, scratch = np.empty(slots.shape[0], np.int64), np.empty((3, slots.shape[0]), np.int64)
     pair_lowers(keys, samples, slots, rows, row_ids, nums, pair_lo, scratch, LOCKSTEP)
     for r in range(slots.shape[0]):
+        publish(progress, r)  # rows before r are drafted
         out_len[r], out_n[r], out_score[r] = 0, 0, 0.0
         num, slot, side = nums[r], slots[r], sides[r]
         nq = min(num, max_match)
@@ -329,3 +332,4 @@ def draft_rows(texts, sas, keys, samples, starts, seq_rewards, slots, s_tok, s_l
                              prior, out, out_prob, r, alive, toks)
         if size:
             out_len[r], out_n[r], out_score[r] = size, n, score
+    publish(progress, slots.shape[0])

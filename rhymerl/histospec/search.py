@@ -1,7 +1,7 @@
 """The search half of HistoSpec's drafting kernel (numba): a row's longest matched tail in a
 `FlatIndex`'s arrays (`match`, as `FlatIndex.match_range`), the first step of every row's search
 done for a whole batch at once (`pair_lowers`), and a software prefetch (`prefetch`) for the kernel
-and the siblings' inserts (`side_arrays`).
+and the siblings' inserts (`side_arrays`); `publish` hands a count to another thread.
 
 A history's keys are sorted (`FlatIndex`: the two tokens before each position, packed in a uint64),
 and `samples` holds every SAMPLE-th of them, so a search bisects the samples (a small array the
@@ -44,6 +44,20 @@ def prefetch(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return types.void(arr, idx), codegen
+
+
+@intrinsic
+def publish(typingctx, arr, value):
+    """arr[0] = value as an atomic store with release order: a thread that reads the new value also
+    sees every store made before it (LLVM may neither sink it out of a loop nor move earlier stores
+    past it, as it may a plain store). arr: int64, C-contiguous."""
+
+    def codegen(context, builder, signature, args):
+        at = context.make_array(arr)(context, builder, args[0]).data
+        builder.store_atomic(args[1], at, "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.int64), codegen
 
 
 @njit(cache=True)

@@ -42,7 +42,9 @@ class SpecStats:
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes, and the prompt's own sequence)
-    grow_seconds: float = 0.0  # helper-thread CPU growing the cross-prompt tree behind the step (spec.grow_behind)
+    # helper-thread CPU (spec.grow_behind): the cross-prompt tree grown and the siblings filed behind the step, the
+    # tree asked beside the drafting kernel
+    grow_seconds: float = 0.0
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
     pos_steps: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)

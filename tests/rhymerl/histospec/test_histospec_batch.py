@@ -112,3 +112,17 @@ def test_a_siblings_slot_follows_its_arrays_when_they_grow():
     assert bd.sides.slot(ix.side) == k and np.array_equal(bd.sides.lists[0][k], ix.side.tok)
     bd.retain([])
     assert len(bd.sides) == 0 and len(bd.slots) == 0
+
+
+def test_the_kernel_writes_the_given_scores_and_counts_its_rows_after_the_hook():
+    # Rule: draft_groups writes the rows' scores into the `scores` array given and returns it; `started`
+    # runs before the kernel, with no row counted in `progress` yet, and once it returns every row is
+    # (`rhymerl.histospec.tree_asks` reads the scores of the rows counted while the kernel runs).
+    spec, indexes, rows, nums = random_case(np.random.default_rng(1))
+    drafter, n = BatchIndexDrafter(spec), len(nums)
+    scores, progress, seen = np.zeros(n), np.zeros(2, np.int64), []
+    out = drafter.draft_groups(indexes, np.arange(n), range(n), nums, [4] * n, rows, scores, progress,
+                               lambda: seen.append(progress.tolist()))
+    assert out[3] is scores and seen == [[0, 0]] and progress.tolist() == [n, 0]
+    assert scores.tolist() == [d.score for d in drafter.propose(indexes, range(n), nums, [4] * n, rows)]
+    assert scores.any()
