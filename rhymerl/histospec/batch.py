@@ -74,8 +74,9 @@ class BatchIndexDrafter:
         """`draft_arrays` with row r drafting from indexes[which[r]] (distinct indexes: the engine's
         prompts, looked up once per prompt, not per row). `scores` (zeros, one per row), if given, is
         the scores' array; `progress` (int64, zeros), if given, counts the rows drafted so far in
-        progress[0] (`publish`), for another thread to read their scores while the kernel, which
-        releases the GIL, drafts the rest; started(), if given, is called just before the kernel."""
+        progress[0] (`publish`), for another thread to read their scores while the kernel drafts the
+        rest; started(), if given, is called just before the kernel, which then releases the GIL
+        (`kernel.draft_rows_beside`)."""
         count, spec = len(which), self.spec
         which = np.asarray(which, np.int64)
         slots = np.fromiter((self.slots.slot(ix) for ix in indexes), np.int64, len(indexes))[which]
@@ -94,7 +95,7 @@ class BatchIndexDrafter:
         progress = np.zeros(1, np.int64) if progress is None else progress
         if started is not None:
             started()
-        kernel.draft_rows(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
+        (kernel.draft_rows if started is None else kernel.draft_rows_beside)(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
                           slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sib.state, sib.pend, sides,
                           shifts, tokens, row_ids, nums, budgets, self.limit,
                           spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
@@ -114,8 +115,10 @@ class BatchIndexDrafter:
         saved = self.slots, self.sides
         self.slots, self.sides = FlatSlots(self.spec.max_match), SideSlots()
         try:
-            for dtype in (np.int32, np.int64):
+            for dtype in (np.int32, np.int64):  # the kernel holding the GIL, and releasing it (`started`)
                 self.propose([index, index], [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype))
+                self.draft_groups([index], np.zeros(2, np.int64), [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype),
+                                  started=lambda: None)
             self.retain([])  # typed-list item assignment compiles too
             self.slots.slot(index)
             self.sides.slot(index.side)

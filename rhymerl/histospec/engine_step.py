@@ -238,9 +238,10 @@ class BatchDrafter:
         if self.recent is None:
             toks, lens, _, _, probs = self.own.draft_groups(indexes, which, rows, ends, budgets, tokens)
             return toks, lens, probs
-        # the rows that ask the tree ask it as the kernel drafts them, on the helper if there is one
-        # (HistoSpecDrafter.against_recent; ties go to the prompt's own)
-        tree = TreeAsks(self.recent, self.growth.beside, tokens, rows, ends, budgets, spec.recent_gate,
+        # the rows that ask the tree ask it as the kernel drafts them, on the helper if there is one and no
+        # history build wants the GIL meanwhile (HistoSpecDrafter.against_recent; ties go to the prompt's own)
+        beside = self.growth.beside if self.growth.behind and not self.builds.building else None
+        tree = TreeAsks(self.recent, beside, tokens, rows, ends, budgets, spec.recent_gate,
                         spec.recent_spec_factor, spec.min_token_prob)
         drafts = tree.drafts(lambda scores, progress, started: self.own.draft_groups(
             indexes, which, rows, ends, budgets, tokens, scores, progress, started))

@@ -140,11 +140,11 @@ class StepGrowth:
         if self.behind:
             self._sides, self._longest = sides, longest
 
-    def beside(self, work: Callable[[], object]) -> Future | None:
-        """With `behind`: run `work` on the helper thread now (between `new_step` and `start`, when
-        the helper is idle), for the caller to wait on; without, None (no helper: the caller does it)."""
+    def beside(self, work: Callable[[], object]) -> Future:
+        """Run `work` on the helper thread now (with `behind`, between `new_step` and `start`, when the
+        helper is idle), for the caller to wait on."""
         if not self.behind:
-            return None
+            raise ValueError("StepGrowth without `behind` has no helper thread to run work beside the step")
         return self._helper().submit(work)
 
     def start(self) -> None:

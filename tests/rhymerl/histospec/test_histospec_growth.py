@@ -125,3 +125,28 @@ def test_the_helper_makes_early_room_in_one_prompt_after_another_within_its_allo
         growth.finish()
         widths.append([side.tok.shape[1] for side in sides])
     assert widths == [[128, 64, 64], [128, 128, 64], [128, 128, 128]]
+
+
+@needs_tree
+def test_the_tree_is_asked_on_the_helper_only_in_steps_without_a_history_build(monkeypatch):
+    # Rule: with the helper, a step asks the tree beside the kernel (which then releases the GIL) unless
+    # a history is being built in the background (that thread would take the GIL the kernel releases);
+    # without the helper, always after the kernel on the engine's thread.
+    from rhymerl.histospec.builds import HistoryBuilds
+
+    for behind in (True, False):
+        bd, rows, live, _ = _setup(behind=behind)
+        bd.wait_for_builds()
+        num = np.full(len(live), 3, np.int64)
+        used = []
+        beside = bd.growth.beside
+        bd.growth.beside = lambda work: used.append(bd.step) or beside(work)
+        with monkeypatch.context() as patch:
+            for step in range(1, 7):
+                if step == 4:  # as if a history were being indexed from now on
+                    patch.setattr(HistoryBuilds, "building", property(lambda self: 1))
+                bd.propose([[int(rows[i, num[i] - 1])] for i in range(len(live))], num, rows)
+                for i, (_, resp) in enumerate(live):
+                    rows[i, num[i]] = resp[num[i] - 2]
+                num += 1
+        assert used == ([1, 2, 3] if behind else [])

@@ -51,10 +51,11 @@ def test_rows_asked_as_the_kernel_finishes_them_get_the_drafts_asked_after_it():
     tree.speculate_rows = lambda *a: calls.append(len(a[1])) or asked(*a)
 
     def kernel_after(out, progress, started):  # no helper: the rows are asked after the kernel
+        assert started is None  # the kernel then keeps the GIL
         out[:] = scores
         return otoks.copy(), olens.copy(), None, out, oprobs.copy()
 
-    want = _drafts(tree, tokens, ends, budgets, lambda work: None, kernel_after)
+    want = _drafts(tree, tokens, ends, budgets, None, kernel_after)
     assert len(calls) == 1 and (want[1] != olens).any()  # some rows took the tree's draft
 
     def kernel_publishing(out, progress, started):  # finishes a row every 0.3 ms, the helper reading meanwhile
