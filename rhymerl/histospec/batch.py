@@ -5,8 +5,8 @@
 match length and score): history and siblings in one call of `rhymerl.histospec.kernel.draft_rows`
 for all rows, reading each prompt's arrays through its slots (`rhymerl.histospec.slots`; `retain`
 frees the slots of indexes the caller dropped). The cross-prompt tree stays with the caller
-(`HistoSpecDrafter.against_recent`; the engine asks it beside the kernel, which releases the GIL:
-`rhymerl.histospec.tree_asks`). Engine thread only.
+(`HistoSpecDrafter.against_recent`; with a helper thread the engine asks it beside the kernel, which
+then releases the GIL: `rhymerl.histospec.tree_asks`). Engine thread only.
 """
 
 from __future__ import annotations
@@ -95,11 +95,12 @@ class BatchIndexDrafter:
         progress = np.zeros(1, np.int64) if progress is None else progress
         if started is not None:
             started()
-        (kernel.draft_rows if started is None else kernel.draft_rows_beside)(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
-                          slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sib.state, sib.pend, sides,
-                          shifts, tokens, row_ids, nums, budgets, self.limit,
-                          spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
-                          float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob, progress)
+        draft = kernel.draft_rows if started is None else kernel.draft_rows_beside  # the latter without the GIL
+        draft(flat.texts, flat.sas, flat.keys, flat.samples, flat.starts, flat.rewards,
+              slots, sib.tok, sib.lens, sib.table, sib.links, sib.rewards, sib.state, sib.pend, sides,
+              shifts, tokens, row_ids, nums, budgets, self.limit,
+              spec.min_match, spec.max_match, float(spec.max_spec_factor), spec.reward_weighted,
+              float(spec.min_token_prob), PRIOR, out, out_len, out_n, out_score, out_prob, progress)
         return out, out_len, out_n, out_score, out_prob  # the kernel writes no probability past a row's length
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:

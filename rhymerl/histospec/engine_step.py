@@ -57,7 +57,7 @@ from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.step_budget import (AcceptanceCalibration, StepCostModel, position_acceptance, tail_rows,
                                            trim_drafts)
 from rhymerl.histospec.tree import TREE_CHUNK, RecentTree
-from rhymerl.histospec.tree_asks import TreeAsks
+from rhymerl.histospec.tree_asks import TreeAsks, rows_done
 
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
 ENTRY_IDLE_STEPS = 512  # drop a prompt's built index after this many steps without a request
@@ -112,6 +112,7 @@ class BatchDrafter:
                                  lambda: self.sides.flush_all(self.spec.min_match, self.spec.max_match))
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
         step_pass.warm()
+        rows_done(np.zeros(2, np.int64))
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:

@@ -82,7 +82,7 @@ class StepGrowth:
         self._due: list[tuple[int, np.ndarray]] = []  # this step's tree growth, not yet handed to the helper
         self._sides: list[SideIndex] = []  # the siblings the helper makes room in (`ahead`)
         self._longest = 0  # the longest any of them may grow
-        self.seconds = 0.0  # the helper's CPU seconds so far (read after `finish`)
+        self.seconds = 0.0  # the helper's CPU seconds so far (read after `finish`; the engine adds its asks')
         self.left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
         one = np.zeros(1, np.int64)
@@ -141,8 +141,8 @@ class StepGrowth:
             self._sides, self._longest = sides, longest
 
     def beside(self, work: Callable[[], object]) -> Future:
-        """Run `work` on the helper thread now (with `behind`, between `new_step` and `start`, when the
-        helper is idle), for the caller to wait on."""
+        """Run `work` on the helper thread, for the caller to wait on (with `behind`). Called between
+        `new_step` and `start`, when the helper is idle, it runs now; after `start`, behind the growth."""
         if not self.behind:
             raise ValueError("StepGrowth without `behind` has no helper thread to run work beside the step")
         return self._helper().submit(work)

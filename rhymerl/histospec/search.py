@@ -1,7 +1,7 @@
 """The search half of HistoSpec's drafting kernel (numba): a row's longest matched tail in a
 `FlatIndex`'s arrays (`match`, as `FlatIndex.match_range`), the first step of every row's search
 done for a whole batch at once (`pair_lowers`), and a software prefetch (`prefetch`) for the kernel
-and the siblings' inserts (`side_arrays`); `publish` hands a count to another thread.
+and the siblings' inserts (`side_arrays`); `publish` / `observe` hand a count between threads.
 
 A history's keys are sorted (`FlatIndex`: the two tokens before each position, packed in a uint64),
 and `samples` holds every SAMPLE-th of them, so a search bisects the samples (a small array the
@@ -58,6 +58,18 @@ def publish(typingctx, arr, value):
         return context.get_dummy_value()
 
     return types.void(arr, types.int64), codegen
+
+
+@intrinsic
+def observe(typingctx, arr, i):
+    """arr[i] as an atomic load with acquire order: what was stored before the `publish` of the value
+    read is seen after it. arr: int64, C-contiguous."""
+
+    def codegen(context, builder, signature, args):
+        at = builder.gep(context.make_array(arr)(context, builder, args[0]).data, [args[1]])
+        return builder.load_atomic(at, "acquire", 8)
+
+    return types.int64(arr, types.intp), codegen
 
 
 @njit(cache=True)

@@ -43,7 +43,7 @@ class SpecStats:
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes, and the prompt's own sequence)
     # helper-thread CPU (spec.grow_behind): the cross-prompt tree grown and the siblings filed behind the step, the
-    # tree asked beside the drafting kernel
+    # tree asked beside the drafting kernel (with the helper's spinning while it waits for the kernel's rows)
     grow_seconds: float = 0.0
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.

@@ -28,16 +28,19 @@ good own drafts and long tree matches: ~7.4 us a call), 2026-12-06 at 16K x 16 x
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Callable
 
 import numpy as np
 
+from numba import njit
+
 from rhymerl.histospec.drafter import asks_tree
+from rhymerl.histospec.search import observe
 from rhymerl.histospec.tree import RecentTree
 
 Asked = tuple[list[int], list[int], list[int], list[float]]  # `RecentTree.speculate_rows`' answer
-DONE, OVER = 0, 1  # progress[DONE]: rows the kernel has drafted; progress[OVER]: 1 once it returned or failed
+DONE, FAILED = 0, 1  # progress[DONE]: rows the kernel has drafted; progress[FAILED]: 1 if it raised
 Drafts = tuple[np.ndarray, ...]  # `BatchIndexDrafter.draft_groups`' answer
 
 
@@ -51,7 +54,7 @@ class TreeAsks:
         self.recent, self.beside = recent, beside
         self.tokens, self.rows, self.ends, self.budgets = tokens, rows, ends, budgets
         self.gate, self.factor, self.least = gate, factor, least
-        self.seconds = 0.0  # the helper's CPU seconds asking (read after `drafts`)
+        self.seconds = 0.0  # the helper's CPU seconds asking and waiting for rows (read after `drafts`)
 
     def drafts(self, own: Callable[[np.ndarray, np.ndarray, Callable[[], None] | None], Drafts]
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -59,7 +62,7 @@ class TreeAsks:
         kernel's call, `BatchIndexDrafter.draft_groups`: (tokens, lengths, match lengths, scores,
         probabilities); `started`, None without a helper, called just before the kernel), with the
         tree's drafts in place of the own ones they outscore."""
-        scores, progress = np.zeros(len(self.rows)), np.zeros(2, np.int64)  # [rows drafted, kernel over]
+        scores, progress = np.zeros(len(self.rows)), np.zeros(2, np.int64)  # [rows drafted, kernel failed]
         if self.beside is None:
             toks, lens, _, _, probs = own(scores, progress, None)
             _write(self._ask(scores, 0, len(scores)), toks, lens, probs)
@@ -71,15 +74,20 @@ class TreeAsks:
 
         try:
             toks, lens, _, _, probs = own(scores, progress, started)
-        finally:
-            progress[OVER] = 1  # had the kernel failed, the helper would otherwise wait forever
+        except BaseException:
+            # Only on failure: told "over" after a success, a helper that had just read the count and
+            # was then held off the GIL would stop short of the last rows.
+            progress[FAILED] = 1  # it would otherwise wait forever for the rows
+            if future:
+                wait(future)  # done with the tree before the engine goes on
+            raise
         _write(future[0].result(), toks, lens, probs)
         return toks, lens, probs
 
     def _ask_as_drafted(self, scores: np.ndarray, progress: np.ndarray) -> Asked:
-        """The helper's loop: ask for the rows the kernel has finished (progress[0]; their scores final),
+        """The helper's loop: ask for the rows the kernel has finished (progress[DONE]; their scores final),
         until it has finished all. It holds the GIL throughout (the library's calls do) and waits
-        spinning: the kernel runs without it."""
+        spinning: the kernel runs without it. `seconds` counts the spinning too."""
         t0 = time.thread_time()
         won: list[int] = []
         sizes: list[int] = []
@@ -87,7 +95,7 @@ class TreeAsks:
         probs: list[float] = []
         done, total = 0, len(scores)
         while done < total:
-            upto = int(progress[DONE])
+            upto = rows_done(progress)
             if upto > done:
                 js, s, f, p = self._ask(scores, done, upto)
                 won += js
@@ -95,13 +103,14 @@ class TreeAsks:
                 flat += f
                 probs += p
                 done = upto
-            elif progress[OVER]:  # the kernel failed (its error is raised in the engine's thread)
+            elif progress[FAILED]:  # its error is raised in the engine's thread
                 break
         self.seconds = time.thread_time() - t0
         return won, sizes, flat, probs
 
     def _ask(self, scores: np.ndarray, lo: int, hi: int) -> Asked:
-        """`result` for the rows lo..hi - 1 (their scores final)."""
+        """`RecentTree.speculate_rows`' answer for the asking rows among lo..hi - 1 (their scores
+        final), their positions counted from row 0."""
         sl = slice(lo, hi)
         asks = lo + np.flatnonzero(asks_tree(scores[sl], self.budgets[sl], self.gate) & (self.ends[sl] > 0))
         if not len(asks):
@@ -121,3 +130,9 @@ def _write(asked: Asked, toks: np.ndarray, lens: np.ndarray, probs: np.ndarray) 
     probs[js] = 0.0
     toks[at, cols], probs[at, cols], lens[js] = flat, flat_probs, sizes
 
+
+@njit(cache=True)
+def rows_done(progress):
+    """progress[DONE] read with acquire order: the scores of the rows it counts are read after it (on
+    x86 any load is; on Arm a plain one may be answered before it)."""
+    return observe(progress, DONE)

@@ -126,3 +126,5 @@ def test_the_kernel_writes_the_given_scores_and_counts_its_rows_after_the_hook()
     assert out[3] is scores and seen == [[0, 0]] and progress.tolist() == [n, 0]
     assert scores.tolist() == [d.score for d in drafter.propose(indexes, range(n), nums, [4] * n, rows)]
     assert scores.any()
+    from rhymerl.histospec import kernel  # with the hook, the kernel releases the GIL (the helper asks meanwhile)
+    assert kernel.draft_rows_beside.targetoptions.get("nogil") and not kernel.draft_rows.targetoptions.get("nogil")

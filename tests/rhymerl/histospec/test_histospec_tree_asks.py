@@ -10,7 +10,7 @@ import pytest
 
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.histospec.tree import RecentTree
-from rhymerl.histospec.tree_asks import TreeAsks
+from rhymerl.histospec.tree_asks import TreeAsks, rows_done
 
 needs_arctic = pytest.mark.skipif(not has_arctic_inference(),
                                   reason="arctic-inference is not installed (make setup builds it)")
@@ -68,11 +68,41 @@ def test_rows_asked_as_the_kernel_finishes_them_get_the_drafts_asked_after_it():
         return otoks.copy(), olens.copy(), None, out, oprobs.copy()
 
     calls.clear()
+    seen = []
+    rows_done(np.zeros(2, np.int64))  # compiled (or loaded) now, as the engine does, not while the kernel runs
+
+    def kernel_watched(out, progress, started):
+        seen.append(progress)
+        return kernel_publishing(out, progress, started)
+
     with ThreadPoolExecutor(1) as helper:
-        got = _drafts(tree, tokens, ends, budgets, helper.submit, kernel_publishing)
+        got = _drafts(tree, tokens, ends, budgets, helper.submit, kernel_watched)
     assert len(calls) > 3  # asked in pieces as rows finished
     for a, b in zip(want, got):
         assert np.array_equal(a, b)
+    # a kernel that succeeded never tells the helper to stop (one that read the count and then waited for
+    # the GIL would stop short of the last rows)
+    assert seen[0].tolist() == [len(scores), 0]
+
+
+@needs_arctic
+def test_an_error_of_the_helper_is_raised_in_the_engines_thread():
+    tree, tokens, ends, budgets, scores, (otoks, olens, oprobs) = _step(np.random.default_rng(7))
+
+    def broken(*args):
+        raise RuntimeError("tree failed")
+
+    tree.speculate_rows = broken
+
+    def kernel(out, progress, started):
+        started()
+        out[:] = scores
+        progress[0] = len(scores)
+        return otoks, olens, None, out, oprobs
+
+    with ThreadPoolExecutor(1) as helper:
+        with pytest.raises(RuntimeError, match="tree failed"):
+            _drafts(tree, tokens, ends, budgets, helper.submit, kernel)
 
 
 @needs_arctic
@@ -95,4 +125,4 @@ def test_a_kernel_that_fails_does_not_leave_the_helper_waiting():
 
     with pytest.raises(RuntimeError, match="kernel failed"):
         _drafts(tree, tokens, ends, budgets, beside, kernel_failing)
-    assert futures[0].result(timeout=5.0) == ([], [], [], [])
+    assert futures[0].result(timeout=5.0) == ([], [], [], [])  # and it waited for the helper before raising
