@@ -32,7 +32,6 @@ from concurrent.futures import Future, wait
 from typing import Callable
 
 import numpy as np
-
 from numba import njit
 
 from rhymerl.histospec.drafter import asks_tree
