@@ -27,11 +27,11 @@ class BatchIndexDrafter:
     """Drafts from the prompts' own indexes (history + siblings) for many rows per call."""
 
     def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES,
-                 sides: SideSlots | None = None) -> None:
+                 sides: SideSlots | None = None, beside: bool = True) -> None:
         self.spec, self.limit = spec, max_candidates
         self.slots = FlatSlots(spec.max_match)
         self.sides = sides if sides is not None else SideSlots()  # the caller's, to share with its growth
-        self._warm()
+        self._warm(beside)
 
     def propose(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
                 budgets: Sequence[int], tokens: np.ndarray) -> list[Draft]:
@@ -108,18 +108,20 @@ class BatchIndexDrafter:
         self.slots.retain(indexes)
         self.sides.retain(indexes)
 
-    def _warm(self) -> None:
-        """Compile (or load from numba's cache) the kernels now, not inside an engine step."""
+    def _warm(self, beside: bool) -> None:
+        """Compile (or load from numba's cache) the kernels now, not inside an engine step; the one
+        that releases the GIL (`draft_groups` with `started`) only if `beside` (~3 s to compile)."""
         index = PromptIndex.build(np.array([1, 2, 3, 1, 2, 4], np.int32), [3, 3], [1.0, 0.0],
                                   min_match=self.spec.min_match, max_match=self.spec.max_match)
         index.add([1, 2])
         saved = self.slots, self.sides
         self.slots, self.sides = FlatSlots(self.spec.max_match), SideSlots()
         try:
-            for dtype in (np.int32, np.int64):  # the kernel holding the GIL, and releasing it (`started`)
+            for dtype in (np.int32, np.int64):
                 self.propose([index, index], [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype))
-                self.draft_groups([index], np.zeros(2, np.int64), [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype),
-                                  started=lambda: None)
+                if beside:
+                    self.draft_groups([index], np.zeros(2, np.int64), [0, 0], [2, 2], [2, 2],
+                                      np.array([[1, 2]], dtype), started=lambda: None)
             self.retain([])  # typed-list item assignment compiles too
             self.slots.slot(index)
             self.sides.slot(index.side)

@@ -107,12 +107,16 @@ class BatchDrafter:
         self.ledger = StepLedger(self.requests.width)  # the steps' counts until `stats` / `lifetime` are read
         self._stamp: float | None = None  # when the last propose returned (the engine step starts)
         self.sides = SideSlots()  # the prompts' siblings' arrays, grown (and read) in one call per step
-        self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None  # compiles (or loads) now
-        self.growth = StepGrowth(self.recent, self.spec.grows_behind(),
+        behind = self.spec.grows_behind()
+        beside = behind and self.recent is not None and self.batched  # the tree asked beside the kernel: `_drafts`
+        # compiles (or loads) the kernels now
+        self.own = BatchIndexDrafter(self.spec, sides=self.sides, beside=beside) if self.batched else None
+        self.growth = StepGrowth(self.recent, behind,
                                  lambda: self.sides.flush_all(self.spec.min_match, self.spec.max_match))
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
         step_pass.warm()
-        rows_done(np.zeros(2, np.int64))
+        if beside:
+            rows_done(np.zeros(2, np.int64))
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
