@@ -57,6 +57,9 @@ trimming off):
   figures: the epoch's history tokens, and what a worker held when every worker received every
   prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
   flat arrays it reads now (4 B per token; routing each worker only its prompts is issue 17 item 3).
+Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an engine
+freezes its start-up heap: before 2026-12-06 (h) a full collection of the benchmark's own heap (107-175 ms
+in the grid) could land in a step and read as a stall.
 Targets (issue 17 item 4): <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history
 work, <= 1 ms per step for 256 requests (3.9 us per request).
 """
@@ -79,6 +82,7 @@ from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhy
 from rhymerl.histospec.flat import FlatIndex
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.heap import frozen_heap
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 
@@ -156,11 +160,14 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
            "prompts": len(groups)}
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
         arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
-        out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py", forward=forward)
+        with frozen_heap():  # as an engine's start-up heap (rhymerl.heap): full collections walk the arm's own
+            out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py", forward=forward)
     if "suffix" in arms:  # the library's trees hold ~355 B per token: cap what one point may put in them
         held = len(groups) * history * length + requests * n0
-        out["suffix"] = (_draft_suffix(groups, rows, n0, requests, steps, history, forward) if held <= SUFFIX_TOKENS else
-                         {"skipped": f"{held / 1e6:.1f}M tokens for its trees (> {SUFFIX_TOKENS / 1e6:.0f}M)"})
+        with frozen_heap():
+            out["suffix"] = (_draft_suffix(groups, rows, n0, requests, steps, history, forward)
+                             if held <= SUFFIX_TOKENS else
+                             {"skipped": f"{held / 1e6:.1f}M tokens for its trees (> {SUFFIX_TOKENS / 1e6:.0f}M)"})
     two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
     for arm in [a for a in arms if a in ("old", "arctic")]:
         make = {"old": _old, "arctic": _arctic}[arm]

@@ -2,7 +2,7 @@
 
 import gc
 
-from rhymerl.heap import freeze_startup_heap
+from rhymerl.heap import freeze_startup_heap, frozen_heap
 
 
 class _Node:
@@ -28,3 +28,10 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected():
     finally:
         gc.unfreeze()
     assert _in_generations(kept[0])
+
+
+def test_frozen_heap_hands_the_heap_back_when_the_block_ends():
+    kept = _Node()
+    with frozen_heap() as frozen:
+        assert frozen >= 1 and not _in_generations(kept)
+    assert _in_generations(kept) and gc.get_freeze_count() == 0
