@@ -372,10 +372,15 @@ class BatchDrafter:
 
     def wait_for_builds(self) -> None:
         """Block until every background build is attached and the last step's growth applied (tests,
-        benchmarks, and a proposer handing the cross-prompt tree to a new drafter)."""
+        benchmarks)."""
+        self.finish_growth()
+        self.builds.wait(self._stats)
+
+    def finish_growth(self) -> None:
+        """Block until the last step's growth is applied, its helper's CPU counted in `stats` (a
+        proposer handing the cross-prompt tree to a new drafter; history builds go on)."""
         self.growth.finish()
         self._count_helper()
-        self.builds.wait(self._stats)
 
     def _count_helper(self) -> None:
         """Count the helper's CPU so far in `stats` (its growth waited for)."""

@@ -81,7 +81,7 @@ class HistoSpecProposer:
         # acceptance per draft position and per estimated probability (same engine, same settings).
         old = getattr(self, "_batch", None)
         if old is not None:
-            old.growth.finish()  # its last step's growth may be extending the tree the new drafter takes over
+            old.finish_growth()  # its last step's growth may be extending the tree the new drafter takes over
         batch = BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(),
                              old.recent if old is not None else None)
         if old is not None:

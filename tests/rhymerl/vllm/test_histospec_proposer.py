@@ -141,12 +141,14 @@ def test_a_new_bundle_keeps_what_the_drafter_learnt_about_the_engine(tmp_path, m
     path.write_bytes(HistoryBundle((PromptHistory((50, 51), ((1, 2),), (0.0,)),)).to_bytes())
     proposer = HistoSpecProposer(vllm_config)
     old = proposer._batch
+    old.growth.seconds = 0.25  # the helper's CPU in the old drafter's last step, not yet counted
     path.write_bytes(HistoryBundle((PromptHistory((60,), ((3,),), (0.0,)),)).to_bytes())
     batch = FakeBatch([(60, 3)])
     proposer.propose([[3]], batch.num, batch.tokens)
     new = proposer._batch
     assert new is not old and len(new.bundle) == 1 and new.bundle.prompt(0).tolist() == [60]
     assert new.recent is old.recent and new.cost is old.cost and new.lifetime is old.lifetime
+    assert proposer.take_stats().grow_seconds >= 0.25  # and its helper's seconds count
 
 
 def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_siblings_meanwhile(monkeypatch):
