@@ -98,16 +98,27 @@ def relayout_heads(table, old_rows, rows):
 
 
 @njit(cache=True, nogil=True)
-def index_ends(tok, table, links, state, seq, first_end, last_end, lo, hi):
+def end_keys(tok, seq, end, lo, hi, out):
+    """out[n - lo] = the key of the n tokens of sequence `seq` before position `end`, for n = lo..top,
+    top = min(hi, end) (returned; no keys when top < lo). The one rolling hash that filing
+    (`index_ends`), asking for slots (`_ask_pending`) and the kernel's pending keys
+    (`side_search.pending_keys`) share: the keys of `rhymerl.histospec.index._tail_keys`."""
+    key, top = _U_SEED, min(hi, end)
+    for n in range(1, top + 1):
+        key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
+        if n >= lo:
+            out[n - lo] = key
+    return top
+
+
+@njit(cache=True, nogil=True)
+def index_ends(tok, table, links, state, seq, first_end, last_end, lo, hi, keys):
     """Insert every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
-    first_end..last_end (`SuffixIndex._index_range`)."""
+    first_end..last_end (`SuffixIndex._index_range`). keys: scratch of hi - lo + 1."""
     rows = tok.shape[0]
     for end in range(first_end, last_end + 1):
-        key = _U_SEED
-        for n in range(1, min(hi, end) + 1):
-            key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
-            if n >= lo:
-                insert(table, links, n - lo, state, key, end * rows + seq)
+        for level in range(end_keys(tok, seq, end, lo, hi, keys) - lo + 1):
+            insert(table, links, level, state, keys[level], end * rows + seq)
 
 
 @njit(cache=True)
@@ -140,23 +151,21 @@ def _ask_pending(tok, table, state, pending, lo, hi):
     miss the caches (~85 ns each in the step, ~15 ns on one prompt's table alone); asked for together
     the misses overlap (256 requests: the siblings' growth 0.70-0.80 -> 0.60-0.62 ms, 2026-12-06).
     A prefetch, not a load: a pass that loaded each slot first took as long as the inserts it saved."""
-    mask = table.shape[0] - 1
+    mask, keys = table.shape[0] - 1, np.empty(hi - lo + 1, np.uint64)
     for p in range(state[NPEND]):
         seq = pending[p, 0]
         for end in range(pending[p, 1], pending[p, 2] + 1):
-            key = _U_SEED
-            for n in range(1, min(hi, end) + 1):
-                key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
-                if n >= lo:
-                    prefetch(table, 2 * home(key, mask))  # (a slot is two int64s)
+            for level in range(end_keys(tok, seq, end, lo, hi, keys) - lo + 1):
+                prefetch(table, 2 * home(keys[level], mask))  # (a slot is two int64s)
 
 
 @njit(cache=True, nogil=True)
 def flush(tok, table, links, state, pending, lo, hi):
     """File the pending ranges' n-grams, in the order they were appended (so every key's chain lists
     its occurrences as if each had been filed when appended)."""
+    keys = np.empty(hi - lo + 1, np.uint64)
     for p in range(state[NPEND]):
-        index_ends(tok, table, links, state, pending[p, 0], pending[p, 1], pending[p, 2], lo, hi)
+        index_ends(tok, table, links, state, pending[p, 0], pending[p, 1], pending[p, 2], lo, hi, keys)
     state[NPEND], state[NPTOK] = 0, 0
 
 

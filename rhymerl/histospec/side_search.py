@@ -16,7 +16,7 @@ from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.search import prefetch
-from rhymerl.histospec.side_arrays import _U_MUL, _U_SEED, NPEND, find, home
+from rhymerl.histospec.side_arrays import _U_MUL, _U_SEED, NPEND, end_keys, find, home
 
 
 @njit(cache=True)
@@ -80,11 +80,7 @@ def pending_keys(tok, lens, state, pending, lo, hi, pk, info):
     for p in range(state[NPEND]):
         seq = pending[p, 0]
         for end in range(pending[p, 1], pending[p, 2] + 1):
-            key, top = _U_SEED, min(hi, end)
-            for n in range(1, top + 1):
-                key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
-                if n >= lo:
-                    pk[e, n - lo] = key
+            top = end_keys(tok, seq, end, lo, hi, pk[e])
             info[e, 0], info[e, 1], info[e, 2] = seq * STRIDE + end, top, end < lens[seq]
             e += 1
     return e
