@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from rhymerl.histospec.flat import FlatIndex, PromptIndex
+from rhymerl.histospec.flat import FlatIndex, PromptIndex, warm
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 
@@ -35,6 +35,7 @@ class HistoryBuilds:
         self._built: list[tuple[int, float]] = []  # (tokens, seconds) of finished builds, to count
         self._lock = threading.Lock()
         self._inline_left = INLINE_TOKENS
+        warm()  # its compiled loops: a small history is built in the step
 
     def new_step(self, stats: SpecStats) -> None:
         """Start a step: its allowance of history built in the step, and the builds finished since

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 # modules with @njit(cache=True) (a test checks)
-COMPILED = ("growth", "kernel", "ledger", "requests", "search", "side_arrays", "side_search", "stats", "step_budget",
+COMPILED = ("flat", "growth", "kernel", "ledger", "requests", "search", "side_arrays", "side_search", "stats", "step_budget",
             "step_pass", "tree_asks")
 STAMP = "numba-sources.sha1"  # the sources' hash the cache files were compiled from
 

@@ -15,8 +15,8 @@ prompt a run holds ~65). One sorted array answers every match length, so the ind
 token 4 bytes of position (`sa`, int32) and 8 of search key (`key`: the two tokens before it packed
 in a uint64, for `searchsorted`), 12 bytes beyond the tokens themselves (`text`, int32), against ~400
 for one dict entry per n-gram. It is built by prefix doubling (ceil(log2 M) rounds of rank, combine,
-sort, all in numpy, which releases the GIL while sorting: a background thread builds it while the
-engine steps). It cannot grow, so siblings go to a `SideIndex` beside it (`PromptIndex`); a sibling
+sort: numpy, which releases the GIL while sorting, and two compiled loops that release it too: a
+background thread builds it while the engine steps). It cannot grow, so siblings go to a `SideIndex` beside it (`PromptIndex`); a sibling
 step touches only that.
 
 Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (-1; D: M rounded
@@ -30,6 +30,7 @@ from bisect import bisect_left, bisect_right
 from typing import Sequence
 
 import numpy as np
+from numba import njit
 
 from rhymerl.histospec.index import STRIDE
 from rhymerl.histospec.pages import huge_empty
@@ -39,8 +40,41 @@ PAD = -1  # before, between and after sequences in `text`: equals no token
 
 
 def _rank(r: np.ndarray) -> np.ndarray:
-    """Dense ranks (0..distinct-1) of `r`, in the order of its values."""
-    return np.unique(r, return_inverse=True)[1].astype(np.int64, copy=False)
+    """Dense ranks (0..distinct-1) of `r`, in the order of its values. (`np.unique`'s inverse held the
+    GIL ~20-27 ms at 1M tokens, faulting in its fresh output: a step waited on the build that long.)"""
+    order = np.argsort(r)  # numpy sorts without the GIL
+    out = np.empty(len(r), np.int64)
+    _dense_ranks(r, order, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _dense_ranks(r, order, out):
+    """out[order[j]] = the number of distinct values in r[order[:j]] below r[order[j]] (r[order] sorted)."""
+    rank = 0
+    for j in range(order.shape[0]):
+        if j and r[order[j]] != r[order[j - 1]]:
+            rank += 1
+        out[order[j]] = rank
+
+
+@njit(cache=True, nogil=True)
+def _place(text, tokens, dest, lengths):
+    """text[dest[i]:dest[i] + lengths[i]] = response i's tokens (given flat, one after another), without
+    the GIL: `np.repeat` and a fancy scatter held it ~19 ms at 1M tokens, faulting in their output."""
+    at = 0
+    for i in range(lengths.shape[0]):
+        d = dest[i]
+        for t in range(lengths[i]):
+            text[d + t] = tokens[at + t]
+        at += lengths[i]
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the build's loops now: a small history is built in the step."""
+    FlatIndex.build(np.arange(4, dtype=np.int32), [2, 2], [7])
+    FlatIndex.build(np.arange(4, dtype=np.int64), [2, 2], [7])
+    _rank(np.zeros(2, np.int64))
 
 
 class FlatIndex:
@@ -69,6 +103,8 @@ class FlatIndex:
         prefix = np.asarray(prefix, dtype=np.int64)[len(prefix) - min(len(prefix), max_match):]
         lengths = np.asarray(lengths, dtype=np.int64)
         tokens = np.asarray(tokens)
+        if tokens.dtype not in (np.int32, np.int64):  # the two `warm` compiles `_place` for
+            tokens = tokens.astype(np.int64)
         if len(tokens) != int(lengths.sum()):
             raise ValueError(f"got {len(tokens)} tokens for lengths summing to {int(lengths.sum())}")
         n, plen = len(lengths), len(prefix)
@@ -82,8 +118,7 @@ class FlatIndex:
         if plen:
             text[starts[:, None] + np.arange(plen)] = prefix
         if len(tokens):
-            first = np.repeat(starts + plen - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
-            text[first + np.arange(len(tokens))] = tokens
+            _place(text, tokens, starts + plen, lengths)
         real = text != PAD
         cand = np.flatnonzero(real[1:] & real[:-1]) + 1  # a token before it and one to continue with
         r = np.zeros(len(text), dtype=np.int64)

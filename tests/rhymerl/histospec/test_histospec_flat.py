@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rhymerl.histospec.drafter import HistoSpecDrafter
-from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex
+from rhymerl.histospec.flat import FlatBundle, FlatIndex, PromptIndex, _dense_ranks, _place, _rank
 from rhymerl.histospec.index import STRIDE, HistoryBundle, PromptHistory, SuffixIndex
 
 
@@ -93,14 +93,17 @@ def test_drafts_equal_the_dict_index_drafts_on_a_rhyming_history():
         assert new.propose(ctx, 16) == old.propose(ctx, 16)
 
 
-@pytest.mark.parametrize("max_match", [2, 3, 5, 7, 8, 11])
-def test_positions_are_sorted_by_exactly_max_match_tokens_back_then_by_position(max_match):
+@pytest.mark.parametrize("max_match, vocab", [(2, 3), (3, 3), (5, 3), (7, 3), (8, 3), (11, 3), (7, 150_000),
+                                              (11, 150_000)])
+def test_positions_are_sorted_by_exactly_max_match_tokens_back_then_by_position(max_match, vocab):
     # Rule: sa orders positions by their max_match tokens before (read backwards, a pad before every
     # real token), ties by position: the drafting kernel reads a max_match-deep run's most recent
     # occurrences as its last entries. (Sorted one token deeper, as before, a run max_match deep
     # falls apart into runs by the next token back, each in position order but not the whole.)
+    # A real vocabulary's contexts outgrow int64 after one doubling: they are re-ranked (`_rank`).
     rng = np.random.default_rng(max_match)
-    ix = FlatIndex.build(rng.integers(0, 3, 2000), [250] * 8, [1, 2], min_match=1, max_match=max_match)
+    tokens = rng.integers(0, vocab, 2000).astype(np.int32 if vocab > 3 else np.int64)
+    ix = FlatIndex.build(tokens, [250] * 8, [1, 2], min_match=1, max_match=max_match)
     text, sa = ix.text.astype(np.int64), ix.sa.astype(np.int64)
     back = np.stack([text[sa - j] for j in range(1, max_match + 1)])  # row j - 1: j tokens back
     order = np.lexsort(np.vstack([sa[None], back[::-1]]))  # the last key is the primary one
@@ -120,3 +123,12 @@ def test_flat_bundle_reads_a_bundle_without_per_token_objects():
     tokens, lengths, rewards = fb.history(0)
     assert (tokens.tolist(), lengths.tolist(), rewards.tolist()) == ([1, 2, 3, 4], [3, 1], [1.0, 0.5])
     assert fb.history(1)[1].tolist() == []
+
+
+def test_dense_ranks_are_uniques_inverse_and_the_builds_loops_release_the_gil():
+    # Rule: `_rank` ranks as np.unique's inverse did; the build's compiled loops run without the GIL, so
+    # a background build (1M tokens: np.unique and np.repeat held it 20-28 ms each) never holds up a step.
+    r = np.random.default_rng(0).integers(-5, 1 << 40, 5000)
+    r[::3] = r[1::3][: len(r[::3])]  # repeated values
+    assert np.array_equal(_rank(r), np.unique(r, return_inverse=True)[1])
+    assert _dense_ranks.targetoptions.get("nogil") and _place.targetoptions.get("nogil")
