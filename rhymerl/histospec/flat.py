@@ -16,8 +16,8 @@ token 4 bytes of position (`sa`, int32) and 8 of search key (`key`: the two toke
 in a uint64, for `searchsorted`), 12 bytes beyond the tokens themselves (`text`, int32), against ~400
 for one dict entry per n-gram. It is built by prefix doubling (ceil(log2 M) rounds of rank, combine,
 sort: numpy, which releases the GIL while sorting, and two compiled loops that release it too: a
-background thread builds it while the engine steps). It cannot grow, so siblings go to a `SideIndex` beside it (`PromptIndex`); a sibling
-step touches only that.
+background thread builds it while the engine steps). It cannot grow, so siblings go to a `SideIndex`
+beside it (`PromptIndex`); a sibling step touches only that.
 
 Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (-1; D: M rounded
 up to a power of two) and the whole followed by D more; a pad equals no token, so a match never
