@@ -57,9 +57,8 @@ trimming off):
   figures: the epoch's history tokens, and what a worker held when every worker received every
   prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
   flat arrays it reads now (4 B per token; routing each worker only its prompts is issue 17 item 3).
-Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an engine
-freezes its start-up heap: before 2026-12-06 (h) a full collection of the benchmark's own heap (107-175 ms
-in the grid) could land in a step and read as a stall.
+Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an engine's: before
+2026-12-06 (h) a full GC of the benchmark's own heap (107-175 ms) could land in a step and read as a stall.
 Targets (issue 17 item 4): <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history
 work, <= 1 ms per step for 256 requests (3.9 us per request).
 """
@@ -176,7 +175,8 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
             index, seconds = _timed(lambda: make(prompt, r[:history]), 2)
             indexes.append(index)
             build_s.append(seconds)
-        per_step = _draft_other(arm, indexes, rows, n0, requests, steps, forward)
+        with frozen_heap():  # as the other arms' steps
+            per_step = _draft_other(arm, indexes, rows, n0, requests, steps, forward)
         out[arm] = {"stall_ms": 1e3 * statistics.mean(build_s) * len(groups), "step_ms": per_step * 1e3,
                     "us_per_request": per_step / requests * 1e6}
     return out

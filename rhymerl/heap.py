@@ -33,7 +33,8 @@ def freeze_startup_heap() -> int:
 def frozen_heap() -> Iterator[int]:
     """`freeze_startup_heap` for the block only: what is alive when it starts (an engine's start-up
     heap, in a benchmark that stands in for one) leaves the collector's walks until it ends, when it
-    is handed back (`gc.unfreeze`) to be collected as before. Yields how many objects were frozen."""
+    is handed back (`gc.unfreeze`) to be collected as before. Yields how many objects were frozen.
+    Not for a process that froze its heap before (a run's, `freeze_startup_heap`): the end unfreezes all."""
     try:
         yield freeze_startup_heap()
     finally:

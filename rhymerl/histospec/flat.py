@@ -70,11 +70,18 @@ def _place(text, tokens, dest, lengths):
         at += lengths[i]
 
 
+_warmed = False
+
+
 def warm() -> None:
-    """Compile (or load from numba's cache) the build's loops now: a small history is built in the step."""
-    FlatIndex.build(np.arange(4, dtype=np.int32), [2, 2], [7])
-    FlatIndex.build(np.arange(4, dtype=np.int64), [2, 2], [7])
-    _rank(np.zeros(2, np.int64))
+    """Compile (or load from numba's cache) the build's loops, once per process: a small history is
+    built in the step (and a proposer makes a new drafter for each bundle, i.e. each step)."""
+    global _warmed
+    if not _warmed:
+        FlatIndex.build(np.arange(4, dtype=np.int32), [2, 2], [7])
+        FlatIndex.build(np.arange(4, dtype=np.int64), [2, 2], [7])
+        _rank(np.zeros(2, np.int64))
+        _warmed = True
 
 
 class FlatIndex:
@@ -105,8 +112,9 @@ class FlatIndex:
         tokens = np.asarray(tokens)
         if tokens.dtype not in (np.int32, np.int64):  # the two `warm` compiles `_place` for
             tokens = tokens.astype(np.int64)
-        if len(tokens) != int(lengths.sum()):
-            raise ValueError(f"got {len(tokens)} tokens for lengths summing to {int(lengths.sum())}")
+        if len(tokens) != int(lengths.sum()) or (lengths < 0).any():  # `_place` reads where lengths say
+            raise ValueError(f"got {len(tokens)} tokens for lengths {lengths.tolist()[:8]}... summing to "
+                             f"{int(lengths.sum())}; lengths must be >= 0 and sum to the tokens")
         n, plen = len(lengths), len(prefix)
         seq_lens = lengths + plen
         starts = depth * (np.arange(n) + 1) + np.concatenate(([0], np.cumsum(seq_lens)[:-1]))

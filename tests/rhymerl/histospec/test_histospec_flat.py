@@ -132,3 +132,11 @@ def test_dense_ranks_are_uniques_inverse_and_the_builds_loops_release_the_gil():
     r[::3] = r[1::3][: len(r[::3])]  # repeated values
     assert np.array_equal(_rank(r), np.unique(r, return_inverse=True)[1])
     assert _dense_ranks.targetoptions.get("nogil") and _place.targetoptions.get("nogil")
+
+
+def test_lengths_that_do_not_cover_the_tokens_are_refused():
+    # Rule: the compiled placement reads tokens where `lengths` say, so lengths that do not fit (a
+    # negative one hiding behind the right sum too) are refused before it runs.
+    for lengths in ([3, 2], [5, -3]):
+        with pytest.raises(ValueError, match="lengths must be >= 0"):
+            FlatIndex.build(np.arange(2), lengths)

@@ -359,7 +359,7 @@ def test_the_first_step_compiles_nothing(monkeypatch):
     from numba.core import dispatcher
 
     prompt = (50, 51, 52)
-    hist = tuple(range(1, 200))
+    hist = tuple(range(150_000, 150_199))  # a real vocabulary's ids: the inline builds re-rank contexts
     spec = SpecConfig(budget_rule="fixed", max_budget=4, cost_aware=False)
     bundle = HistoryBundle((PromptHistory(prompt, (hist, hist), (0.0, 1.0)), PromptHistory((60, 61), (hist,), (0.0,))))
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=256)
