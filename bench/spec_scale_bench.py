@@ -78,10 +78,10 @@ from datetime import date
 import numpy as np
 
 from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhyming_group
+from rhymerl.heap import frozen_heap
 from rhymerl.histospec.flat import FlatIndex
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.heap import frozen_heap
 from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 

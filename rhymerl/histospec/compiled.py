@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 
 # modules with @njit(cache=True) (a test checks)
-COMPILED = ("flat", "growth", "kernel", "ledger", "requests", "search", "side_arrays", "side_search", "stats", "step_budget",
-            "step_pass", "tree_asks")
+COMPILED = ("flat", "growth", "kernel", "ledger", "requests", "search", "side_arrays", "side_search", "stats",
+            "step_budget", "step_pass", "tree_asks")
 STAMP = "numba-sources.sha1"  # the sources' hash the cache files were compiled from
 
 
