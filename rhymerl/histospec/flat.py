@@ -113,8 +113,9 @@ class FlatIndex:
         if tokens.dtype not in (np.int32, np.int64):  # the two `warm` compiles `_place` for
             tokens = tokens.astype(np.int64)
         if len(tokens) != int(lengths.sum()) or (lengths < 0).any():  # `_place` reads where lengths say
-            raise ValueError(f"got {len(tokens)} tokens for lengths {lengths.tolist()[:8]}... summing to "
-                             f"{int(lengths.sum())}; lengths must be >= 0 and sum to the tokens")
+            shown = str(lengths.tolist()[:8])[:-1] + (", ...]" if len(lengths) > 8 else "]")
+            raise ValueError(f"got {len(tokens)} tokens for lengths {shown} summing to {int(lengths.sum())}; "
+                             "lengths must be >= 0 and sum to the tokens")
         n, plen = len(lengths), len(prefix)
         seq_lens = lengths + plen
         starts = depth * (np.arange(n) + 1) + np.concatenate(([0], np.cumsum(seq_lens)[:-1]))
