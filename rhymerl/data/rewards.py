@@ -121,13 +121,33 @@ class RewardSet:
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.functions)
 
+    @property
+    def uses_answer_column(self) -> bool:
+        """Whether a built-in reads `answer_key` (so the dataset must have that column)."""
+        return any(f.kind == "builtin" for f in self.functions)
+
+    def check(self, prompt: str, row: Mapping[str, Any], prompt_id: str = "?") -> None:
+        """Score an empty completion of one row before the run starts: a function that fails on it
+        (or a built-in whose gold answer does not read) is a ConfigError then, not a crash mid-run."""
+        try:
+            self.score(prompt, "", row, prompt_id)
+        except RewardFunctionError as exc:
+            raise ConfigError(f"reward.functions: {exc}; a reward function must score any completion, "
+                              "even an empty one") from exc
+
     def score(self, prompt: str, completion: str, row: Mapping[str, Any], prompt_id: str = "?") -> RewardScore:
         """Weighted sum, each value by name, and correctness (rules in the module docstring)."""
         values: dict[str, float] = {}
         verdicts: list[bool] = []
         for fn in self.functions:
             try:
-                out = fn.resolve(self.answer_key)(prompt, completion, row)
+                call = fn.resolve(self.answer_key)
+            except Exception as exc:
+                raise RewardFunctionError(f"reward function {fn.name!r} ({fn.spec}) cannot be loaded in this "
+                                          f"process: {type(exc).__name__}: {exc}; a module plug-in must be "
+                                          "importable wherever rewards are scored") from exc
+            try:
+                out = call(prompt, completion, row)
             except Exception as exc:
                 raise RewardFunctionError(
                     f"reward function {fn.name!r} ({fn.spec}) raised on prompt {prompt_id}: "

@@ -187,10 +187,30 @@ def test_scoring_errors_name_the_function_and_the_prompt(plugin, name, message):
         rs.score("q", "a", {}, prompt_id="p-7")
 
 
+def test_a_module_missing_in_the_scoring_process_says_so(plugin, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin))
+    blob = pickle.dumps(load_reward_set(["plug:brevity"]))
+    rewards._RESOLVED.clear()
+    monkeypatch.delitem(sys.modules, "plug")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plugin)])  # a worker without it
+    with pytest.raises(RewardFunctionError, match=r"'brevity' \(plug:brevity\) cannot be loaded in this process: "
+                                                  r"ModuleNotFoundError"):
+        pickle.loads(blob).score("q", "a", {}, prompt_id="p1")
+
+
 def test_a_builtin_on_a_row_without_the_answer_column_is_a_scoring_error():
     rs = load_reward_set(["gsm8k"], answer_key="gold")
     with pytest.raises(RewardFunctionError, match=r"'gsm8k'.*prompt p1: KeyError.*no answer column 'gold'"):
         rs.score("q", "#### 1", {"answer": "1"}, prompt_id="p1")
+
+
+def test_check_scores_one_row_before_the_run(plugin):
+    load_reward_set(["math", "plug.py:brevity"], base_dir=plugin).check("q", {"answer": "1"}, "p0")
+    with pytest.raises(ConfigError, match=r"reward.functions: reward function 'math' \(math\) raised on prompt "
+                                          r"p0: ValueError: gold answer '' does not parse.*even an empty one"):
+        load_reward_set(["math"]).check("q", {"answer": ""}, "p0")
+    assert load_reward_set(["gsm8k"]).uses_answer_column
+    assert not load_reward_set(["plug.py:brevity"], base_dir=plugin).uses_answer_column
 
 
 # ---------------------------------------------------------------- processes
