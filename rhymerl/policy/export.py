@@ -45,7 +45,8 @@ class ExportError(ValueError):
     """A checkpoint cannot be read or exported; the message names it and the fix."""
 
 
-def read_checkpoint_weights(location: str | Path, storage_options: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
+def read_checkpoint_weights(location: str | Path,
+                            storage_options: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
     """The policy's full state dict from a checkpoint (formats in the module docstring)."""
     opts = dict(storage_options or {})
     url = str(location).rstrip("/")

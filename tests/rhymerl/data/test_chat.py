@@ -67,8 +67,10 @@ def test_the_message_rule():
 
 
 BAD_CELLS = [
-    ([{"role": "bot", "content": "x"}], r"^row 3: prompt message 0 has role 'bot'; roles are user, system, assistant, tool$"),
-    ([MESSAGES[0], {"role": "user", "content": 7}], r"^row 3: prompt message 1 \(user\) has content 7; it must be a string$"),
+    ([{"role": "bot", "content": "x"}],
+     r"^row 3: prompt message 0 has role 'bot'; roles are user, system, assistant, tool$"),
+    ([MESSAGES[0], {"role": "user", "content": 7}],
+     r"^row 3: prompt message 1 \(user\) has content 7; it must be a string$"),
     (["hello"], r"^row 3: prompt message 0 is a str, not an object with 'role' and 'content'$"),
     ([], r"^row 3: the prompt is list \[\]; it must be text or a non-empty list of messages"),
     (5, r"^row 3: the prompt is int 5; it must be text or a non-empty list"),

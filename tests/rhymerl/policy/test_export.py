@@ -104,3 +104,14 @@ def test_errors_name_the_problem(trained, tmp_path):
     with pytest.raises(ExportError, match=r"taken already exists"):
         export_hf(trainer.model.state_dict(), source, tmp_path / "taken")
     assert not list(tmp_path.glob(".hf.tmp-*"))  # nothing half-written left behind
+
+
+def test_bfloat16_weights_export_as_bfloat16(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    source, trainer = trained
+    weights = {k: v.to(torch.bfloat16) for k, v in trainer.model.state_dict().items()}
+    out = export_hf(weights, source, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in weights.items())
