@@ -192,7 +192,7 @@ def cmd_model_build(args: argparse.Namespace) -> int:
 
 
 BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench",
-           "e2e": "bench.e2e_bench", "sharded": "bench.sharded_bench", "spec-scale": "bench.spec_scale_bench",
+           "e2e": "bench.e2e.bench", "sharded": "bench.sharded_bench", "spec-scale": "bench.spec_scale_bench",
            "history-bytes": "bench.history_bytes_bench", "steps": "bench.step_table"}
 
 

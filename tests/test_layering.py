@@ -50,7 +50,7 @@ def test_only_the_adapter_package_imports_vllm():
 
 # Command lines: cli/, plus each benchmark's entry module (`rhymerl bench NAME` hands it the rest of
 # the arguments) and the standalone local S3 server. Nothing else reads arguments.
-ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e_bench.py",
+ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e/bench.py",
                "bench/sharded_bench.py", "bench/spec_scale_bench.py", "bench/history_bytes_bench.py", "bench/step_table.py",
                "infra/local_s3.py"}
 
