@@ -28,7 +28,7 @@ from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.history import bundle_for_epoch
 from rhymerl.records import Prompt
 from storage.lake import Lake
-from workers.history import cut_for_workers
+from workers.history_bundles import cut_for_workers
 
 PLACEMENT_SQL = """SELECT epoch, step, worker_id, prompt_id, any_value(prompt_text) AS text
 FROM rollouts WHERE run_id = ? GROUP BY ALL ORDER BY epoch, step, worker_id, prompt_id"""

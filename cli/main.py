@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from cli.lake import register as register_lake
-from cli.spec import register as register_spec
+from cli.spec_replay import register as register_spec
 from cli.ui import register as register_ui
 from infra.environment import project_env
 
