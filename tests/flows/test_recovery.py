@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from proc_helpers import kill_and_wait
+from helpers.proc import kill_and_wait
 from ray.exceptions import ActorDiedError
 
 from rhymerl.config import ConfigError, load_config

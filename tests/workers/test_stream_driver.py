@@ -12,7 +12,7 @@ import pytest
 from rhymerl.vllm.engine import SamplingSettings, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
-from feed_helpers import FakeTrainer
+from helpers.feed import FakeTrainer
 
 ray = pytest.importorskip("ray")
 
