@@ -1,7 +1,7 @@
 """The end-to-end benchmark's numbers from runs' per-step records: time split, ratios, parity.
 
 Pure functions over the JSON the benchmark saves per run (`bench.e2e.bench`): a run is
-``{"arm", "seed", "history": [step records of flows.run.run_step], "epoch_wall_s": {epoch: s}}``.
+``{"arm", "seed", "history": [step records of flows.step.run_step], "epoch_wall_s": {epoch: s}}``.
 
 Time split of one step (seconds, all measured by `run_step` except the remainder):
 
