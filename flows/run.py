@@ -60,8 +60,8 @@ def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
         rows = [dict(h) for h in st.history if h["epoch"] == epoch]
         st.mlflow_tail = st.background.submit(log_epoch_task, st.tracking, quote(rows), epoch, after=st.mlflow_tail)
     # Flushed before the next epoch's subflow starts: its creation (synchronous calls to the Prefect
-    # server) stalled ~2 s in every other epoch when it met the background runs' writes; waiting for
-    # them first costs 0.2-0.3 s (measured on 2 cores, default config).
+    # server) stalls for seconds when it meets the background runs' writes; waiting for them first
+    # costs a fraction of that.
     st.background.flush()
     st.epoch_body[epoch] = (body_start, time.perf_counter())
     return records

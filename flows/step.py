@@ -90,9 +90,9 @@ def run_step(ctx: RunContext, st: RunState, epoch: int, step: int, batch, sampli
             sampling.max_tokens, quote(st.spec_history)))
     samples, scores, speculation, migrations, shipped, feed = _sample(ctx, st, epoch, step, batch, sampling,
                                                                       inputs, watch)
-    # Prefect walks every element of a task's arguments looking for futures (~0.3-0.5 s per call
-    # for a step's samples on 2 cores, ~25 ms for a plan or a batch of prompts with their token
-    # ids); quote() hands them over as they are. Every large argument of a step's tasks is quoted.
+    # Prefect walks every element of a task's arguments looking for futures (a large part of a
+    # second per call for a step's samples, tens of ms for a plan or a batch of prompts with their
+    # token ids); quote() hands them over as they are. Every large argument of a step's tasks is quoted.
     with watch("lake_s"):
         committed = lake_write_task(cfg.lake.url, ctx.run_id, epoch, step, quote(batch), quote(samples), quote(scores),
                                     st.policy_version, sampling.n)

@@ -10,7 +10,7 @@ for the next step while the current one runs), and `publish_history_task` sends 
 through Ray's object store; the worker writes it to the file its engine's drafter re-reads. A
 migrated request's prompt follows it (`workers.history_bundles.WorkerHistory.carry`). No worker queries the
 lake. `spec_stats` collects the workers' acceptance counters after a step's rollout (a plain call:
-one Ray round trip is not worth a Prefect task run, ~70 ms of API and flow CPU on 2 cores).
+one Ray round trip is not worth a Prefect task run's API calls and flow CPU).
 """
 
 from __future__ import annotations

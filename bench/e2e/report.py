@@ -22,10 +22,10 @@ from bench.e2e.markdown import markdown
 from bench.e2e.scale import ScaleSettings, estimate, surface_settings
 from rhymerl.histopipe.cost_surface import load_cost_surface
 
-# Targets: step speed-up (the first end-to-end issue), fixed overhead and train-time parity (issue
-# 20), the tail shorter by a factor (issue 19, meant for configs/long-tail.toml).
+# Targets: step speed-up, fixed overhead and train-time parity, and the tail shorter by a factor
+# (meant for configs/long-tail.toml).
 STEP_TARGET, OVERHEAD_TARGET, TRAIN_TOLERANCE, TAIL_TARGET = 2.6, 0.05, 0.05, 3.0
-# The long-tail task's own (issue 19): step >= 1.6x, rollout >= 2.0x, rollout >= 70% of the baseline step.
+# The long-tail workload's own: step >= 1.6x, rollout >= 2.0x, rollout >= 70% of the baseline step.
 WORKLOAD_TARGETS = {"builtin-long": {"step": 1.6, "rollout": 2.0, "rollout_share": 0.7}}
 
 
@@ -115,7 +115,7 @@ def _scale(cmp: dict, scale: dict) -> dict | None:
 
 
 def _targets(report: dict) -> dict:
-    """The issue's targets, met or not, with the measured value."""
+    """The benchmark's targets, met or not, with the measured value."""
     o = report["compare"]["overall"]
     step = o.get("speedup_wall", {}).get("mean", math.nan)
     over = max(o.get("overhead_frac_baseline", math.nan), o.get("overhead_frac_rhymerl", math.nan))
