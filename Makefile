@@ -115,9 +115,9 @@ bench: $(STAMP) $(ARCTIC_STAMP)
 	$(BIN)/rhymerl model build
 	$(BIN)/python -m bench.spec_bench --json-out $(BENCH_OUT)/spec.json
 	$(BIN)/python -m bench.spec_scale_bench --json-out $(BENCH_OUT)/spec-scale.json
-	$(BIN)/python -m bench.e2e_bench --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
+	$(BIN)/python -m bench.e2e --quick --out $(BENCH_OUT)/e2e-quick --json-out $(BENCH_OUT)/e2e-quick.json
 	$(BIN)/rhymerl model build --dataset builtin-long
-	$(BIN)/python -m bench.e2e_bench --config configs/long-tail.toml --quick --out $(BENCH_OUT)/e2e-long-quick \
+	$(BIN)/python -m bench.e2e --config configs/long-tail.toml --quick --out $(BENCH_OUT)/e2e-long-quick \
 		--json-out $(BENCH_OUT)/e2e-long-quick.json
 	$(BIN)/python -m pytest -q -rs -m bench
 
@@ -126,7 +126,7 @@ bench: $(STAMP) $(ARCTIC_STAMP)
 .PHONY: bench-e2e
 bench-e2e: $(STAMP)
 	$(BIN)/rhymerl model build
-	$(BIN)/python -m bench.e2e_bench --out $(BENCH_OUT)/e2e --json-out $(BENCH_OUT)/e2e.json $(E2E_ARGS)
+	$(BIN)/python -m bench.e2e --out $(BENCH_OUT)/e2e --json-out $(BENCH_OUT)/e2e.json $(E2E_ARGS)
 
 # The configuration reference, written from the config dataclasses (a test fails when it is stale).
 .PHONY: docs

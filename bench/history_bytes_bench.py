@@ -1,5 +1,5 @@
-"""HistoSpec history bytes per worker per step, whole-epoch bundles against per-worker cuts (issue 17
-item 3), replayed on a lake a run wrote.
+"""HistoSpec history bytes per worker per step, whole-epoch bundles against per-worker cuts,
+replayed on a lake a run wrote.
 
     rhymerl bench history-bytes [--lake lake] [--run RUN_ID] [--json-out FILE]
 
@@ -7,10 +7,10 @@ For every epoch >= 1 of the run (epoch 0 has no history), with the run's own `sp
 window (4 by default) and the placement the run actually used (each (epoch, step, worker)'s prompts,
 read from the rollouts' `worker_id`):
 - before: one bundle of the epoch's every prompt, built from Python lists (`to_pydict` +
-  `bundle_for_epoch`, the old `tasks.spec` path) and sent to every worker once per epoch: a worker
+  `bundle_for_epoch`) and sent to every worker once per epoch: a worker
   received and held all of it; per step that is the epoch bundle / steps per epoch;
 - after: each worker's bundle of the prompts it served in the step, cut from Arrow columns
-  (`HistoryColumns.from_arrow` + `cut_for_workers`, today's path), sent before every step.
+  (`HistoryColumns.from_arrow` + `cut_for_workers`, the run's path), sent before every step.
 Also the CPU seconds of both builds, side by side in one process (the machine is shared; compare
 the ratio). Prompt token ids are the prompt text's bytes (the built-in model's tokenizer is
 byte-level); they are a small part of a bundle.
@@ -28,7 +28,7 @@ from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.history import bundle_for_epoch
 from rhymerl.records import Prompt
 from storage.lake import Lake
-from workers.history import cut_for_workers
+from workers.history_bundles import cut_for_workers
 
 PLACEMENT_SQL = """SELECT epoch, step, worker_id, prompt_id, any_value(prompt_text) AS text
 FROM rollouts WHERE run_id = ? GROUP BY ALL ORDER BY epoch, step, worker_id, prompt_id"""

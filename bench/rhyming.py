@@ -74,9 +74,9 @@ class Forward:
 
     busy is what the thread does in a GPU engine: vLLM's worker waits for the step's sampled tokens
     in a CUDA copy, and CUDA spins while it waits when a process holds one context per device
-    (`cudaDeviceScheduleAuto`), so the core keeps its caches. Idle lets the core sleep: on this
-    project's VM a core idle for 10 ms comes back with cold caches, and the drafting step after it
-    costs ~20-30% more (`bench/results/spec-scale-2026-12-06/`). The spin releases the GIL, so the
+    (`cudaDeviceScheduleAuto`), so the core keeps its caches. Idle lets the core sleep: a core idle
+    for 10 ms can come back with cold caches, and the drafting step after it then costs more
+    (docs/benchmarks.md). The spin releases the GIL, so the
     drafter's helper thread runs beside it as it would beside a GPU step."""
 
     seconds: float = 0.010

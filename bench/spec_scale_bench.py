@@ -1,4 +1,4 @@
-"""HistoSpec's data path at reasoning-RL size, on synthetic rhyming histories (issue 17 items 4-5).
+"""HistoSpec's data path at reasoning-RL size, on synthetic rhyming histories.
 
     rhymerl bench spec-scale [--json] [--json-out FILE] [--quick] [--seed 0] [--point L,H,R] [--spec prompt|engine]
                              [--forward busy|idle]
@@ -8,9 +8,9 @@ prompt, R requests per engine, 16 live samples per prompt). Grid: L in 1K, 4K, 1
 128, 256, 512 requests per engine (R / 16 prompts per engine); epochs of P = 1K and 20K prompts.
 
 Arms, side by side in one process (the machine is shared and noisy; compare within a row):
-- old: `SuffixIndex` (a dict of 64-bit n-gram hashes, min_match 1..7), built inside the engine step
-  as `BatchDrafter` did before issue 17, each request found by hashing its whole token row;
-- new: `FlatIndex` (reversed-context suffix array) through today's `BatchDrafter`: history built by
+- old: `SuffixIndex` (a dict of 64-bit n-gram hashes, min_match 1..7), built inside the engine step,
+  each request found by hashing its whole token row (the reference design the flat index replaces);
+- new: `FlatIndex` (reversed-context suffix array) through `BatchDrafter`: history built by
   its background thread, requests keyed by length + tail, every row's own draft in one compiled call
   (`rhymerl.histospec.batch`);
 - new_py: the same `BatchDrafter` drafting row by row in Python (`batched=False`, the reference the
@@ -22,7 +22,7 @@ Arms, side by side in one process (the machine is shared and noisy; compare with
 - suffix: what vLLM's `suffix` method does per step (`SuffixDecodingProposer.propose`): each row's new
   tokens into its request's tree and the global cache, then the library's speculate over both; the
   cache first holds every prompt's history responses and the requests' prefixes (skipped where that
-  exceeds `SUFFIX_TOKENS`: the trees take ~355 B per token).
+  exceeds `SUFFIX_TOKENS`, the trees' bytes being several hundred per token).
 
 Per (L, H), one prompt's index: bytes per indexed token beyond the tokens themselves (old: Python heap
 by tracemalloc minus 4 B/token; new: array bytes; arctic: the library's `estimate_memory`, all of it),
@@ -35,32 +35,32 @@ trimming off):
   builds in the background, and with `--spec engine` until the requests' 8K-token prefixes have
   caught up into the siblings and the tree, a bounded number of tokens a step, so new's timed steps
   run at a longer context, `timed_context` in the JSON; a forward pass of 10 ms between steps, as
-  below, which the helper's growth overlaps: before 2026-12-05 (e) none, so work behind the step
-  counted in full; old and arctic build in the step: R / 16 x one prompt's build time);
+  below, which the helper's growth overlaps; old and arctic build in the step: R / 16 x one
+  prompt's build time);
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
   step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
   the engine hands the drafter are built before the clock starts; new's wall time beside
   it, step_wall_ms in the JSON, and its helper thread's CPU per step, grow_behind_ms: with the
-  engine's defaults the helper asks the cross-prompt tree within the step (2026-12-06, g), so the
-  drafting thread's CPU time leaves that out and the wall time is the step's; old and arctic
+  engine's defaults the helper asks the cross-prompt tree within the step, so the drafting
+  thread's CPU time leaves that out and the wall time is the step's; old and arctic
   draft from 2 prompts' indexes, as building all of them would take minutes and costs nothing per
   draft). new, new_py and suffix steps accept what a model sampling the row's own tokens would: a
   draft's longest prefix equal to the row's next tokens, then one token (`acceptance_rate` in the
-  JSON, ~0.6-0.75), and 10 ms pass between timed steps (the engine's forward pass; every arm). Before
-  2026-12-05 every step accepted nothing, so `spec.fail_backoff` paused most rows and the figures
-  were 2-3x too low. The drafting thread spins through the forward pass, as it does waiting on a GPU
-  (`bench.rhyming.Forward`; `--forward idle` sleeps instead, as every figure before 2026-12-06 did:
-  on this VM the step after a 10 ms sleep starts with cold caches and costs ~20-30% more);
+  JSON), and 10 ms pass between timed steps (the engine's forward pass; every arm). Steps that
+  accepted nothing would let `spec.fail_backoff` pause most rows and understate the cost. The
+  drafting thread spins through the forward pass, as it does waiting on a GPU
+  (`bench.rhyming.Forward`; `--forward idle` sleeps instead: the step after a sleep starts with
+  cold caches and costs more);
 - index memory per engine (R / 16 prompts, tokens included); with `--spec engine`, the siblings'
   indexes too (`sibling_bytes`, `sibling_bytes_per_token` in the JSON: every running request's
   tokens, prompt tails included, with their n-gram table and links). Per (L, H, P), arithmetic on those
-  figures: the epoch's history tokens, and what a worker held when every worker received every
-  prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
-  flat arrays it reads now (4 B per token; routing each worker only its prompts is issue 17 item 3).
-Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an engine's: before
-2026-12-06 (h) a full GC of the benchmark's own heap (107-175 ms) could land in a step and read as a stall.
-Targets (issue 17 item 4): <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history
-work, <= 1 ms per step for 256 requests (3.9 us per request).
+  figures: the epoch's history tokens, and what a worker holds when every worker receives every
+  prompt's history as Python tuples (`HistoryBundle.from_bytes`, 36 B per token) against the
+  flat arrays it reads (4 B per token; each worker gets only its prompts' history).
+Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an
+engine's, so a full GC of the benchmark's own heap cannot land in a step and read as a stall.
+Targets: <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history work, <= 1 ms per
+step for 256 requests (3.9 us per request).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
 
 def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, batched: bool,
                forward: Forward = Forward()) -> dict:
-    """Steps of today's BatchDrafter: the first sees every request new, and steps go on while the
+    """Steps of BatchDrafter: the first sees every request new, and steps go on while the
     background thread indexes the histories and the requests' long prefixes catch up into the
     siblings and the tree (`BatchDrafter.lagging`; the longest of these steps is the stall); then
     steady steps, at `timed_context` tokens. Each step accepts what a model sampling the row's own
@@ -308,9 +308,8 @@ def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt"
         forward: Forward = Forward()) -> dict:
     rng = np.random.default_rng(seed)
     built = [a for a in arms if a not in UNBUILT]
-    # Drafting first: the old arm's builds leave ~250 MB of freed dicts behind, and a step drafted
-    # in that heap read 0.12-0.30 ms slower (1.17-1.29 against 0.99-1.05 ms, three alternating pairs,
-    # `bench/results/spec-scale-2026-12-06/`); an engine never builds them.
+    # Drafting first: the old arm's builds leave hundreds of MB of freed dicts behind, and a step
+    # drafted in that heap reads slower; an engine never builds them.
     drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC, forward)
               for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
     builds = [build_point(rng, L, H, built) for L in grid["lengths"] for H in grid["histories"]]
@@ -376,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                         "it does waiting on a GPU (default), or asleep (its core's caches may go cold)")
     args = parser.parse_args(argv)
     # `new` drafts first: an engine's process holds no other arm's memory, and the others (the old
-    # dict index, the Python path) left the heap and caches in a state that slowed it by ~30-40%
-    # (1.70 against 1.23 ms, `bench/results/spec-scale-2026-12-05b/`).
+    # dict index, the Python path) leave the heap and caches in a state that slows it.
     arms = ["new"] + (["new_inline"] if args.spec == "engine" else []) + ["new_py", "old"] + (
         ["arctic", "suffix"] if has_arctic_inference() else [])
     if "arctic" not in arms:

@@ -4,17 +4,17 @@ Without PREFECT_API_URL, Prefect starts a temporary API (uvicorn over a SQLite f
 PREFECT_HOME) for the process. SQLite lets one writer in at a time; when a write meets
 another (`SQLITE_BUSY_SNAPSHOT` under WAL), the API answers 503 and Prefect's client retries.
 The 503 carries no `Retry-After`, so the client waits 2^1 s (jittered) before the retry,
-which then succeeds at once: 2.1-2.5 s added to an epoch subflow's start, 0-2 times per
-benchmark run (bench/results/e2e-2026-12-04e). Prefect's client honours `Retry-After`
+which then succeeds at once: seconds added to an epoch subflow's start, now and then in a
+run. Prefect's client honours `Retry-After`
 (`prefect.client.base`, `_send_with_retry`). This module starts the same app Prefect would,
 wrapped: a 503 is first replayed in the server after short waits (20-800 ms), and one that is
 still left goes out with `Retry-After: RETRY_AFTER_S`, so the client retries ~50 ms later.
 
-Two more differences from Prefect's own temporary server, both about this machine's 2 cores:
-it waits for its first start as long as a fresh database's migrations take (20 s, Prefect's
-limit, was not enough on a slow 2-core machine), and it does not run the automation services
-(triggers, actions) or the telemetry heartbeat: nobody can define an automation on an API that
-lives for one process, and evaluating every event against none took ~13% of the server's CPU.
+Two more differences from Prefect's own temporary server, both for machines with few cores:
+it waits for its first start as long as a fresh database's migrations take (Prefect's 20 s limit
+is not enough on a slow machine), and it does not run the automation services (triggers,
+actions) or the telemetry heartbeat: nobody can define an automation on an API that lives for
+one process, and evaluating every event against none costs the server CPU for nothing.
 
 `local_api()` is the context `rhymerl run` trains in: it starts the API as a child process
 (same command line and environment as Prefect's own temporary server), points this process's
@@ -40,11 +40,11 @@ from infra.servers import Child, ServerError, api_argv, free_port, wait_http
 
 RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; 2 s waits were pure loss
 # The server replays a request that met SQLITE_BUSY itself, after these waits, before the client
-# sees a 503: with Retry-After alone the client's 5 retries spanned 0.25 s, which a busy server
-# outlasted (seen under a profiler: the task run failed). ~1.6 s per client attempt, ~10 s in all.
+# sees a 503: with Retry-After alone the client's 5 retries span 0.25 s, which a busy server can
+# outlast (the task run then fails). ~1.6 s per client attempt, ~10 s in all.
 SERVER_RETRY_WAITS_S = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 _HEADER = b"retry-after"
-# A fresh database's migrations took 19.9 s on a quiet 2-core machine (Prefect allows 20 s).
+# A fresh database's migrations can take about Prefect's own 20 s limit on a small machine.
 FIRST_START_S = 180.0
 
 Message = dict[str, Any]

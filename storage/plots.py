@@ -4,7 +4,7 @@ display, no global pyplot state, safe in threads and workers).
 `plot_reward_curve` (per step: reward and accuracy; logged to MLflow at the end of a run) and
 `plot_epochs` (per epoch: the lake report's four panels). HistoPipe's Gantt chart of a step is
 HistoPipe's own (`rhymerl.histopipe.gantt`), and the end-to-end benchmark's figures live with it
-(`bench/e2e_plots.py`).
+(`bench/e2e/plots.py`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 `plan_task` reads the run's earlier response lengths from the lake (DuckDB), forecasts each
 prompt's lengths and asks a scheduling policy for a placement; `step_measures` computes the step's
-bubble ratio and forecast quality from what actually happened (a plain call: ~ms of arithmetic is
-not worth a Prefect task run, ~70 ms of API and flow CPU on 2 cores), and `gantt_task` (off the
+bubble ratio and forecast quality from what actually happened (a plain call: milliseconds of
+arithmetic are not worth a Prefect task run's API calls and flow CPU), and `gantt_task` (off the
 step's critical path) draws its Gantt chart.
 """
 

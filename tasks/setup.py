@@ -191,10 +191,10 @@ def finish_run_task(ctx: RunContext, tracking: Tracking | None, actors: list, st
 
 def quiet_subflow() -> Callable[[], SettingsContext]:
     """Settings for the run's epoch subflows: no heartbeat thread of their own. Prefect's flow
-    engine joins that thread on exit while it sleeps out its current second, which cost every
-    epoch ~1 s (measured: an empty subflow 1.14 s with it, 0.21-0.29 s without). The run flow's
+    engine joins that thread on exit while it sleeps out its current second, which costs every
+    epoch up to a second. The run flow's
     heartbeat still marks the process alive; the epochs run inside it. The settings are copied
-    once per run (a copy validates every setting again: 0.05-1 s on 2 busy cores); each call of
+    once per run (a copy validates every setting again, which is slow); each call of
     the result is a context to enter around one epoch."""
     current = get_settings_context()
     quiet = current.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})

@@ -8,9 +8,9 @@ token). Each step, once HistoPipe's plan has placed the step's requests, `cut_fo
 bundle per worker holding only the prompts it serves (`prepare_step_task` does it, with the plan,
 for the next step while the current one runs), and `publish_history_task` sends each worker its own
 through Ray's object store; the worker writes it to the file its engine's drafter re-reads. A
-migrated request's prompt follows it (`workers.history.WorkerHistory.carry`). No worker queries the
+migrated request's prompt follows it (`workers.history_bundles.WorkerHistory.carry`). No worker queries the
 lake. `spec_stats` collects the workers' acceptance counters after a step's rollout (a plain call:
-one Ray round trip is not worth a Prefect task run, ~70 ms of API and flow CPU on 2 cores).
+one Ray round trip is not worth a Prefect task run's API calls and flow CPU).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rhymerl.histospec.history import uses_bundle
 from rhymerl.records import Prompt
 from storage.lake import Lake
 from tasks.plan import Plan, plan_task
-from workers.history import StepBundles, WorkerHistory, cut_for_workers
+from workers.history_bundles import StepBundles, WorkerHistory, cut_for_workers
 
 
 @task(name="spec-history", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -110,7 +110,7 @@ def prepare_epoch_task(spec: SpecConfig, pipe: PipeConfig, lake_url: str, run_id
 
 @task(name="spec-publish", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def publish_history_task(workers: list, slicer: HistorySlicer, bundles: StepBundles, guard=None) -> WorkerHistory:
-    """Send each worker its bundle for the step (`workers.history`); the handle carries migrated
+    """Send each worker its bundle for the step (`workers.history_bundles`); the handle carries migrated
     requests' prompts to their new worker during the rollout."""
     history = WorkerHistory(workers, slicer, bundles, guard)
     history.publish()

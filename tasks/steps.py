@@ -39,7 +39,7 @@ def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: lis
     (`workers.guard.WorkerGuard`), restarted workers get the current weights and history first,
     and a worker that dies mid-step re-runs every request planned on it after its restart, its
     earlier results discarded (keeping those that finished before the crash would favour short
-    responses). With `history` (`workers.history.WorkerHistory`), a migrated request's prompt
+    responses). With `history` (`workers.history_bundles.WorkerHistory`), a migrated request's prompt
     history goes to its new worker first. With `feed` (`workers.train_feed.GroupFeed`, train.stream),
     each complete group goes to the trainer while the rest generate; a retry spoils the feed."""
     if guard is not None:

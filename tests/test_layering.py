@@ -50,7 +50,7 @@ def test_only_the_adapter_package_imports_vllm():
 
 # Command lines: cli/, plus each benchmark's entry module (`rhymerl bench NAME` hands it the rest of
 # the arguments) and the standalone local S3 server. Nothing else reads arguments.
-ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e_bench.py",
+ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e/bench.py",
                "bench/sharded_bench.py", "bench/spec_scale_bench.py", "bench/history_bytes_bench.py", "bench/step_table.py",
                "infra/local_s3.py"}
 
@@ -73,14 +73,41 @@ def test_checker_sees_forbidden_import(tmp_path):
 PROJECT = ("rhymerl", "storage", "workers", "tasks", "flows", "cli", "bench", "infra")
 
 
+def _loaded_by_name(tree: ast.AST, modules: set[str]) -> set[str]:
+    """Project modules a file loads by name (`importlib.import_module`, `__import__`).
+
+    A literal name counts; an f-string with a literal prefix counts every module under that
+    prefix; a name looked up at run time (`import_module(TABLE[key])`) counts every string literal
+    of the file that names a project module (the table it looks up).
+    """
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if called not in ("import_module", "__import__"):
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            found.add(arg.value)
+        elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+            found.update(m for m in modules if m.startswith(arg.values[0].value))
+        else:
+            found.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in modules)
+    return found
+
+
 def module_graph() -> dict[str, set[str]]:
-    """Project module -> the project modules it imports anywhere (module level or in a function)."""
+    """Project module -> the project modules it imports anywhere (module level or in a function),
+    or loads by name through importlib."""
     files = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
              for pkg in PROJECT for f in (ROOT / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        targets = _loaded_by_name(tree, set(files))
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -134,3 +161,13 @@ def test_no_import_circles():
 
 def test_cycle_finder_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_graph_sees_modules_loaded_by_name(tmp_path):
+    # Rule: a load through importlib ties two modules as an import does (a literal, an f-string's
+    # literal prefix, or a table of names looked up at run time).
+    mods = {"bench.a", "bench.b", "cli.main"}
+    src = ("import importlib\nT = {'a': 'bench.a'}\nimportlib.import_module(T[k])\n"
+           "importlib.import_module('cli.main')\nimportlib.import_module(f'bench.{x}')\n")
+    assert _loaded_by_name(ast.parse(src), mods) == {"bench.a", "bench.b", "cli.main"}
+    assert _loaded_by_name(ast.parse("T = 'bench.a'\n"), mods) == set()  # a string alone loads nothing

@@ -105,7 +105,7 @@ class RolloutWorker:
 
     def set_history(self, blob) -> int:
         """Replace the drafter's history (a serialised HistoryBundle: bytes, or the uint8 array
-        `workers.history` sends, which Ray maps from its object store without a copy) between
+        `workers.history_bundles` sends, which Ray maps from its object store without a copy) between
         generate calls; the drafter re-reads the file at its next step. Returns its bytes."""
         view = memoryview(blob).cast("B")
         tmp = f"{self.history_path}.tmp"

@@ -7,7 +7,7 @@ are scored in chunks on Ray while the tail is still generating, so only the last
 remains on the step's critical path. With a `MigrationRule`, the driver asks a worker to stop a
 straggler (`RolloutWorker.stop`, honoured between engine steps) and starts the returned prefix
 on an idle worker, after giving that worker the prompt's HistoSpec history (each worker holds only
-its own prompts' history: `workers.history`); the step still uses one set of weights throughout
+its own prompts' history: `workers.history_bundles`); the step still uses one set of weights throughout
 (strictly on-policy).
 """
 
@@ -74,7 +74,7 @@ class _Driver:
         self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
         self.feed = feed  # workers.train_feed.GroupFeed: complete groups go to the trainer (None: off)
         self.guard = guard  # workers.guard.WorkerGuard: brings a dead worker back (None: fail)
-        self.history = history  # workers.history.WorkerHistory: a migrated prompt's history follows it
+        self.history = history  # workers.history_bundles.WorkerHistory: a migrated prompt's history follows it
         self.forecast_peak, self.every_s = forecast_peak, every_s
         self.total = sum(len(r) for r in requests)
         self.out = StreamedRollout()
@@ -230,7 +230,7 @@ def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingS
     `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`workers.guard.WorkerGuard`),
     a worker that dies is restarted on the current weights and re-runs every request planned on
     it, discarding its earlier results (see `_Driver.lost`: keeping them would bias the step
-    towards short responses). With `history` (`workers.history.WorkerHistory`, the step's
+    towards short responses). With `history` (`workers.history_bundles.WorkerHistory`, the step's
     published HistoSpec bundles), a request that migrates takes its prompt's history to its new
     worker before it is resubmitted there. With `feed` (`workers.train_feed.GroupFeed`), each
     prompt's group goes to the trainer as soon as its n samples have finished (streamed training).

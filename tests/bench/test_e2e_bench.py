@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e_analysis import SPLIT, by_position, compare, epoch_rows, parity, permutation_pvalue, step_split
-from bench.e2e_bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
-from bench.e2e_report import build_report, format_text, write_report
-from bench.e2e_scale import ScaleSettings, amdahl, simulate_arms, streamed_step_speedup
+from bench.e2e.analysis import SPLIT, by_position, compare, epoch_rows, parity, permutation_pvalue, step_split
+from bench.e2e.bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
+from bench.e2e.report import build_report, format_text, write_report
+from bench.e2e.scale import ScaleSettings, amdahl, simulate_arms, streamed_step_speedup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -300,7 +300,7 @@ def test_scale_estimate_takes_a_measured_cost_surface(tmp_path: Path) -> None:
 def test_prefect_client_retries_are_kept_and_its_other_debug_records_dropped() -> None:
     import logging
 
-    from bench.e2e_bench import PrefectRetries
+    from bench.e2e.bench import PrefectRetries
 
     client = logging.getLogger("prefect.client")
     level = client.level

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from bench.e2e_cpu import OUTSIDE, PhaseCpu, cpu_section, cpu_table, label
+from bench.e2e.cpu import OUTSIDE, PhaseCpu, cpu_section, cpu_table, label
 from rhymerl.timing import Stopwatch
 
 # a "rollout worker" (by its command line) whose child, its "engine core", burns CPU for 20 s

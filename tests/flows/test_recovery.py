@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from proc_helpers import kill_and_wait
+from helpers.proc import kill_and_wait
 from ray.exceptions import ActorDiedError
 
 from rhymerl.config import ConfigError, load_config
@@ -173,6 +173,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, ti
     from mlflow.tracking import MlflowClient
 
     import flows.run
+    import flows.step
     import workers.stream
     from rhymerl.config import config_to_dict
 
@@ -182,7 +183,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, ti
     per_step, n = 8, 8  # 32 requests x up to 128 tokens per worker: seconds of generation
     cfg = _config(tiny_model, tmp_path, "data.num_prompts=16", f"rollout.prompts_per_step={per_step}",
                   f"rollout.n={n}", "rollout.num_workers=2", "rollout.max_tokens=128")
-    real_rollout, real_history, real_take, seen = (flows.run.rollout_task, flows.run._epoch_history,
+    real_rollout, real_history, real_take, seen = (flows.step.rollout_task, flows.run._epoch_history,
                                                    workers.stream._Driver.take, {"rollouts": 0})
 
     def rollout_arming_the_kill(workers, *args, **kwargs):
@@ -204,7 +205,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, ti
             kill_and_wait(seen["trainer_pid"])
         return real_history(ctx, st, epoch, *args)
 
-    monkeypatch.setattr(flows.run, "rollout_task", rollout_arming_the_kill)
+    monkeypatch.setattr(flows.step, "rollout_task", rollout_arming_the_kill)
     monkeypatch.setattr(workers.stream._Driver, "take", take_then_kill_worker_1)
     monkeypatch.setattr(flows.run, "_epoch_history", history_killing_the_trainer)
     result = flows.run.run_flow(config=config_to_dict(cfg))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from proc_helpers import kill_and_wait
+from helpers.proc import kill_and_wait
 
 from rhymerl.records import Prompt
 from rhymerl.resume import plan_resume, prompts_digest, samples_from_rows

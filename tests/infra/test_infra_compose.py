@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
 
-from infra_helpers import ROOT, image_pinned, load_yaml_docs, undocumented
+from helpers.infra import ROOT, image_pinned, load_yaml_docs, undocumented
+from helpers.marks import docker_compose
 from rhymerl.switchboard import ALL_ENV
 
 COMPOSE = ROOT / "infra" / "compose.yaml"
@@ -27,15 +27,6 @@ def compose() -> dict:
     return doc
 
 
-def _docker_compose() -> str:
-    found = shutil.which("docker-compose")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("docker-compose is missing: `make setup` installs Debian's docker-compose (as root)")
-        pytest.skip("Debian's docker-compose is not installed (make setup installs it as root)")
-    return found
-
-
 def _config(tool: str, path) -> subprocess.CompletedProcess:
     # A throwaway DOCKER_HOST: `config` must never need (or reach) a daemon.
     env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"}
@@ -44,13 +35,13 @@ def _config(tool: str, path) -> subprocess.CompletedProcess:
 
 
 def test_docker_compose_accepts_the_file():
-    out = _config(_docker_compose(), COMPOSE)
+    out = _config(docker_compose(), COMPOSE)
     assert out.returncode == 0, out.stderr
 
 
 def test_docker_compose_rejects_a_broken_copy(tmp_path):
     # The validator has teeth: an unknown key and a missing build context are both refused.
-    tool = _docker_compose()
+    tool = docker_compose()
     text = COMPOSE.read_text()
     (tmp_path / "docker").mkdir()
     bad_key = tmp_path / "bad_key.yaml"

@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from infra_helpers import ROOT, image_pinned, load_yaml_docs, settings_table, undocumented
+from helpers.infra import ROOT, image_pinned, load_yaml_docs, settings_table, undocumented
 from rhymerl.switchboard import CONFIG_ENV
 
 K8S = ROOT / "infra" / "k8s"

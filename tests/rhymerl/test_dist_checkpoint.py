@@ -16,7 +16,7 @@ from rhymerl.dist_checkpoint import load_trainer, save_trainer
 from rhymerl.trainer import Trainer
 from storage.checkpoints import CheckpointStore
 from storage.fs import LakeError
-from sharded_helpers import BATCH, tiny_qwen2
+from helpers.sharded import BATCH, tiny_qwen2
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

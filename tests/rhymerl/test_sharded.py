@@ -17,7 +17,7 @@ from rhymerl.config import TrainConfig
 from rhymerl.dist_checkpoint import load_trainer, save_trainer
 from rhymerl.sharded import DistSpec, ShardedTrainer, free_port, split_by_tokens
 from rhymerl.trainer import Trainer
-from sharded_helpers import BATCH, tiny_qwen2
+from helpers.sharded import BATCH, tiny_qwen2
 
 CASES = [(agg, kl) for agg in ("token", "sequence") for kl in (0.0, 0.1)]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from infra_helpers import settings_table
+from helpers.infra import settings_table
 from rhymerl.config import ConfigError, load_config, resolve_config
 from rhymerl.switchboard import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
 

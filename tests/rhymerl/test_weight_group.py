@@ -18,7 +18,7 @@ from rhymerl.config import TrainConfig
 from rhymerl.vllm.worker_ext import weights_fingerprint
 from rhymerl.weight_group import ALIGN, GroupAddress, open_group, pack, unpack
 from rhymerl.weight_sync import bucketed
-from sharded_helpers import BATCH, tiny_qwen2
+from helpers.sharded import BATCH, tiny_qwen2
 
 MIXED = {"f32": torch.randn(3, 5), "bf16": torch.randn(7).to(torch.bfloat16), "i64": torch.arange(3),
          "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4), "f16": torch.randn(2, 3).half()}

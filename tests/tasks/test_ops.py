@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.secret_scan import files_containing
 from infra.servers import WORK_POOL, Child, ServerError, ServerStack, UiConfig, port_free
 from rhymerl.config import ConfigError
 from storage.lake import LakeError, LakeWriter, rows_to_table
@@ -254,12 +255,6 @@ def test_ui_command_refuses_busy_port_with_a_clear_error(tmp_path):
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert f"port {port} on 127.0.0.1 is in use" in done.stderr
-
-
-def files_containing(root: Path, secrets: list[str]) -> list[str]:
-    """Every file under `root` (logs, SQLite databases, artifacts) whose bytes hold a secret."""
-    wanted = [s.encode() for s in secrets]
-    return sorted(str(p) for p in root.rglob("*") if p.is_file() and any(w in p.read_bytes() for w in wanted))
 
 
 def test_secret_scan_finds_a_planted_secret(tmp_path):

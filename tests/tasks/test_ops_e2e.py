@@ -10,14 +10,14 @@ the flow runs it starts see fake AWS credentials in their environment.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from test_ops import files_containing
+from helpers.marks import chromium
+from helpers.secret_scan import files_containing
 
 pytestmark = pytest.mark.slow
 
@@ -180,15 +180,6 @@ def test_no_secret_in_logs_parameters_or_mlflow(stack, trained):
     assert files_containing(home, [FAKE_SECRET, FAKE_KEY_ID]) == []
 
 
-def _chromium() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not browser or not driver:
-        pytest.skip("headless Chromium not found (needs Debian's chromium and chromium-driver; "
-                    "`make test` installs them with apt-get)")
-    return browser, driver
-
-
 def _task_runs(flow_run_id) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -205,7 +196,7 @@ def test_prefect_ui_shows_the_finished_run_and_its_tasks(stack, trained, report_
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser, driver_path = _chromium()
+    browser, driver_path = chromium()
     monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never try to download
     running, _ = stack
     ui = running.cfg.prefect_url

@@ -12,7 +12,7 @@ import pytest
 from rhymerl.vllm.engine import SamplingSettings, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
 from rhymerl.records import Partial, Prompt, Request, Sample
-from feed_helpers import FakeTrainer
+from helpers.feed import FakeTrainer
 
 ray = pytest.importorskip("ray")
 
@@ -165,7 +165,7 @@ def test_a_migrated_request_takes_its_prompts_history_along(ray_local):
     # Rule: each worker starts with only its own prompts' bundle; before a migrated request starts
     # on its new worker, that worker's bundle gains the prompt, history and all.
     from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
-    from workers.history import WorkerHistory, cut_for_workers
+    from workers.history_bundles import WorkerHistory, cut_for_workers
     from workers.stream import stream_rollout
 
     long_, c = Prompt("long", 0, "long", (7, 7), answer="7"), Prompt("c", 0, "c", (8,), answer="7")

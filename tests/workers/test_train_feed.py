@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from feed_helpers import FakeTrainer
+from helpers.feed import FakeTrainer
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import score_batch
 from rhymerl.rollout import train_examples

@@ -22,7 +22,7 @@ from storage.checkpoints import CheckpointStore
 from workers.actors import Placement
 from workers.sync_group import broadcast_weights
 from workers.trainer_group import TrainerGroup, launch_trainer, stop_trainer
-from sharded_helpers import BATCH, tiny_qwen2
+from helpers.sharded import BATCH, tiny_qwen2
 
 CFG = RunConfig(train=TrainConfig(lr=1e-2, kl_coef=0.1, micro_batch_size=2, world_size=2))
 ON_CPU = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)

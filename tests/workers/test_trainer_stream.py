@@ -9,7 +9,7 @@ import ray
 from rhymerl.config import RunConfig, TrainConfig
 from rhymerl.trainer import TrainExample
 from workers.actors import TrainerWorker
-from sharded_helpers import BATCH, tiny_qwen2
+from helpers.sharded import BATCH, tiny_qwen2
 
 
 @pytest.fixture(scope="module")

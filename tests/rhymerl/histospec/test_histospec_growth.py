@@ -5,14 +5,12 @@ thread, and `auto` uses it only where the engine's thread may use another core."
 import numpy as np
 import pytest
 
+from helpers.marks import needs_arctic
 from rhymerl.histospec.growth import StepGrowth
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
 from rhymerl.histospec.side import SideIndex
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.vllm.histospec_proposer import BatchDrafter
-
-needs_tree = pytest.mark.skipif(not has_arctic_inference(), reason="arctic-inference not installed (make setup)")
 
 
 def _setup(prompts: int = 2, samples: int = 3, length: int = 60, behind: bool = True):
@@ -31,7 +29,7 @@ def _setup(prompts: int = 2, samples: int = 3, length: int = 60, behind: bool = 
     return BatchDrafter(bundle, spec, k=4, max_model_len=length + 8), rows, live, rng
 
 
-@needs_tree
+@needs_arctic
 def test_the_tree_grown_behind_the_step_ends_as_the_tree_grown_in_it():
     # Rule: once the helper is done, the tree holds what a drafter that grew it in the step holds,
     # though the engine overwrote its rows meanwhile; drafts may differ only by the tree's one-step lag.
@@ -56,7 +54,7 @@ def test_the_tree_grown_behind_the_step_ends_as_the_tree_grown_in_it():
     assert behind.stats.grow_seconds > 0 and inline.stats.grow_seconds == 0
 
 
-@needs_tree
+@needs_arctic
 def test_an_error_in_the_helper_surfaces_at_the_next_step():
     # Rule: tree growth that failed behind the step raises in the engine's thread when the next step starts.
     bd, rows, live, _ = _setup(prompts=1, samples=2, length=20)
@@ -127,7 +125,7 @@ def test_the_helper_makes_early_room_in_one_prompt_after_another_within_its_allo
     assert widths == [[128, 64, 64], [128, 128, 64], [128, 128, 128]]
 
 
-@needs_tree
+@needs_arctic
 def test_the_tree_is_asked_on_the_helper_only_in_steps_without_a_history_build(monkeypatch):
     # Rule: with the helper, a step asks the tree beside the kernel (which then releases the GIL) unless
     # a history is being built in the background (that thread would take the GIL the kernel releases);

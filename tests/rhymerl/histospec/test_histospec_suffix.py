@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from helpers.marks import needs_arctic
 from rhymerl.config import ConfigError, load_config
 from rhymerl.histospec.history import counted_by_vllm, uses_bundle
 from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
@@ -14,8 +15,6 @@ from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_i
                                       require_arctic_inference)
 from rhymerl.preflight import check_config
 
-needs_arctic = pytest.mark.skipif(not has_arctic_inference(),
-                                  reason="arctic-inference is not installed (make setup builds it)")
 HIST = tuple(range(1, 11))  # 1..10
 SUFFIX = SpecConfig(method="suffix")
 

@@ -3,16 +3,13 @@
 import numpy as np
 import pytest
 
+from helpers.marks import needs_arctic
 from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, follow
 from rhymerl.histospec.index import HistoryBundle, PromptHistory, SuffixIndex
 from rhymerl.histospec.replay import RecordedResponse, replay
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.vllm.histospec_proposer import BatchDrafter
-
-needs_arctic = pytest.mark.skipif(not has_arctic_inference(),
-                                  reason="arctic-inference is not installed (make setup builds it)")
 
 
 @needs_arctic

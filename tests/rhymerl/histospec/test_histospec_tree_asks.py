@@ -8,12 +8,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from rhymerl.histospec.suffix import has_arctic_inference
+from helpers.marks import needs_arctic
 from rhymerl.histospec.tree import RecentTree
 from rhymerl.histospec.tree_asks import TreeAsks, rows_done
 
-needs_arctic = pytest.mark.skipif(not has_arctic_inference(),
-                                  reason="arctic-inference is not installed (make setup builds it)")
 GATE = 0.3
 
 

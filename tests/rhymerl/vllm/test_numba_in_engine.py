@@ -9,25 +9,27 @@ import types
 
 import pytest
 
+from helpers.marks import needs_vllm
+
 # An engine worker's modules, not this test session's (which holds Flask proxies and other objects
 # that no engine process imports and that a scan of sys.modules trips over for unrelated reasons).
 SCAN = ("import vllm.triton_utils.dispatcher as d; import rhymerl.histospec.kernel; "
         "d._rebind_kernels([]); print('scanned')")
 
 
+@needs_vllm
 def test_vllm_kernel_scan_survives_the_numba_kernels():
     # Rule: after importing the numba kernels, the registry's scan over sys.modules (the pass
     # register_kernels makes at engine start-up and when the exact verifier is installed) runs.
-    pytest.importorskip("vllm")
     done = subprocess.run([sys.executable, "-c", SCAN], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "scanned" in done.stdout, done.stderr[-2000:]
 
 
+@needs_vllm
 def test_the_exact_verifier_installs_beside_modules_the_scan_trips_over(monkeypatch):
     # Rule: a loaded module holding an attribute the registry's scan raises on (here an unbound
     # werkzeug proxy, as Flask holds once MLflow is imported) does not stop the install; the module
     # is back in sys.modules afterwards.
-    pytest.importorskip("vllm")
     from contextvars import ContextVar
 
     from werkzeug.local import LocalProxy

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.marks import needs_vllm
 from rhymerl.vllm.spec_guard import VOCAB, synthetic_logits
 from rhymerl.vllm.spec_verify import processed_probs, skip_empty_verification
 
-pytest.importorskip("vllm")
+pytestmark = needs_vllm
 
 BATCH = 64
 

@@ -4,7 +4,7 @@ verifier, and does not without it; the engines' log-probs are the trainer's.
 Every sampled token is tested against the exact conditional distribution the model defines at its
 position given its own prefix (the tiny model in Hugging Face transformers, with the same
 temperature and nucleus: `rhymerl.sampling`, the trainer's rule), a goodness-of-fit test per
-output position and rank bin (`tests/lossless_stats.py`). That is far more powerful than
+output position and rank bin (`tests/helpers/lossless_stats.py`). That is far more powerful than
 comparing two sampled arms. Drafts come from HistoSpec's own drafter, as a run uses it, reading a
 history of the model's own samples (drawn with Hugging Face), so drafts are accepted often at every
 drafted position (asserted from the drafter's counters).
@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 import torch
-from lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
+from helpers.lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
 from rhymerl.histospec.history import counted_by_vllm
 from rhymerl.histospec.spec_config import SpecConfig

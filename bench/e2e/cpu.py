@@ -1,6 +1,6 @@
 """CPU seconds per process and per part of a step, so that a background consumer cannot hide.
 
-Recording (in the process of one benchmark run, `bench.e2e_bench`'s child): `PhaseCpu` listens
+Recording (in the process of one benchmark run, `bench.e2e.bench`'s child): `PhaseCpu` listens
 to the step's Stopwatch parts (`rhymerl.timing.on_lap`) and at every start and end of a part
 reads the CPU seconds (user + system) of every process under the run's process and of the whole
 machine. What each process spent between two such moments is charged to the part between them.

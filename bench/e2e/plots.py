@@ -1,6 +1,6 @@
 """PNG plots of the end-to-end benchmark (matplotlib, no display): one function per figure.
 
-Each takes the report (`bench.e2e_report.build_report`) or the runs and writes one file;
+Each takes the report (`bench.e2e.report.build_report`) or the runs and writes one file;
 `plot_all` writes them all and returns {name: file name} for the Markdown report.
 """
 
@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from bench.e2e_analysis import SPLIT, step_curves  # noqa: E402
+from bench.e2e.analysis import SPLIT, step_curves  # noqa: E402
 
 ARM_STYLE = {"baseline": {"color": "tab:gray", "label": "baseline (no HistoSpec, naive)"},
              "rhymerl": {"color": "tab:blue", "label": "RhymeRL (HistoSpec + HistoPipe)"}}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.e2e_analysis import OVERHEAD, SPLIT
-from bench.e2e_cpu import cpu_section
-from bench.e2e_format import SPLIT_LABELS, mean_sd, num
+from bench.e2e.analysis import OVERHEAD, SPLIT
+from bench.e2e.cpu import cpu_section
+from bench.e2e.format import SPLIT_LABELS, mean_sd, num
 
 ROWS = [("wall_s", "step time (epoch wall), s"), *[(k, f"  {SPLIT_LABELS[k]}, s") for k in SPLIT],
         ("overhead_s", "overhead (plan .. epoch flow), s")]
@@ -183,7 +183,7 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
               "epoch's wall time. Dispatch = a step's wall time minus every timed part (Prefect task "
               "start/finish, Ray round trips without their own timer); epoch flow = the epoch's wall time "
               "minus its steps and the index build. Wall times leave out the benchmark's own CPU "
-              "recording (`bench.e2e_cpu`, between a step's timed parts; its cost per step is in the CPU "
+              "recording (`bench.e2e.cpu`, between a step's timed parts; its cost per step is in the CPU "
               "section).", "", "## Time split per epoch (seed means)", ""]
     lines += split_table(report)
     cpu = report.get("cpu") or {}

@@ -1,7 +1,7 @@
 """The end-to-end benchmark's numbers from runs' per-step records: time split, ratios, parity.
 
-Pure functions over the JSON the benchmark saves per run (`bench.e2e_bench`): a run is
-``{"arm", "seed", "history": [step records of flows.run.run_step], "epoch_wall_s": {epoch: s}}``.
+Pure functions over the JSON the benchmark saves per run (`bench.e2e.bench`): a run is
+``{"arm", "seed", "history": [step records of flows.step.run_step], "epoch_wall_s": {epoch: s}}``.
 
 Time split of one step (seconds, all measured by `run_step` except the remainder):
 
@@ -16,7 +16,7 @@ Per epoch on top: index build = HistoSpec's history: the epoch's history task
 publishing of the workers' bundles (`history_s`, inside the steps; cutting them is in `plan_s`,
 prepared during the previous step); and flow = the epoch's wall time minus its steps' wall times
 and the history task (the Prefect subflow, the log-epoch task, the history task's own dispatch).
-A step's `recorder_s` (the benchmark's CPU recording, `bench.e2e_cpu`, between its timed parts)
+A step's `recorder_s` (the benchmark's CPU recording, `bench.e2e.cpu`, between its timed parts)
 is taken out of its wall time and the epoch's: it is the instrument's cost, not the system's.
 Records of runs before per-worker bundles carry the epoch's whole bundle in `spec/history_build_s`.
 Overhead = system I/O + dispatch + flow: everything that is neither the RL work nor HistoSpec's

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Names that belong to the switchboard; any variable with these prefixes in infra/ must be one
 # docs/cluster.md documents (catches a typo such as RHYMERL_LAKE_URL, which RhymeRL would ignore).
 SWITCHBOARD_PREFIXES = ("RHYMERL_", "MLFLOW_TRACKING", "MLFLOW_EXPERIMENT", "AWS_", "RAY_ADDRESS",

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from cli.main import main
+from helpers.marks import needs_arctic
 from rhymerl.config import ConfigError
-from rhymerl.histospec.suffix import has_arctic_inference
 from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs
 from rhymerl.model_build import build_tokenizer
 from rhymerl.records import prompt_id_of
@@ -116,7 +116,7 @@ def test_set_applies_to_every_setting(lake: str, capsys: pytest.CaptureFixture) 
     assert rows["histospec", 1]["mean_accepted_length"] == rows["histospec-additive", 1]["mean_accepted_length"]
 
 
-@pytest.mark.skipif(not has_arctic_inference(), reason="arctic-inference is not installed (make setup builds it)")
+@needs_arctic
 def test_suffix_arms_draft_a_repeated_epoch(lake: str, capsys: pytest.CaptureFixture) -> None:
     # Rule: every suffix cache here holds last epoch's responses (one step earlier), so the repeat is
     # drafted; epoch 0's random responses give nothing to draft from.

@@ -1,5 +1,5 @@
-"""Labels and number formats shared by the end-to-end report's text (`bench.e2e_report`) and
-Markdown (`bench.e2e_markdown`) forms; a module of its own so neither imports the other."""
+"""Labels and number formats shared by the end-to-end report's text (`bench.e2e.report`) and
+Markdown (`bench.e2e.markdown`) forms; a module of its own so neither imports the other."""
 
 from __future__ import annotations
 

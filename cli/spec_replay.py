@@ -160,7 +160,7 @@ def register(subparsers: Any) -> None:
                           "min_match=2 (values parse as TOML)")
     rep.add_argument("--without-prompts", action="store_true",
                      help="replay every response without its prompt (a response's first tokens are then "
-                          "drafted from its own tokens only; issue 17's original protocol)")
+                          "drafted from its own tokens only)")
     add_lake_options(rep)
     rep.set_defaults(func=guarded(cmd_replay))
 

@@ -1,4 +1,4 @@
-"""Each worker's HistoSpec history for a step (`workers/history.py`): only the prompts the plan
+"""Each worker's HistoSpec history for a step (`workers/history_bundles.py`): only the prompts the plan
 places on it; a migrated request's prompt joins its new worker's bundle (the Ray part is tested
 with the stream driver's fakes in test_stream_driver.py)."""
 
@@ -8,7 +8,7 @@ from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.flat import FlatBundle
 from rhymerl.histospec.history import bundle_for_epoch
 from rhymerl.records import Prompt, prompt_id_of
-from workers.history import cut_for_workers
+from workers.history_bundles import cut_for_workers
 
 
 def _prompt(ids: tuple[int, ...]) -> Prompt:

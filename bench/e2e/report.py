@@ -1,7 +1,7 @@
 """The end-to-end benchmark's report: JSON (`OUT/e2e.json`), Markdown (`OUT/REPORT.md`), PNG plots.
 
 `build_report(runs, spec, scale)` is pure (numbers only); `write_report` adds the files. Numbers
-come from `bench.e2e_analysis`; the cluster-scale estimate from `bench.e2e_scale`.
+come from `bench.e2e.analysis`; the cluster-scale estimate from `bench.e2e.scale`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from bench.e2e_analysis import by_position, compare, parity
-from bench.e2e_cpu import cpu_table
-from bench.e2e_format import SPLIT_LABELS, mean_sd, num
-from bench.e2e_markdown import markdown
-from bench.e2e_scale import ScaleSettings, estimate, surface_settings
+from bench.e2e.analysis import by_position, compare, parity
+from bench.e2e.cpu import cpu_table
+from bench.e2e.format import SPLIT_LABELS, mean_sd, num
+from bench.e2e.markdown import markdown
+from bench.e2e.scale import ScaleSettings, estimate, surface_settings
 from rhymerl.histopipe.cost_surface import load_cost_surface
 
-# Targets: step speed-up (the first end-to-end issue), fixed overhead and train-time parity (issue
-# 20), the tail shorter by a factor (issue 19, meant for configs/long-tail.toml).
+# Targets: step speed-up, fixed overhead and train-time parity, and the tail shorter by a factor
+# (meant for configs/long-tail.toml).
 STEP_TARGET, OVERHEAD_TARGET, TRAIN_TOLERANCE, TAIL_TARGET = 2.6, 0.05, 0.05, 3.0
-# The long-tail task's own (issue 19): step >= 1.6x, rollout >= 2.0x, rollout >= 70% of the baseline step.
+# The long-tail workload's own: step >= 1.6x, rollout >= 2.0x, rollout >= 70% of the baseline step.
 WORKLOAD_TARGETS = {"builtin-long": {"step": 1.6, "rollout": 2.0, "rollout_share": 0.7}}
 
 
@@ -115,7 +115,7 @@ def _scale(cmp: dict, scale: dict) -> dict | None:
 
 
 def _targets(report: dict) -> dict:
-    """The issue's targets, met or not, with the measured value."""
+    """The benchmark's targets, met or not, with the measured value."""
     o = report["compare"]["overall"]
     step = o.get("speedup_wall", {}).get("mean", math.nan)
     over = max(o.get("overhead_frac_baseline", math.nan), o.get("overhead_frac_rhymerl", math.nan))
@@ -186,7 +186,7 @@ def format_text(report: dict) -> str:
 
 def write_report(runs: Sequence[dict], spec, scale: dict) -> dict:
     """Build the report and write OUT/e2e.json, OUT/REPORT.md and the plots; returns the report."""
-    from bench.e2e_plots import plot_all  # matplotlib only when a report is written
+    from bench.e2e.plots import plot_all  # matplotlib only when a report is written
 
     out = Path(spec.out)
     report = build_report(runs, spec, scale)

@@ -16,7 +16,7 @@ Python heap, a crash takes one run down and not the benchmark, and the order of 
 state (caches, warmed allocators) from one arm into the other. Seeds alternate which arm goes
 first (ABBA) so a machine that slows down over the hour does not favour one arm. The child writes
 the run's per-step records (`run_flow`'s history: stage seconds, the step's full wall time,
-speculation counters, bubble ratio, reward, accuracy; and `bench.e2e_cpu`'s CPU seconds of every
+speculation counters, bubble ratio, reward, accuracy; and `bench.e2e.cpu`'s CPU seconds of every
 process of the run per part of each step) to `OUT/runs/<arm>-s<seed>.json` the moment
 the run ends; after every run the aggregate `OUT/e2e.json`, `OUT/REPORT.md` and its PNG plots are
 regenerated, so an interrupted benchmark keeps and reports every finished run. `--resume` skips
@@ -128,20 +128,20 @@ class PrefectRetries(logging.Filter):
 
 def child_main(result: str, config: str, overrides: list[str], arm: str, seed: int, settings: str) -> int:
     """Run one training run in this process and write its records to `result` (atomically)."""
-    from cli.main import _project_env
+    from infra.environment import project_env
 
-    _project_env()
-    from bench.e2e_report import git_commit
+    project_env()
+    from bench.e2e.report import git_commit
     from flows.run import run_flow
     from infra.local_api import local_api
     from rhymerl.config import config_to_dict, load_config
 
-    from bench.e2e_cpu import PhaseCpu
+    from bench.e2e.cpu import PhaseCpu
 
     cfg = load_config(config, overrides)
     load_before, started = os.getloadavg(), time.time()
     t0 = time.perf_counter()
-    cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e_cpu)
+    cpu = PhaseCpu().install()  # CPU seconds per process and part of each step (bench.e2e.cpu)
     retries = PrefectRetries().install()
     with local_api():  # as `rhymerl run`: Prefect's temporary API with short retry waits
         out = run_flow(config=config_to_dict(cfg))
@@ -185,7 +185,7 @@ def launch(spec: E2ESettings, arm: str, seed: int, env: dict[str, str], timeout_
     path = result_path(spec, arm, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     log = path.with_suffix(".log")
-    cmd = [sys.executable, "-m", "bench.e2e_bench", "--run-one", str(path), "--arm", arm,
+    cmd = [sys.executable, "-m", "bench.e2e", "--run-one", str(path), "--arm", arm,
            "--seed", str(seed), "--config", spec.config, "--settings-json", json.dumps(spec.settings()),
            "--set", *run_overrides(spec, arm, seed)]
     with open(log, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -220,7 +220,7 @@ def child_env(spec: E2ESettings) -> dict[str, str]:
 
 def run_all(spec: E2ESettings, resume: bool, scale: dict, timeout_s: float) -> dict:
     """Every (seed, arm) run not already done; rebuilds the report after each. Returns the report."""
-    from bench.e2e_report import write_report
+    from bench.e2e.report import write_report
 
     order = run_order(spec.seeds)
     env = child_env(spec)
@@ -292,14 +292,14 @@ def main(argv: list[str] | None = None) -> int:
              "cost_json": args.cost_json, "cost_model": args.cost_model}
     Path(spec.out).mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        from bench.e2e_report import write_report
+        from bench.e2e.report import write_report
         report = write_report(load_runs(spec), spec, scale)
     else:
         report = run_all(spec, args.resume, scale, args.run_timeout)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2))
-    from bench.e2e_report import format_text
+    from bench.e2e.report import format_text
 
     print(json.dumps(report, indent=2) if args.json else format_text(report))
     print(f"report: {Path(spec.out) / 'REPORT.md'}", file=sys.stderr)
