@@ -57,7 +57,7 @@ trimming off):
   figures: the epoch's history tokens, and what a worker held when every worker received every
   prompt's history as Python tuples (before: `HistoryBundle.from_bytes`, 36 B per token) against the
   flat arrays it reads now (4 B per token; routing each worker only its prompts is issue 17 item 3).
-Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an engine's: before
+Each drafting arm runs with the heap alive before it frozen (`rhymerl.run.heap.frozen_heap`), as an engine's: before
 2026-12-06 (h) a full GC of the benchmark's own heap (107-175 ms) could land in a step and read as a stall.
 Targets (issue 17 item 4): <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history
 work, <= 1 ms per step for 256 requests (3.9 us per request).
@@ -78,11 +78,11 @@ from datetime import date
 import numpy as np
 
 from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhyming_group
-from rhymerl.heap import frozen_heap
 from rhymerl.histospec.flat import FlatIndex
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import has_arctic_inference
+from rhymerl.run.heap import frozen_heap
 from rhymerl.vllm.histospec_proposer import BatchDrafter
 
 # Requests per engine: item 5's 128 and 512, and 256, the point item 4's 1 ms target names.
@@ -159,7 +159,7 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
            "prompts": len(groups)}
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
         arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
-        with frozen_heap():  # as an engine's start-up heap (rhymerl.heap): full collections walk the arm's own
+        with frozen_heap():  # as an engine's start-up heap (rhymerl.run.heap): full collections walk the arm's own
             out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py", forward=forward)
     if "suffix" in arms:  # the library's trees hold ~355 B per token: cap what one point may put in them
         held = len(groups) * history * length + requests * n0

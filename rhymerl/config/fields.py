@@ -2,7 +2,7 @@
 every value against its field's annotation (converting only what loses nothing: an int where a float
 is wanted) and names the key and what it accepts when one is wrong; `apply_overrides` sets
 `a.b=value` overrides (values parsed as TOML); `flatten` gives dotted keys (MLflow params). Generic:
-`rhymerl.config` builds `RunConfig` with them.
+`rhymerl.config.run` builds `RunConfig` with them.
 """
 
 from __future__ import annotations

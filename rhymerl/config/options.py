@@ -1,7 +1,7 @@
 """`option(default, help)`: a config field that carries its one-line help.
 
-Every setting of the run's config dataclasses (`rhymerl.config`, `SpecConfig`) is declared with
-`option`, so its type, default and help sit on one line, and `rhymerl.config_doc` writes the
+Every setting of the run's config dataclasses (`rhymerl.config.run`, `SpecConfig`) is declared with
+`option`, so its type, default and help sit on one line, and `rhymerl.config.reference` writes the
 configuration reference (docs/configuration.md) from them.
 """
 

@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rhymerl.config import RunConfig
-from rhymerl.data import dataset_errors
+from rhymerl.config.run import RunConfig
+from rhymerl.data.datasets import dataset_errors
 from rhymerl.histospec.suffix import INSTALL_HINT, has_arctic_inference
-from rhymerl.model_check import model_problems
+from rhymerl.policy.check import model_problems
 
 AREAS = ("config", "model", "dataset", "lake", "tracking", "ray", "prefect", "resources")
 _GIB = 1024 ** 3

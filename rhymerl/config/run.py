@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from rhymerl.config_dicts import apply_overrides, build, check
+from rhymerl.config.environment import env_layer, merge
+from rhymerl.config.fields import apply_overrides, build, check
+from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
 from rhymerl.histopipe.settings import PipeConfig
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.options import option
-from rhymerl.switchboard import env_layer, merge
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class RolloutConfig:
     prompts_per_step: int = option(32, "prompts per training step", ">= 1")
     n: int = option(8, "samples per prompt (the GRPO group size)", ">= 2")
     # The trainer's log-probs are those of this sampling distribution (logits / temperature, then
-    # the nucleus renormalised as vLLM's sampler does it): see rhymerl/sampling.py.
+    # the nucleus renormalised as vLLM's sampler does it): see rhymerl/policy/sampling.py.
     temperature: float = option(1.0, "sampling temperature", "> 0")
     top_p: float = option(1.0, "nucleus sampling: keep the likeliest tokens up to this probability mass",
                           "(0, 1]")
@@ -284,7 +284,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
 
 def resolve_config(data: dict[str, Any], overrides: list[str] | None = None,
                    env: Mapping[str, str] | None = None) -> RunConfig:
-    """Build a RunConfig from file-layout `data`, the environment's settings (`rhymerl.switchboard`:
+    """Build a RunConfig from file-layout `data`, the environment's settings (`rhymerl.config.environment`:
     RHYMERL_LAKE, MLFLOW_TRACKING_URI, ...) on top, then `key=value` overrides on top of both."""
     layered = merge(data, env_layer(env)) if env is not None else data
     return config_from_dict(apply_overrides(layered, overrides or []))

@@ -2,7 +2,7 @@
 
 A dataset file is JSONL (one JSON object per line) or Parquet, with string fields `question` and
 `answer`; the answer is a worked solution whose last non-empty line is ``#### <number>``
-(the format rule of `rhymerl.reward`). Every row is checked before any is used, so a bad row is
+(the format rule of `rhymerl.data.reward`). Every row is checked before any is used, so a bad row is
 reported the same way whatever the seed or `num_prompts`. Errors are `DatasetError`s that name
 the file, the line (JSONL, 1-based as editors count) or row (Parquet, 0-based) and the fix.
 
@@ -22,9 +22,9 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from rhymerl.config import DataConfig
+from rhymerl.config.run import DataConfig
+from rhymerl.data.reward import extract_answer
 from rhymerl.records import Problem, Prompt, prompt_id_of
-from rhymerl.reward import extract_answer
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +42,16 @@ class DatasetError(ValueError):
 def load_problems(cfg: DataConfig) -> list[Problem]:
     """The first `cfg.num_prompts` problems after a `random.Random(cfg.seed)` shuffle of the rows.
 
-    `cfg.dataset == "builtin"` delegates to `rhymerl.builtin_problems.builtin_problems`, "builtin-long"
-    (the long-tail task) to `rhymerl.long_problems.long_problems`; otherwise it is a path to a
+    `cfg.dataset == "builtin"` delegates to `rhymerl.data.builtin.builtin_problems`, "builtin-long"
+    (the long-tail task) to `rhymerl.data.long.long_problems`; otherwise it is a path to a
     `.jsonl` or `.parquet` file (see the module docstring for the format).
     """
     if cfg.dataset == "builtin":
-        from rhymerl.builtin_problems import builtin_problems  # lazy: optional sibling module
+        from rhymerl.data.builtin import builtin_problems  # lazy: optional sibling module
 
         return builtin_problems(num=cfg.num_prompts, seed=cfg.seed)
     if cfg.dataset == "builtin-long":
-        from rhymerl.long_problems import long_problems
+        from rhymerl.data.long import long_problems
 
         return long_problems(num=cfg.num_prompts, seed=cfg.seed)
     path = Path(cfg.dataset)

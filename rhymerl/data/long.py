@@ -1,7 +1,7 @@
 """The built-in long-tail problems (`data.dataset = "builtin-long"`): a counted addition chain.
 
 Reasoning RL spends most of a step waiting for a few responses far longer than the rest. The
-short built-in task (`rhymerl.builtin_problems`) has answers of 20-110 tokens; this family has the
+short built-in task (`rhymerl.data.builtin`) has answers of 20-110 tokens; this family has the
 reasoning shape: most answers a hundred or two tokens, a few over 1,500. A question gives a start
 `s`, a step `d` and a count `n`; the worked solution adds `d` to the running total `n` times, one
 line per addition, each line headed by how many additions are left, then the checkable final line::
@@ -30,7 +30,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from rhymerl.builtin_problems import ANSWER_MARKER
+from rhymerl.data.builtin import ANSWER_MARKER
 from rhymerl.records import Problem
 
 # Every character a question or solution of these problems can contain.
@@ -49,7 +49,7 @@ class LongProblemSettings:
     min_steps: int = 2
     max_steps: int = 220  # ~1,650 response tokens at most (configs/long-tail.toml: max_tokens 2048)
     # Small s and d keep the totals short (2 digits up to ~30 additions, at most 3): with s up to 99
-    # and d up to 9 the built-in model learned the lines' shape but no answer (rhymerl/long_build.py).
+    # and d up to 9 the built-in model learned the lines' shape but no answer (rhymerl/policy/long_build.py).
     max_start: int = 9  # s is uniform over 0..max_start
     max_step: int = 3  # d is uniform over 1..max_step
 

@@ -2,7 +2,7 @@
 
 No weights can be downloaded, so RhymeRL makes its own starting policy: a byte-level tokenizer
 (one token per ASCII character, loaded alike by `transformers.AutoTokenizer` and vLLM), a tiny
-Qwen2 model, and a short supervised run on worked solutions of `rhymerl.builtin_problems`. Training stops early on
+Qwen2 model, and a short supervised run on worked solutions of `rhymerl.data.builtin`. Training stops early on
 purpose: the model nearly always answers in the right format but slips on the arithmetic, more
 often the more lines it writes, which leaves RL room to improve it.
 
@@ -36,9 +36,9 @@ from typing import Iterator
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from rhymerl.builtin_problems import ProblemSettings, builtin_problems, make_problem, parse_terms
-from rhymerl.model_check import model_folder_errors
-from rhymerl.model_eval import evaluate
+from rhymerl.data.builtin import ProblemSettings, builtin_problems, make_problem, parse_terms
+from rhymerl.policy.check import model_folder_errors
+from rhymerl.policy.evaluate import evaluate
 from rhymerl.records import Problem
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -130,7 +130,7 @@ class BuildSettings:
     def problems(self) -> ProblemSettings:
         return ProblemSettings(self.min_terms, self.max_terms, self.max_operand)
 
-    # The task-specific parts of the recipe, overridden by `rhymerl.long_build.LongBuildSettings`.
+    # The task-specific parts of the recipe, overridden by `rhymerl.policy.long_build.LongBuildSettings`.
     # Methods, not fields, so the fingerprint (and the cached default model) stays as it was.
     cache_prefix = "builtin"  # the cache folder is <cache_prefix>-<fingerprint[:8]>
     sft_chunks = 1  # each SFT batch is split into this many micro-batches of similar length
@@ -376,7 +376,7 @@ def validate_model_dir(path: str | Path) -> None:
 
     Raises FileNotFoundError when the folder, its config.json, weights or tokenizer are missing,
     and ValueError when config.json is unreadable or does not describe a causal LM (the first
-    problem `rhymerl.model_check.model_folder_errors` finds).
+    problem `rhymerl.policy.check.model_folder_errors` finds).
     """
     errors = model_folder_errors(path)
     if errors:

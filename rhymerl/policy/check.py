@@ -1,7 +1,7 @@
 """Checks on a Hugging Face model folder that run in well under a second, before any engine starts.
 
 `model_folder_errors` is the structural check (folder, config.json, a causal LM, weights, a
-tokenizer) that `rhymerl.model_build.validate_model_dir` raises from. `model_problems` adds what
+tokenizer) that `rhymerl.policy.build.validate_model_dir` raises from. `model_problems` adds what
 otherwise fails only minutes later inside an engine or the trainer: unreadable weight files, a
 tokenizer that does not load, an architecture this vLLM does not run, `model.max_model_len` above
 the model's positions, a tokenizer larger than the embedding.

@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rhymerl.trainer import Trainer
+from rhymerl.policy.trainer import Trainer
 
 # DCP's metadata file: present once a write finished on every rank (DCP writes it last)
 METADATA_FILE = ".metadata"

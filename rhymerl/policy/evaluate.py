@@ -1,5 +1,5 @@
 """Evaluating a built model with a small torch sampler: accuracy, format rate and length by bucket
-(recorded in the build's info; `rhymerl.model_build` runs it after training)."""
+(recorded in the build's info; `rhymerl.policy.build` runs it after training)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Iterable, Protocol
 
 import torch
 
-from rhymerl.builtin_problems import ANSWER_MARKER
+from rhymerl.data.builtin import ANSWER_MARKER
 from rhymerl.records import Problem
 
 
 class EvalRecipe(Protocol):
-    """What `evaluate` reads of a build recipe (`rhymerl.model_build.BuildSettings` and its kin)."""
+    """What `evaluate` reads of a build recipe (`rhymerl.policy.build.BuildSettings` and its kin)."""
 
     eval_max_tokens: int
 

@@ -1,7 +1,7 @@
 """The built-in model's recipe for the long-tail task (`data.dataset = "builtin-long"`).
 
-The same byte-level tokenizer and Qwen2 family as the default built-in model (`rhymerl.model_build`),
-warm-started by SFT on `rhymerl.long_problems` so that it writes the long answers: positions up to
+The same byte-level tokenizer and Qwen2 family as the default built-in model (`rhymerl.policy.build`),
+warm-started by SFT on `rhymerl.data.long` so that it writes the long answers: positions up to
 2,048, SFT batches cut into micro-batches of similar length (a few 1,500-token solutions would
 otherwise pad every batch), and an evaluation stratified by response length, each bucket sampled
 on its own so the short ones do not wait for the longest. It is cached beside the default model as
@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rhymerl.long_problems import LongProblemSettings, draw_long_problem, make_long_problem
-from rhymerl.model_build import BuildSettings, sft_backward
+from rhymerl.data.long import LongProblemSettings, draw_long_problem, make_long_problem
+from rhymerl.policy.build import BuildSettings, sft_backward
 from rhymerl.records import Problem
 
 LONG_DATASET = "builtin-long"
@@ -52,7 +52,7 @@ class LongBuildSettings(BuildSettings):
     steps: int = 1000
     stop_loss: float = 0.0  # every step: the loss stays low long before the longest answers come out right
     batch_size: int = 16  # short batches: 1,000 steps fit in ~10 min on a shared 2-core machine
-    # long task: the run's problems (rhymerl.long_problems.LongProblemSettings' defaults, read from there)
+    # long task: the run's problems (rhymerl.data.long.LongProblemSettings' defaults, read from there)
     median_steps: int = _TASK.median_steps
     sigma: float = _TASK.sigma
     max_steps: int = _TASK.max_steps

@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from rhymerl.blocks import transformer_blocks
-from rhymerl.config import TrainConfig
-from rhymerl.trainer import Trainer, TrainExample, _pad, _Padded
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.blocks import transformer_blocks
+from rhymerl.policy.trainer import Trainer, TrainExample, _pad, _Padded
 
 
 @dataclass(frozen=True)
@@ -171,10 +171,10 @@ class ShardedTrainer(Trainer):
         return out
 
     def state(self):
-        raise NotImplementedError("a sharded trainer checkpoints with rhymerl.dist_checkpoint, not bytes")
+        raise NotImplementedError("a sharded trainer checkpoints with rhymerl.policy.checkpoint, not bytes")
 
     def load_state(self, state) -> None:
-        raise NotImplementedError("a sharded trainer resumes with rhymerl.dist_checkpoint, not bytes")
+        raise NotImplementedError("a sharded trainer resumes with rhymerl.policy.checkpoint, not bytes")
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from rhymerl.trainer import TrainExample, Trainer
+from rhymerl.policy.trainer import TrainExample, Trainer
 
 
 class StreamedStep:

@@ -1,4 +1,4 @@
-"""GRPO trainer: a Hugging Face causal LM, AdamW, and the clipped loss from `rhymerl.grpo`.
+"""GRPO trainer: a Hugging Face causal LM, AdamW, and the clipped loss from `rhymerl.policy.grpo`.
 
 Pure torch + transformers; it knows nothing about rollouts, Ray or tracking. A batch is a list
 of `TrainExample`s (token ids plus one advantage each); the trainer returns plain metrics and
@@ -9,7 +9,7 @@ deterministic function of the weights: the first update of each step then sees r
 
 Every log-prob here (policy gradient, PPO ratio, KL) is the log-prob of the distribution the
 engines sample from: logits / temperature, then the nucleus (top-p) renormalised as vLLM's sampler
-does it (`rhymerl.sampling`). The raw softmax would train a different policy than the one sampled
+does it (`rhymerl.policy.sampling`). The raw softmax would train a different policy than the one sampled
 whenever temperature != 1 or top_p < 1.
 """
 
@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from rhymerl import grpo
-from rhymerl.blocks import checkpoint_activations
-from rhymerl.config import TrainConfig
-from rhymerl.sampling import token_logprobs
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy import grpo
+from rhymerl.policy.blocks import checkpoint_activations
+from rhymerl.policy.sampling import token_logprobs
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -199,7 +199,7 @@ class Trainer:
 
         The "old" policy of the ratio is the weights at the start of this call. Each update runs
         over the whole batch in micro-batches with gradient accumulation; the loss normaliser is
-        counted over the whole batch (see `rhymerl.grpo`), so micro-batch size does not change
+        counted over the whole batch (see `rhymerl.policy.grpo`), so micro-batch size does not change
         the update. Examples with advantage 0 add no gradient but still count in that
         normaliser, as they do in DAPO's token-level loss.
 
@@ -215,7 +215,7 @@ class Trainer:
 
     def _step(self, batch: list[TrainExample]) -> dict[str, float]:
         """`train_step` on this process's part of the batch (all of it here; a share of it in
-        `rhymerl.sharded`, where `_all_sum` and `_padding` make the step the whole batch's)."""
+        `rhymerl.policy.sharded`, where `_all_sum` and `_padding` make the step the whole batch's)."""
         start = time.perf_counter()
         # Micro-batches of similar lengths pad least: in arrival order (speculation finishes long and
         # short responses interleaved) padding nearly doubled the tokens computed. The update is a sum
@@ -310,7 +310,7 @@ class Trainer:
     @torch.no_grad()
     def engine_tensors(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor]]:
         """(HF name, detached contiguous copy on `device`) one at a time: what a bucketed weight
-        sync sends (`rhymerl.weight_sync`), without a whole-model copy alive at once. The
+        sync sends (`rhymerl.policy.weight_sync`), without a whole-model copy alive at once. The
         process-group sync over NCCL asks for the GPU (no round trip through host memory)."""
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach().to(device, copy=True).contiguous()

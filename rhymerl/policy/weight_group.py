@@ -7,7 +7,7 @@ there with `open_group` — a store and a backend object made directly, so neith
 group (the trainer ranks' FSDP2 group, vLLM's own) is touched. NCCL where the sender has a GPU,
 gloo on CPU.
 
-Wire format, all by broadcast from rank 0, one bucket (`rhymerl.weight_sync.bucketed`) at a time:
+Wire format, all by broadcast from rank 0, one bucket (`rhymerl.policy.weight_sync.bucketed`) at a time:
 1. an int64 pair (header bytes, payload bytes); (0, 0) ends the sync;
 2. the header: UTF-8 JSON, one [name, dtype, shape, offset] per tensor;
 3. the payload: every tensor's bytes in one flat uint8 buffer, each at an offset aligned to

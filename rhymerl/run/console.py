@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Mapping, TextIO
 
-from rhymerl.report import epoch_summary
+from rhymerl.run.report import epoch_summary
 
 # Loggers whose warnings matter to a person running training: RhymeRL's own modules, and the
 # Prefect run loggers that flow and task code (`get_run_logger()`) write through.

@@ -14,8 +14,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from rhymerl.data.reward import RewardResult
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import RewardResult
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Sequence
 
 import torch
 
-from rhymerl.grpo import group_advantages
+from rhymerl.data.reward import RewardResult
+from rhymerl.policy.grpo import group_advantages
+from rhymerl.policy.trainer import TrainExample
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import RewardResult
-from rhymerl.trainer import TrainExample
 
 
 def epoch_order(prompts: Sequence[Prompt], epoch: int, seed: int) -> list[Prompt]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from rhymerl.sampling import nucleus_mask
+from rhymerl.policy.sampling import nucleus_mask
 
 KERNEL_MODULE = "vllm.v1.sample.rejection_sampler"
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: an output slot with no token
@@ -225,7 +225,7 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     tokens whose logit reaches the k-th largest (ties kept), then top-p drops, in ascending order,
     every token whose cumulative mass is at most 1 - p (the largest token always stays): the
     same rules as `vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p` (top-p: the one rule in
-    `rhymerl.sampling`, shared with the trainer). Used as the
+    `rhymerl.policy.sampling`, shared with the trainer). Used as the
     reference by the self-check and the tests.
     """
     logits = logits.double()

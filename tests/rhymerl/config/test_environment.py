@@ -7,8 +7,9 @@ import pytest
 
 from cli.main import main
 from infra_helpers import settings_table
-from rhymerl.config import ConfigError, load_config, resolve_config
-from rhymerl.switchboard import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
+from rhymerl.config.environment import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
+from rhymerl.config.run import load_config, resolve_config
+from rhymerl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"RHYMERL_LAKE": "s3://bucket/lake", "RHYMERL_MODEL": "/models/qwen",

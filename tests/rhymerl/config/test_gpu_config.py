@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rhymerl.config import load_config
+from rhymerl.config.run import load_config
 from workers.actors import missing_resources, placement_for
 
 ROOT = Path(__file__).resolve().parents[2]

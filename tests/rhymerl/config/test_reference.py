@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from rhymerl.config import RunConfig
-from rhymerl.config_doc import BEGIN, END, PAGE, render, sections, splice
-from rhymerl.options import help_of
+from rhymerl.config.options import help_of
+from rhymerl.config.reference import BEGIN, END, PAGE, render, sections, splice
+from rhymerl.config.run import RunConfig
 
 
 def test_every_setting_has_a_help_line():
@@ -28,4 +28,4 @@ def test_configuration_page_is_up_to_date():
     assert BEGIN in page and END in page, f"{PAGE} lost its generated-block markers"
     assert splice(page, render()) == page, (
         "docs/configuration.md is out of date with the config dataclasses: run `make docs` "
-        "(= .venv/bin/python -m rhymerl.config_doc) and commit the page")
+        "(= .venv/bin/python -m rhymerl.config.reference) and commit the page")

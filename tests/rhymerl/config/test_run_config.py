@@ -2,8 +2,9 @@
 
 import pytest
 
-from rhymerl.config import ConfigError, RunConfig, config_to_dict, load_config
-from rhymerl.config_dicts import flatten
+from rhymerl.config.fields import flatten
+from rhymerl.config.run import RunConfig, config_to_dict, load_config
+from rhymerl.errors import ConfigError
 
 
 def test_defaults_and_overrides(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rhymerl.builtin_problems import (ANSWER_MARKER, PROBLEM_ALPHABET, ProblemSettings, builtin_problems,
+from rhymerl.data.builtin import (ANSWER_MARKER, PROBLEM_ALPHABET, ProblemSettings, builtin_problems,
                                       make_problem, parse_terms, question_of, solution_of)
 
 

@@ -1,4 +1,4 @@
-"""Tests for rhymerl.data: loading GSM8K-format files (JSONL, Parquet) and rendering prompts."""
+"""Tests for rhymerl.data.datasets: loading GSM8K-format files (JSONL, Parquet) and rendering prompts."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rhymerl.config import DataConfig
-from rhymerl.data import DatasetError, load_problems, read_problem_file, render_prompts
+from rhymerl.config.run import DataConfig
+from rhymerl.data.datasets import DatasetError, load_problems, read_problem_file, render_prompts
+from rhymerl.data.reward import normalise_number, score
 from rhymerl.records import Problem, prompt_id_of
-from rhymerl.reward import normalise_number, score
 
 ROWS = [
     {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
@@ -107,7 +107,7 @@ def test_fewer_rows_than_requested_is_an_error(tmp_path):
 
 
 def test_builtin_dataset_delegates_to_builtin_task():
-    pytest.importorskip("rhymerl.builtin_problems")
+    pytest.importorskip("rhymerl.data.builtin")
     problems = load_problems(DataConfig(dataset="builtin", num_prompts=5, seed=0))
     # the built-in task gives the requested count with normalised gold answers, and its worked
     # solutions follow the reward's '#### <number>' format
@@ -118,8 +118,8 @@ def test_builtin_dataset_delegates_to_builtin_task():
 
 def test_builtin_long_dataset_delegates_to_the_long_tail_task():
     # Rule: "builtin-long" is the long-tail task's problems (seeded like "builtin"), with no file to check.
-    from rhymerl.data import dataset_errors
-    from rhymerl.long_problems import long_problems
+    from rhymerl.data.datasets import dataset_errors
+    from rhymerl.data.long import long_problems
 
     cfg = DataConfig(dataset="builtin-long", num_prompts=7, seed=2)
     problems = load_problems(cfg)
@@ -251,7 +251,7 @@ def test_long_prompt_error_names_problem_length_and_limit():
 
 def test_duplicate_prompts_keep_the_first(caplog):
     problems = [problem(0, "same", "1"), problem(1, "other"), problem(2, "same", "2")]
-    with caplog.at_level(logging.WARNING, logger="rhymerl.data"):
+    with caplog.at_level(logging.WARNING, logger="rhymerl.data.datasets"):
         kept, skipped = render_prompts(problems, "{question}", encode_chars, 50, "skip")
     # identical token ids would share a prompt_id, so only the first is kept
     assert [p.index for p in kept] == [0, 1]

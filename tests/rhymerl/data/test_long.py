@@ -4,9 +4,9 @@ import statistics
 
 import pytest
 
-from rhymerl.long_problems import (LONG_ALPHABET, LongProblemSettings, long_problems, long_question_of,
+from rhymerl.data.long import (LONG_ALPHABET, LongProblemSettings, long_problems, long_question_of,
                                    long_solution_of, make_long_problem, parse_long_question)
-from rhymerl.reward import score
+from rhymerl.data.reward import score
 
 
 def test_solution_counts_down_and_adds_the_step_each_line():

@@ -1,4 +1,4 @@
-"""Tests for rhymerl.reward: number normalisation, the '#### <number>' format rule, scoring."""
+"""Tests for rhymerl.data.reward: number normalisation, the '#### <number>' format rule, scoring."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rhymerl.reward import (RewardConfig, RewardResult, extract_answer, normalise_number, score,
+from rhymerl.data.reward import (RewardConfig, RewardResult, extract_answer, normalise_number, score,
                             score_batch)
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rhymerl import model_build
-from rhymerl.builtin_problems import make_problem, parse_terms
-from rhymerl.model_build import (BUILD_INFO, BuildSettings, build_model, build_tokenizer,
+from rhymerl.data.builtin import make_problem, parse_terms
+from rhymerl.policy import build
+from rhymerl.policy.build import (BUILD_INFO, BuildSettings, build_model, build_tokenizer,
                                  ensure_builtin_model, sft_batch, sft_problems,
                                  validate_model_dir)
-from rhymerl.model_eval import final_answer
+from rhymerl.policy.evaluate import final_answer
 
 # A few seconds on 2 CPU cores: a one-layer model, a handful of steps, a tiny evaluation.
 TINY = BuildSettings(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -153,7 +153,7 @@ def test_ensure_builds_once_into_the_fingerprint_folder(tmp_path, monkeypatch):
     def must_not_build(*args, **kwargs):
         raise AssertionError("rebuilt a cached model")
 
-    monkeypatch.setattr(model_build, "build_model", must_not_build)
+    monkeypatch.setattr(build, "build_model", must_not_build)
     assert ensure_builtin_model(tmp_path, spec, progress=False) == path
 
 
@@ -167,7 +167,7 @@ def test_ensure_accepts_a_build_finished_by_another_process(tmp_path, monkeypatc
         (out_dir / BUILD_INFO).write_text("{}")
         raise FileExistsError("another process renamed first")
 
-    monkeypatch.setattr(model_build, "build_model", rival_wins)
+    monkeypatch.setattr(build, "build_model", rival_wins)
     assert ensure_builtin_model(tmp_path, spec, progress=False) == out
 
 

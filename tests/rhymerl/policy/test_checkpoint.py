@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rhymerl.config import TrainConfig
-from rhymerl.dist_checkpoint import load_trainer, save_trainer
-from rhymerl.trainer import Trainer
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.checkpoint import load_trainer, save_trainer
+from rhymerl.policy.trainer import Trainer
 from storage.checkpoints import CheckpointStore
 from storage.fs import LakeError
 from sharded_helpers import BATCH, tiny_qwen2

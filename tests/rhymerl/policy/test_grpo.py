@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rhymerl import grpo
+from rhymerl.policy import grpo
 
 
 def test_group_advantages_normalise_each_group_with_unbiased_std() -> None:

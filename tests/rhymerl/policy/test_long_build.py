@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import torch
 
-from rhymerl import model_build
-from rhymerl.long_build import LENGTH_EDGES, LongBuildSettings, build_settings_for, long_chain_batch
-from rhymerl.long_problems import parse_long_question
-from rhymerl.model_build import BUILD_INFO, BuildSettings, build_tokenizer, ensure_builtin_model, sft_problems
+from rhymerl.data.long import parse_long_question
+from rhymerl.policy import build
+from rhymerl.policy.build import BUILD_INFO, BuildSettings, build_tokenizer, ensure_builtin_model, sft_problems
+from rhymerl.policy.long_build import LENGTH_EDGES, LongBuildSettings, build_settings_for, long_chain_batch
 
 # A one-layer model, a few steps, a tiny evaluation: a few seconds on 2 cores.
 TINY_LONG = replace(LongBuildSettings(), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -57,7 +57,7 @@ def test_sft_draws_long_problems_and_sorted_chunks_keep_the_batch_loss():
     grads = []
     for chunks in (1, 4):
         model.zero_grad()
-        loss = model_build.sft_backward(model, tok, batch, chunks)
+        loss = build.sft_backward(model, tok, batch, chunks)
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))
     assert abs(grads[0][0] - grads[1][0]) < 1e-5
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
@@ -81,16 +81,16 @@ def test_the_second_stage_weighs_each_problem_alike():
     tok = build_tokenizer()
     torch.manual_seed(0)
     model = _tiny_model(TINY_LONG, tok)
-    from rhymerl.long_problems import make_long_problem
+    from rhymerl.data.long import make_long_problem
     batch = [make_long_problem(0, 1, 2, 3), make_long_problem(1, 4, 1, 19), make_long_problem(2, 0, 3, 7)]
     results = []
     for chunks in (1, 3):
         model.zero_grad()
-        loss = model_build.sft_backward(model, tok, batch, chunks, per_sequence=True)
+        loss = build.sft_backward(model, tok, batch, chunks, per_sequence=True)
         results.append((loss, [p.grad.clone() for p in model.parameters()]))
     means = []
     for p in batch:
-        inputs, targets, mask = model_build.sft_batch([p], tok)
+        inputs, targets, mask = build.sft_batch([p], tok)
         logits = model(input_ids=inputs).logits
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         means.append(float((nll * mask).sum() / mask.sum()))
@@ -101,4 +101,4 @@ def test_the_second_stage_weighs_each_problem_alike():
 def _tiny_model(spec, tok):
     from transformers import Qwen2ForCausalLM
 
-    return Qwen2ForCausalLM(model_build._model_config(spec, tok)).float()
+    return Qwen2ForCausalLM(build._model_config(spec, tok)).float()

@@ -1,4 +1,4 @@
-"""The sampling distribution (`rhymerl.sampling`): temperature and nucleus as vLLM's sampler
+"""The sampling distribution (`rhymerl.policy.sampling`): temperature and nucleus as vLLM's sampler
 applies them, and why the trainer's log-probs must be of that distribution."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rhymerl.sampling import nucleus_mask, sampling_logits, sampling_probs, token_logprobs
+from rhymerl.policy.sampling import nucleus_mask, sampling_logits, sampling_probs, token_logprobs
 
 
 def test_temperature_and_nucleus_by_hand():
@@ -77,7 +77,7 @@ def test_score_function_gradient_vanishes_only_under_the_sampling_distribution(t
 
 def test_nucleus_rows_in_chunks_give_the_same_logprobs_and_gradients(monkeypatch):
     # Rule: processing rows a few at a time (memory) changes neither log-probs nor gradients.
-    import rhymerl.sampling as sampling
+    import rhymerl.policy.sampling as sampling
 
     torch.manual_seed(2)
     logits = torch.randn(3, 5, 40, requires_grad=True)

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rhymerl.config import TrainConfig
-from rhymerl.dist_checkpoint import load_trainer, save_trainer
-from rhymerl.sharded import DistSpec, ShardedTrainer, free_port, split_by_tokens
-from rhymerl.trainer import Trainer
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.checkpoint import load_trainer, save_trainer
+from rhymerl.policy.sharded import DistSpec, ShardedTrainer, free_port, split_by_tokens
+from rhymerl.policy.trainer import Trainer
 from sharded_helpers import BATCH, tiny_qwen2
 
 CASES = [(agg, kl) for agg in ("token", "sequence") for kl in (0.0, 0.1)]
@@ -165,7 +165,7 @@ def test_activation_checkpointing_changes_no_update(model_dir: str) -> None:
     ({"train": {"sync_transport": "nccl"}}, "train.sync_transport.*allowed values"),
 ])
 def test_bad_world_size_is_a_config_error(overrides: dict, message: str) -> None:
-    from rhymerl.config import config_from_dict
+    from rhymerl.config.run import config_from_dict
     from rhymerl.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):

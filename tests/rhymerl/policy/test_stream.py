@@ -1,4 +1,4 @@
-"""rhymerl/train_stream.py: a step fed group by group equals the batch step (gradients, metrics, weights)."""
+"""rhymerl/policy/stream.py: a step fed group by group equals the batch step (gradients, metrics, weights)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import transformers
 
-from rhymerl.config import TrainConfig
-from rhymerl.train_stream import StreamedStep
-from rhymerl.trainer import Trainer, TrainExample
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.stream import StreamedStep
+from rhymerl.policy.trainer import Trainer, TrainExample
 
 
 @pytest.fixture(scope="module")

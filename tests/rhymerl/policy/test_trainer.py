@@ -9,8 +9,8 @@ import pytest
 import torch
 import transformers
 
-from rhymerl.config import TrainConfig
-from rhymerl.trainer import Trainer, TrainExample
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.trainer import Trainer, TrainExample
 
 
 def _tiny_qwen2(path: Path, tie: bool) -> str:
@@ -209,7 +209,7 @@ def test_bad_inputs_get_clear_errors(model_dir: str) -> None:
 def test_logprobs_are_the_sampling_distributions(model_dir: str) -> None:
     # Rule: at temperature 0.7 and top-p 0.9 the trainer's log-probs are those of logits / 0.7 with
     # the nucleus renormalised (what the engine sampled from), not of the raw softmax.
-    from rhymerl.sampling import sampling_probs
+    from rhymerl.policy.sampling import sampling_probs
 
     trainer = Trainer(model_dir, TrainConfig(), temperature=0.7, top_p=0.9)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -248,7 +248,7 @@ def test_trainer_refuses_greedy_sampling(model_dir: str) -> None:
 def test_probe_logprobs_are_the_raw_next_token_logprobs(model_dir: str) -> None:
     # Rule: the weight-sync probe is the untempered log-prob of each token after the ones before
     # it, whatever the run's sampling settings (engines report their prompt log-probs raw).
-    from rhymerl.trainer import probe_ids
+    from rhymerl.policy.trainer import probe_ids
 
     ids = probe_ids(32, 12)
     trainer = Trainer(model_dir, TrainConfig(), temperature=0.7, top_p=0.9)

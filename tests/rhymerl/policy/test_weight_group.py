@@ -12,12 +12,12 @@ import torch
 import torch.multiprocessing as mp
 import transformers
 
-from rhymerl.sharded import free_port
-from rhymerl.trainer import Trainer
-from rhymerl.config import TrainConfig
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.sharded import free_port
+from rhymerl.policy.trainer import Trainer
+from rhymerl.policy.weight_group import ALIGN, GroupAddress, open_group, pack, unpack
+from rhymerl.policy.weight_sync import bucketed
 from rhymerl.vllm.worker_ext import weights_fingerprint
-from rhymerl.weight_group import ALIGN, GroupAddress, open_group, pack, unpack
-from rhymerl.weight_sync import bucketed
 from sharded_helpers import BATCH, tiny_qwen2
 
 MIXED = {"f32": torch.randn(3, 5), "bf16": torch.randn(7).to(torch.bfloat16), "i64": torch.arange(3),

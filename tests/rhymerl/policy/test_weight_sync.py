@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rhymerl.weight_sync import bucket_bytes_of, bucketed
+from rhymerl.policy.weight_sync import bucket_bytes_of, bucketed
 
 
 def test_buckets_keep_order_and_limit() -> None:

@@ -1,4 +1,4 @@
-"""rhymerl/console.py: what a person sees on the terminal during `rhymerl run`, and the log capture."""
+"""rhymerl/run/console.py: what a person sees on the terminal during `rhymerl run`, and the log capture."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from rhymerl.console import RunConsole, duration, prefect_ui_link
+from rhymerl.run.console import RunConsole, duration, prefect_ui_link
 
 
 def _record(name: str, level: int, msg: str, **extra) -> logging.LogRecord:
@@ -75,7 +75,7 @@ def test_capture_sends_child_output_to_the_log_and_keeps_the_terminal(tmp_path):
     code = textwrap.dedent(f"""
         import subprocess, sys
         from pathlib import Path
-        from rhymerl.console import capture_output
+        from rhymerl.run.console import capture_output
         out, err = capture_output(Path({str(tmp_path / "logs" / "run.log")!r}))
         print("library noise"); sys.stdout.flush()
         subprocess.run(["sh", "-c", "echo child noise >&2"])

@@ -2,7 +2,7 @@
 
 import gc
 
-from rhymerl.heap import freeze_startup_heap, frozen_heap
+from rhymerl.run.heap import freeze_startup_heap, frozen_heap
 
 
 class _Node:

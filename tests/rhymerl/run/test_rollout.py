@@ -2,10 +2,10 @@
 
 import pytest
 
+from rhymerl.data.reward import RewardResult
 from rhymerl.records import Prompt, Sample
-from rhymerl.report import epoch_summary, format_table
-from rhymerl.reward import RewardResult
-from rhymerl.rollout import (advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats,
+from rhymerl.run.report import epoch_summary, format_table
+from rhymerl.run.rollout import (advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats,
                              train_examples)
 
 

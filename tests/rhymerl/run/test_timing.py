@@ -1,10 +1,10 @@
-"""`rhymerl.timing.Stopwatch`: named parts add up, a failing part still counts."""
+"""`rhymerl.run.timing.Stopwatch`: named parts add up, a failing part still counts."""
 
 import time
 
 import pytest
 
-from rhymerl.timing import Stopwatch
+from rhymerl.run.timing import Stopwatch
 
 
 def test_parts_add_up_and_a_failing_part_counts():
@@ -20,7 +20,7 @@ def test_parts_add_up_and_a_failing_part_counts():
 
 
 def test_lap_listeners_see_every_start_and_end_until_removed():
-    from rhymerl.timing import on_lap
+    from rhymerl.run.timing import on_lap
 
     seen = []
     remove = on_lap(lambda name, started: seen.append((name, started)))
