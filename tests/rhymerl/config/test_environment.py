@@ -11,7 +11,7 @@ from rhymerl.config.environment import ALL_ENV, CONFIG_ENV, env_layer, env_sourc
 from rhymerl.config.run import load_config, resolve_config
 from rhymerl.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = {"RHYMERL_LAKE": "s3://bucket/lake", "RHYMERL_MODEL": "/models/qwen",
        "RHYMERL_DATASET": "/data/gsm8k.jsonl", "MLFLOW_TRACKING_URI": "http://mlflow:5000",
        "MLFLOW_EXPERIMENT_NAME": "cluster"}

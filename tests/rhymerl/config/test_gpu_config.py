@@ -10,7 +10,7 @@ import pytest
 from rhymerl.config.run import load_config
 from workers.actors import missing_resources, placement_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GPU_CONFIGS = sorted((ROOT / "configs").glob("gpu-*.toml"))
 
 

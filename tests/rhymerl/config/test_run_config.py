@@ -59,7 +59,7 @@ def test_flatten_for_params():
 def test_default_config_file_is_the_dataclass_defaults():
     # Rule: one source of defaults; `make run`'s file adds nothing to the dataclasses.
     from pathlib import Path
-    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.toml")
+    cfg = load_config(Path(__file__).resolve().parents[3] / "configs" / "default.toml")
     assert cfg == RunConfig()
     assert (cfg.epochs, cfg.data.num_prompts, cfg.spec.history_epochs) == (10, 128, 4)  # what make run ran
 
