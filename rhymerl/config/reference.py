@@ -4,7 +4,7 @@ Every field of `RunConfig` and its sections is declared with `rhymerl.config.opt
 default, allowed values and help line are data: `render()` turns them into one Markdown table per
 section. The page's text around the table is written by hand; only the block between `BEGIN` and
 `END` is generated. `python -m rhymerl.config.reference` (or `make docs`) rewrites that block, and
-tests/rhymerl/test_config_doc.py fails when it is out of date.
+tests/rhymerl/config/test_reference.py fails when it is out of date.
 """
 
 from __future__ import annotations

@@ -131,9 +131,9 @@ class TrainConfig:
         "engine worker and loaded in place as it arrives (process_group: NCCL on GPUs, gloo on CPU)")
     cpu_offload: bool = option(False, "sharded trainer on GPUs: keep parameter shards, gradients and optimizer "
                                "state in CPU memory between uses (FSDP2 CPU offload; the optimizer steps on CPU)")
-    # Off by default: on 2 CPU cores the trainer's forward/backward takes cores from the engines (step
-    # 6.1 s vs 5.2 s batch, baseline arm; 4.95 vs 4.99 s, RhymeRL arm); it pays when the trainer has
-    # devices of its own (README, "Streamed training").
+    # Off by default: on a few CPU cores the trainer's forward/backward takes cores from the engines
+    # and the step gets no faster; it pays when the trainer has devices of its own (README, "Streamed
+    # training"; figures in docs/benchmarks.md).
     stream: bool = option(False, "train while the rollout's tail generates: each prompt group's forward/backward "
                           "runs as soon as its samples are scored, the one optimizer step after the last group "
                           "(the same update; needs train.updates_per_step = 1 and train.world_size = 1)")

@@ -4,12 +4,8 @@ No weights can be downloaded, so RhymeRL makes its own starting policy: a byte-l
 (one token per ASCII character, loaded alike by `transformers.AutoTokenizer` and vLLM), a tiny
 Qwen2 model, and a short supervised run on worked solutions of `rhymerl.data.builtin`. Training stops early on
 purpose: the model nearly always answers in the right format but slips on the arithmetic, more
-often the more lines it writes, which leaves RL room to improve it.
-
-Measured with the default `BuildSettings` (2 CPU threads, torch 2.13, idle 2-core machine, 2026-12-02):
-    `rhymerl model build` 2 min 53 s wall (SFT stopped at step 467 of 1000, 158 s; evaluation 3 s);
-    sampled accuracy at temperature 1.0 on 200 fresh problems 0.26 (format 0.995): 0.78 on 2-3
-    terms falling to 0.03 on 9 terms; mean response 62 characters (the worked solutions run from 20 characters for 2 terms to 110 for 9).
+often the more lines it writes, which leaves RL room to improve it (build time and accuracy:
+docs/benchmarks.md).
 
 `ensure_builtin_model()` builds once into a cache folder named by the recipe's fingerprint, so a
 changed recipe makes a new folder and an unchanged one is reused. `validate_model_dir()` checks any
@@ -108,8 +104,8 @@ class BuildSettings:
     warmup_steps: int = 30
     weight_decay: float = 0.01
     seed: int = 1234
-    # torch CPU threads while building. Two are 1.45x faster on an idle 2-core machine, but 7x
-    # slower than one (8.9 s vs 1.2 s per step) when other busy processes share the cores.
+    # torch CPU threads while building. Two are faster than one on an idle machine, but far slower
+    # when other busy processes share the cores.
     threads: int = 2
     # task
     min_terms: int = 2
@@ -202,8 +198,8 @@ def _lr_at(step: int, spec: BuildSettings) -> float:
 def sft_problems(spec: BuildSettings) -> Iterator[list[Problem]]:
     """Endless SFT batches of fresh problems, term counts mixed within each batch.
 
-    Batches of one term count each (a third less padding) learned about 1.5x slower per step, so
-    the mixed batches' padding is worth paying for.
+    Batches of one term count each (less padding) learn markedly slower per step, so the mixed
+    batches' padding is worth paying for.
     """
     rng = random.Random(spec.seed)
     while True:
@@ -240,8 +236,8 @@ def train_sft(model, tokenizer, spec: BuildSettings, progress: bool = True) -> l
     """Supervised warm start on fresh built-in problems each step; returns the loss per step.
 
     Stops before `spec.steps` once the smoothed loss falls to `spec.stop_loss`. The step at which
-    the model gets good varies ~1.6x with the seed, while sampled accuracy at a given smoothed loss
-    was the same across seeds, so stopping on the loss lands it partly trained either way.
+    the model gets good varies widely with the seed, while sampled accuracy at a given smoothed loss
+    is the same across seeds, so stopping on the loss lands it partly trained either way.
     """
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98),
                             weight_decay=spec.weight_decay)

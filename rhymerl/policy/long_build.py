@@ -9,15 +9,10 @@ on its own so the short ones do not wait for the longest. It is cached beside th
 
 `build_settings_for(dataset)` is the one place that says which built-in recipe a run uses.
 
-Measured (2026-12-03, this project's 2-core CPU machine shared with another developer's tests, load
-average 3.3-5.5): `rhymerl model build --dataset builtin-long` 9 min 47 s wall (1,000 SFT steps 561 s,
-evaluation 14 s), smoothed loss 5.6 -> 0.016; sampled at temperature 1.0, 16 problems per length
-bucket: accuracy 0.44 (format 1.00), by bucket 1.00 (< 100 tokens), 0.75 (100-299), 0.00 (300-999),
-0.00 (>= 1,000). The earlier recipe (300 steps of 32 problems of the run's own lengths, s up to 99,
-d up to 9) reached loss 0.59 and accuracy 0.00 everywhere: it counted down but had not learned to
-copy n or add d (docs/long-tail.md). Since 2026-12-04 a second stage on long chains follows (fields
-`long_*`): accuracy 0.52, by bucket 1.00 / 0.88 / 0.19 / 0.00, build 16 min on a machine ~2.4x slower
-than the one above measured (docs/long-tail.md).
+Two stages: short chains teach the lines and the prompt look-ups (copy n, fetch d), then a stage on
+long chains (fields `long_*`) teaches the long answers; a recipe trained only on the run's own
+lengths counts down but never learns to copy n or add d. Build time and accuracy by length bucket:
+docs/long-tail.md.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ class LongBuildSettings(BuildSettings):
     max_position_embeddings: int = 2304
     steps: int = 1000
     stop_loss: float = 0.0  # every step: the loss stays low long before the longest answers come out right
-    batch_size: int = 16  # short batches: 1,000 steps fit in ~10 min on a shared 2-core machine
+    batch_size: int = 16  # short batches keep a 1,000-step build to minutes on a CPU
     # long task: the run's problems (rhymerl.data.long.LongProblemSettings' defaults, read from there)
     median_steps: int = _TASK.median_steps
     sigma: float = _TASK.sigma
@@ -62,15 +57,13 @@ class LongBuildSettings(BuildSettings):
     # teach the lines and the prompt look-ups (copy n, fetch d) in a fraction of the tokens (mean ~84
     # tokens against ~210), and the log-normal tail still shows a chain of 100+ lines now and then.
     sft_median_steps: int = 8
-    # One torch thread: on a shared machine two threads ran ~7x slower than one (model_build.py's
-    # note); on an idle 2-core machine one is ~1.45x slower than two.
+    # One torch thread: on a machine whose cores are shared, two threads run far slower than one
+    # (on an idle machine one is only somewhat slower than two).
     threads: int = 1
     # Second stage, after the short chains: chains of long_min_steps..max_steps additions drawn
     # log-uniform (3-digit counters and totals, positions past 1,000), each problem's loss its own
     # token mean so a long chain weighs what a short one does (`sft_backward(per_sequence=True)`).
-    # Measured from the 1,000-step model (2026-12-04, 2 threads): 500 steps took 316 s with the
-    # evaluation; accuracy 0.44 -> 0.53, 300-999 tokens 0 -> 0.25. A share of long chains inside the
-    # first stage made it worse (0.14-0.36).
+    # A separate stage, because a share of long chains inside the first stage made it worse.
     long_steps: int = 500
     long_batch_size: int = 8
     long_lr: float = 1.5e-3

@@ -15,7 +15,7 @@ last group, with the same result as `Trainer.train_step` on the whole batch:
 
 Only the first update of a step can stream: with `train.updates_per_step > 1` the later updates
 need the first one's weights, so they are refused here. The order of micro-batches aside, the
-gradients equal the batch path's to float tolerance (tests/rhymerl/test_train_stream.py).
+gradients equal the batch path's to float tolerance (tests/rhymerl/policy/test_stream.py).
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 
 A run's long-lived processes (the flow, each rollout worker, the trainer) import torch, vLLM,
 Prefect and Ray: about a million Python objects that live as long as the process. CPython's
-oldest-generation collection walks every tracked object: in the flow process of a default run
-(measured with `gc.callbacks`, 2 cores, 2026-12-04) each took 0.43-0.45 s, twice in the middle of
-an epoch, and longer when the cores are busy. After `freeze_startup_heap` the flow process held
-64k collectable objects instead of ~1M, and no full collection of the epochs took over 20 ms.
-vLLM does the same in its engine core (`freeze_gc_heap`), Ray Serve in its replicas.
+oldest-generation collection walks every tracked object, so each one stalls the process for a
+noticeable fraction of a second in the middle of an epoch, longer when the cores are busy (figures:
+docs/benchmarks.md). vLLM does the same in its engine core (`freeze_gc_heap`), Ray Serve in its
+replicas.
 
 `freeze_startup_heap()`, called once a process has finished starting, moves everything alive to
 CPython's permanent generation (`gc.freeze`): later collections walk only what the run itself
