@@ -128,9 +128,9 @@ class PrefectRetries(logging.Filter):
 
 def child_main(result: str, config: str, overrides: list[str], arm: str, seed: int, settings: str) -> int:
     """Run one training run in this process and write its records to `result` (atomically)."""
-    from cli.main import _project_env
+    from infra.local_api import project_env
 
-    _project_env()
+    project_env()
     from bench.e2e_report import git_commit
     from flows.run import run_flow
     from infra.local_api import local_api

@@ -18,6 +18,7 @@ from pathlib import Path
 from cli.lake import register as register_lake
 from cli.spec import register as register_spec
 from cli.ui import register as register_ui
+from infra.local_api import project_env
 
 DEFAULT_CONFIG = "configs/default.toml"
 # Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error,
@@ -27,19 +28,6 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUN_LOST = 3
 EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
-
-
-def _project_env() -> None:
-    """Keep Prefect's and vLLM's state inside the project unless the user chose otherwise."""
-    cwd = Path.cwd()
-    os.environ.setdefault("PREFECT_HOME", str(cwd / ".prefect"))
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cwd / ".cache" / "vllm"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cwd / ".cache" / "inductor"))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # The temporary local API can take longer than Prefect's 20 s default on a busy 2-core box.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here
 
 
 def _default_config() -> str | None:
@@ -87,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append(f'lake.url="{args.lake}"')
     try:
         if args.resume and args.config is None:
-            _project_env()  # before tasks.resume imports Prefect
+            project_env()  # before tasks.resume imports Prefect
             cfg = _resume_config(args, overrides)
         else:
             cfg = load_config(args.config or _default_config(), overrides, env=os.environ)
@@ -103,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if found:
         print(report(found), file=sys.stderr)
         return EXIT_BAD_INPUT
-    _project_env()
+    project_env()
     return _train(cfg, args)
 
 
@@ -192,16 +180,17 @@ def cmd_model_build(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench",
-           "e2e": "bench.e2e_bench", "sharded": "bench.sharded_bench", "spec-scale": "bench.spec_scale_bench",
-           "history-bytes": "bench.history_bytes_bench", "steps": "bench.step_table"}
+# `rhymerl bench NAME` -> the benchmark's entry module under bench/
+BENCHES = {"spec": "spec_bench", "pipe": "pipe_bench", "lake": "lake_bench", "e2e": "e2e_bench",
+           "sharded": "sharded_bench", "spec-scale": "spec_scale_bench", "history-bytes": "history_bytes_bench",
+           "steps": "step_table"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    _project_env()
-    return int(importlib.import_module(BENCHES[args.which]).main(args.options) or 0)
+    project_env()
+    return int(importlib.import_module(f"bench.{BENCHES[args.which]}").main(args.options) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,6 +47,21 @@ _HEADER = b"retry-after"
 # A fresh database's migrations took 19.9 s on a quiet 2-core machine (Prefect allows 20 s).
 FIRST_START_S = 180.0
 
+
+def project_env() -> None:
+    """Keep Prefect's and vLLM's state inside the project (the working directory) unless the user
+    chose otherwise; call it before Prefect is imported."""
+    cwd = Path.cwd()
+    os.environ.setdefault("PREFECT_HOME", str(cwd / ".prefect"))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cwd / ".cache" / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cwd / ".cache" / "inductor"))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The temporary local API can take longer than Prefect's 20 s default on a busy machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here
+
+
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
