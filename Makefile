@@ -131,7 +131,7 @@ bench-e2e: $(STAMP)
 # The configuration reference, written from the config dataclasses (a test fails when it is stale).
 .PHONY: docs
 docs: $(STAMP)
-	$(BIN)/python -m rhymerl.config_doc
+	$(BIN)/python -m rhymerl.config.reference
 
 clean:
 	rm -rf lake mlflow.db mlruns .prefect runs logs

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.pipe_real import check_lake, check_record, format_check, format_real, real_runs
-from rhymerl.builtin_problems import builtin_problems
+from rhymerl.data.builtin import builtin_problems
 from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.forecast import ForecastSettings, build_history, epoch_means, forecast_lengths, forecast_quality
 from rhymerl.histopipe.schedule import Demand, ScheduleRequest, schedule

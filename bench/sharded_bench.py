@@ -29,8 +29,8 @@ import ray
 import torch
 import transformers
 
-from rhymerl.config import RunConfig, TrainConfig
-from rhymerl.trainer import TrainExample
+from rhymerl.config.run import RunConfig, TrainConfig
+from rhymerl.policy.trainer import TrainExample
 from workers.actors import Placement
 from workers.sync_group import broadcast_weights
 from workers.trainer_group import launch_trainer, stop_trainer
@@ -70,10 +70,10 @@ class Sink:
 
 @ray.remote(num_cpus=0)
 class GroupSink:
-    """Joins a weight group as an engine worker would (`rhymerl.weight_group`); counts the bytes."""
+    """Joins a weight group as an engine worker would (`rhymerl.policy.weight_group`); counts the bytes."""
 
     def receive_weights(self, address, first_rank: int) -> int:
-        from rhymerl.weight_group import open_group
+        from rhymerl.policy.weight_group import open_group
 
         group = open_group(address, first_rank)
         got = sum(t.numel() * t.element_size() for _, t in group.receive())

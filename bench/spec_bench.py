@@ -49,8 +49,8 @@ from pathlib import Path
 
 import psutil
 
-from rhymerl.config import DataConfig
-from rhymerl.data import BUILTIN_DATASETS
+from rhymerl.config.run import DataConfig
+from rhymerl.data.datasets import BUILTIN_DATASETS
 from rhymerl.errors import ConfigError
 from rhymerl.histospec.history import bundle_for_epoch, counted_by_vllm, uses_bundle
 from rhymerl.histospec.spec_config import SpecConfig
@@ -92,7 +92,7 @@ def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int, datas
     """The built-in task's (`dataset`'s) first `num_prompts` prompts, tokenized by the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    from rhymerl.data import load_problems, render_prompts
+    from rhymerl.data.datasets import load_problems, render_prompts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = DataConfig(dataset=dataset, num_prompts=num_prompts)
@@ -174,8 +174,8 @@ def parse_variant(text: str) -> tuple[str, SpecConfig]:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Every requested arm on the same prompts; returns the JSON-able report."""
-    from rhymerl.long_build import build_settings_for
-    from rhymerl.model_build import ensure_builtin_model
+    from rhymerl.policy.build import ensure_builtin_model
+    from rhymerl.policy.long_build import build_settings_for
 
     build = build_settings_for(args.dataset)
     model_dir = str(ensure_builtin_model(spec=build).absolute())

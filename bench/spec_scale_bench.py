@@ -57,7 +57,7 @@ trimming off):
   figures: the epoch's history tokens, and what a worker holds when every worker receives every
   prompt's history as Python tuples (`HistoryBundle.from_bytes`, 36 B per token) against the
   flat arrays it reads (4 B per token; each worker gets only its prompts' history).
-Each drafting arm runs with the heap alive before it frozen (`rhymerl.heap.frozen_heap`), as an
+Each drafting arm runs with the heap alive before it frozen (`rhymerl.run.heap.frozen_heap`), as an
 engine's, so a full GC of the benchmark's own heap cannot land in a step and read as a stall.
 Targets: <= 16 B/token beyond the tokens, >= 2M tokens/s, no stall from history work, <= 1 ms per
 step for 256 requests (3.9 us per request).
@@ -78,7 +78,7 @@ from datetime import date
 import numpy as np
 
 from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhyming_group
-from rhymerl.heap import frozen_heap
+from rhymerl.run.heap import frozen_heap
 from rhymerl.histospec.flat import FlatIndex
 from rhymerl.histospec.index import SuffixIndex
 from rhymerl.histospec.spec_config import SpecConfig
@@ -159,7 +159,7 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
            "prompts": len(groups)}
     for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
         arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
-        with frozen_heap():  # as an engine's start-up heap (rhymerl.heap): full collections walk the arm's own
+        with frozen_heap():  # as an engine's start-up heap (rhymerl.run.heap): full collections walk the arm's own
             out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py", forward=forward)
     if "suffix" in arms:  # the library's trees hold ~355 B per token: cap what one point may put in them
         held = len(groups) * history * length + requests * n0

@@ -40,7 +40,7 @@ def _resume_config(args: argparse.Namespace, overrides: list[str]):
     The lake to look in is --lake, else $RHYMERL_LAKE, else the lake.url of the default config.
     The environment's settings apply over the stored config as over a config file.
     """
-    from rhymerl.config import load_config, resolve_config
+    from rhymerl.config.run import load_config, resolve_config
     from tasks.resume import stored_config
 
     lake_url = args.lake or load_config(_default_config(), env=os.environ).lake.url
@@ -49,7 +49,7 @@ def _resume_config(args: argparse.Namespace, overrides: list[str]):
 
 def _print_env_sources(overrides: list[str]) -> None:
     """Say on stderr which keys came from the environment (and which of those --set/--lake beat)."""
-    from rhymerl.switchboard import env_sources
+    from rhymerl.config.environment import env_sources
 
     set_keys = {o.split("=", 1)[0].strip() for o in overrides}
     for key, name in env_sources(os.environ).items():
@@ -66,7 +66,7 @@ def _bad_input(exc: Exception, debug: bool) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rhymerl.config import ConfigError, config_to_dict, load_config
+    from rhymerl.config.run import ConfigError, config_to_dict, load_config
     from storage.lake import LakeError
 
     overrides = list(args.set or [])
@@ -98,8 +98,8 @@ def _train(cfg, args: argparse.Namespace) -> int:
     """Run the flow with the console of docs/console-and-errors.md: without --verbose, every log
     line (engines, Ray, libraries, Prefect) goes to logs/<run_id>/run.log and the terminal shows
     the start lines, one line per step, warnings that matter and the final table."""
-    from rhymerl.config import config_to_dict
-    from rhymerl.console import RunConsole
+    from rhymerl.config.run import config_to_dict
+    from rhymerl.run.console import RunConsole
     from rhymerl.records import new_run_id
 
     run_id = args.resume or new_run_id(cfg.name)
@@ -107,8 +107,8 @@ def _train(cfg, args: argparse.Namespace) -> int:
     out, err = _open_console(cfg, run_id, log_file, args.verbose)
     from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
     from infra.local_api import local_api
-    from rhymerl.data import DatasetError
-    from rhymerl.report import format_summary
+    from rhymerl.data.datasets import DatasetError
+    from rhymerl.run.report import format_summary
     from storage.lake import LakeError
     from tasks.recovery import TrainerLost
     from workers.guard import WorkerLost
@@ -149,7 +149,7 @@ def _train(cfg, args: argparse.Namespace) -> int:
 def _open_console(cfg, run_id: str, log_file: Path, verbose: bool):
     """The terminal's (out, err) streams, after the banner; without `verbose` everything else
     this process and its children write goes to `log_file`."""
-    from rhymerl.console import capture_output
+    from rhymerl.run.console import capture_output
 
     out, err = (sys.stdout, sys.stderr) if verbose else capture_output(log_file)
     print(_banner(cfg, run_id, log_file, verbose), file=out, flush=True)
@@ -171,8 +171,8 @@ def _banner(cfg, run_id: str, log_file: Path, verbose: bool) -> str:
 
 
 def cmd_model_build(args: argparse.Namespace) -> int:
-    from rhymerl.long_build import build_settings_for
-    from rhymerl.model_build import ensure_builtin_model
+    from rhymerl.policy.long_build import build_settings_for
+    from rhymerl.policy.build import ensure_builtin_model
 
     path = ensure_builtin_model(Path(args.cache_dir), spec=build_settings_for(args.dataset))
     print(f"built-in model ready: {path}")

@@ -20,7 +20,7 @@ def check_inputs(config: dict, resume: str | None = None) -> None:
     """`rhymerl run`'s input checks (flows/preflight.py) on the worker, before anything starts:
     ValueError naming every problem, one line each."""
     from flows.preflight import report, run_checks
-    from rhymerl.config import config_from_dict
+    from rhymerl.config.run import config_from_dict
 
     found = run_checks(config_from_dict(config), os.environ, resume=resume)
     if found:

@@ -1,6 +1,6 @@
 """What `rhymerl run` checks before it starts a Prefect server, Ray or an engine.
 
-Runs the pure checks of `rhymerl/preflight.py` (config, model folder, dataset, resources) and the
+Runs the pure checks of `rhymerl/config/preflight.py` (config, model folder, dataset, resources) and the
 endpoint probes of `storage/probe.py` (lake, MLflow store, Ray address, Prefect server), the
 probes side by side so that several unreachable endpoints still answer within one deadline.
 Imports no Prefect, Ray or vLLM: a bad input fails in seconds.
@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
-from rhymerl.config import RunConfig
-from rhymerl.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
+from rhymerl.config.run import RunConfig
+from rhymerl.config.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
                                local_machine, parse_ray_address)
 from storage.checkpoints import checkpoint_url
 from storage.probe import checkpoint_problems, lake_problems, tcp_problem, tracking_problems

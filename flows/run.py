@@ -16,11 +16,11 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from flows.step import RunState, run_step
-from rhymerl.config import RunConfig, config_from_dict
-from rhymerl.heap import freeze_startup_heap
+from rhymerl.config.run import RunConfig, config_from_dict
+from rhymerl.run.heap import freeze_startup_heap
 from rhymerl.vllm.engine import SamplingSettings
-from rhymerl.rollout import epoch_order, step_batches
-from rhymerl.report import epoch_summary, format_summary
+from rhymerl.run.rollout import epoch_order, step_batches
+from rhymerl.run.report import epoch_summary, format_summary
 from tasks.report import log_epoch_task, plot_task
 from tasks.setup import (RunContext, finish_run_task, init_ray, new_run_id, prepare_model_task, prepare_prompts_task,
                          quiet_subflow, start_actors_task, start_tracking_task)
@@ -114,11 +114,11 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         st.guard = WorkerGuard.watch(st.workers, st.trainer, cfg.recovery.restart_timeout_s, run_id,
                                      cfg.lake.url, log=log)
         link_runs_task(cfg, run_id, st.tracking)  # Prefect flow run <-> MLflow run, both ways
-        freeze_startup_heap()  # full GC passes walk only what the run allocates from here (rhymerl.heap)
+        freeze_startup_heap()  # full GC passes walk only what the run allocates from here (rhymerl.run.heap)
         steps_per_epoch = -(-len(prompts) // cfg.rollout.prompts_per_step)
         log.info("run %s: %d prompts x %d samples, %d steps/epoch, %d epochs; lake %s",
                  run_id, len(prompts), cfg.rollout.n, steps_per_epoch, cfg.epochs, cfg.lake.url,
-                 extra={"rhymerl_start": {  # rhymerl.console's start lines
+                 extra={"rhymerl_start": {  # rhymerl.run.console's start lines
                      "mlflow_run_id": st.tracking.mlflow_run_id, "steps_per_epoch": steps_per_epoch}})
         epoch, quiet = start_epoch, quiet_subflow()
         while epoch < cfg.epochs:

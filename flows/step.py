@@ -14,8 +14,8 @@ from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from rhymerl.vllm.engine import SamplingSettings
-from rhymerl.rollout import epoch_order, step_batches, step_stats
-from rhymerl.timing import Stopwatch
+from rhymerl.run.rollout import epoch_order, step_batches, step_stats
+from rhymerl.run.timing import Stopwatch
 from tasks.report import lake_step_task, log_step_task
 from tasks.setup import RunContext, Tracking
 from tasks.background import Background

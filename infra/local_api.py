@@ -47,6 +47,7 @@ _HEADER = b"retry-after"
 # A fresh database's migrations can take about Prefect's own 20 s limit on a small machine.
 FIRST_START_S = 180.0
 
+
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]

@@ -1,5 +1,5 @@
 """Errors the whole core shares; a module of its own so any config dataclass can raise them
-without importing `rhymerl.config` (which composes them)."""
+without importing `rhymerl.config.run` (which composes them)."""
 
 
 class ConfigError(ValueError):

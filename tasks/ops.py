@@ -20,9 +20,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from rhymerl.config import ConfigError, RunConfig, config_from_dict, config_to_dict, load_config, resolve_config
-from rhymerl.config_dicts import apply_overrides, flatten
-from rhymerl.resume import prompts_digest, same_prompts
+from rhymerl.config.fields import apply_overrides, flatten
+from rhymerl.config.run import RunConfig, config_from_dict, config_to_dict, load_config, resolve_config
+from rhymerl.errors import ConfigError
+from rhymerl.run.resume import prompts_digest, same_prompts
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import Lake, LakeError
 from storage.report import lake_report

@@ -18,10 +18,10 @@ from typing import Sequence
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rhymerl.config import PipeConfig
 from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths, forecast_quality
 from rhymerl.histopipe.gantt import gantt_png
 from rhymerl.histopipe.schedule import Assignment, ScheduleRequest, schedule
+from rhymerl.histopipe.settings import PipeConfig
 from rhymerl.histopipe.simulator import measure
 from rhymerl.records import Prompt, Request, Sample
 from storage.lake import Lake

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rhymerl.histospec.stats import position_labels
-from rhymerl.report import epoch_summary, step_line
+from rhymerl.run.report import epoch_summary, step_line
 from storage.lake import LakeWriter
 from storage.plots import plot_reward_curve
 from tasks.setup import Tracking
@@ -20,7 +20,7 @@ _NON_METRICS = {"epoch", "step", "global_step"}
 @task(name="log-step", cache_policy=NO_CACHE)
 def log_step_task(tracking: Tracking, record: dict) -> None:
     """Print the step's line and log its numbers to MLflow at the global step (once per step)."""
-    get_run_logger().info(step_line(record), extra={"rhymerl_step": record})  # rhymerl.console's progress line
+    get_run_logger().info(step_line(record), extra={"rhymerl_step": record})  # rhymerl.run.console's progress line
     if int(record["global_step"]) in tracking.logged_steps:  # logged before a crash; a resumed run
         return
     metrics = {k: float(v) for k, v in record.items() if k not in _NON_METRICS}

@@ -16,12 +16,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
-from rhymerl.config import PipeConfig
-from rhymerl.vllm.engine import SamplingSettings
+from rhymerl.data.reward import RewardResult
+from rhymerl.histopipe.settings import PipeConfig
+from rhymerl.policy.weight_sync import DEFAULT_BUCKET_BYTES
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import RewardResult
-from rhymerl.rollout import check_groups, rollout_rows, train_examples
-from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
+from rhymerl.run.rollout import check_groups, rollout_rows, train_examples
+from rhymerl.vllm.engine import SamplingSettings
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import Plan
 from tasks.resume import committed_step

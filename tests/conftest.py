@@ -98,7 +98,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
 
     What it learns does not matter to the tests that use it (they check plumbing, rows, weights
     and recovery); one build per session instead of one per module saves a build per file."""
-    from rhymerl.model_build import BuildSettings, build_model
+    from rhymerl.policy.build import BuildSettings, build_model
 
     out = tmp_path_factory.mktemp("model") / "tiny"
     return build_model(out, BuildSettings(steps=30, eval_problems=0), progress=False)

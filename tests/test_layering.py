@@ -2,6 +2,10 @@
 orchestration-free; only rhymerl/vllm/ talks to vLLM; only command lines parse arguments."""
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,7 +54,7 @@ def test_only_the_adapter_package_imports_vllm():
 
 # Command lines: cli/, plus each benchmark's entry module (`rhymerl bench NAME` hands it the rest of
 # the arguments) and the standalone local S3 server. Nothing else reads arguments.
-ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e/bench.py",
+ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e_bench.py",
                "bench/sharded_bench.py", "bench/spec_scale_bench.py", "bench/history_bytes_bench.py", "bench/step_table.py",
                "infra/local_s3.py"}
 
@@ -73,47 +77,47 @@ def test_checker_sees_forbidden_import(tmp_path):
 PROJECT = ("rhymerl", "storage", "workers", "tasks", "flows", "cli", "bench", "infra")
 
 
-def _loaded_by_name(tree: ast.AST, modules: set[str]) -> set[str]:
-    """Project modules a file loads by name (`importlib.import_module`, `__import__`).
+def dynamic_import(node: ast.AST) -> tuple[str, bool] | None:
+    """(name, is_prefix) of `importlib.import_module(...)` / `import_module(...)` / `__import__(...)`
+    called with a literal name, or with an f-string whose literal start is a prefix of the name."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if called not in ("import_module", "__import__"):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value, False
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return arg.values[0].value, True
+    return None
 
-    A literal name counts; an f-string with a literal prefix counts every module under that
-    prefix; a name looked up at run time (`import_module(TABLE[key])`) counts every string literal
-    of the file that names a project module (the table it looks up).
-    """
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and node.args):
-            continue
-        func = node.func
-        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        if called not in ("import_module", "__import__"):
-            continue
-        arg = node.args[0]
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            found.add(arg.value)
-        elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
-            found.update(m for m in modules if m.startswith(arg.values[0].value))
-        else:
-            found.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in modules)
-    return found
+
+def imported_names(path: Path, modules: set[str]) -> set[str]:
+    """The project modules (of `modules`) that `path` imports, statically or by a literal dynamic name."""
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets.add(node.module)
+            targets.update(f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
+        elif (loaded := dynamic_import(node)) is not None:
+            name, is_prefix = loaded
+            if is_prefix:  # an f-string's name may be any module under its literal start (`f"bench.{x}"`)
+                targets.update(m for m in modules if m.startswith(name))
+            else:
+                targets.add(name)
+    return targets & modules
 
 
 def module_graph() -> dict[str, set[str]]:
-    """Project module -> the project modules it imports anywhere (module level or in a function),
-    or loads by name through importlib."""
+    """Project module -> the project modules it imports anywhere (module level or in a function,
+    with an import statement or by a literal name handed to `importlib.import_module`/`__import__`)."""
     files = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
              for pkg in PROJECT for f in (ROOT / pkg).rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        targets = _loaded_by_name(tree, set(files))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets.add(node.module)
-                targets.update(f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
-        graph[name] = {t for t in targets if t in files and t != name}
+    graph = {name: imported_names(path, set(files)) - {name} for name, path in files.items()}
     packages = {name for name, path in files.items() if path.name == "__init__.py"}
     for name in graph:  # a member importing its own package's __init__ (re-exports) is no circle
         graph[name] -= {pkg for pkg in packages if name.startswith(pkg + ".")}
@@ -163,11 +167,78 @@ def test_cycle_finder_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_graph_sees_modules_loaded_by_name(tmp_path):
-    # Rule: a load through importlib ties two modules as an import does (a literal, an f-string's
-    # literal prefix, or a table of names looked up at run time).
-    mods = {"bench.a", "bench.b", "cli.main"}
-    src = ("import importlib\nT = {'a': 'bench.a'}\nimportlib.import_module(T[k])\n"
-           "importlib.import_module('cli.main')\nimportlib.import_module(f'bench.{x}')\n")
-    assert _loaded_by_name(ast.parse(src), mods) == {"bench.a", "bench.b", "cli.main"}
-    assert _loaded_by_name(ast.parse("T = 'bench.a'\n"), mods) == set()  # a string alone loads nothing
+def test_module_graph_sees_literal_dynamic_imports(tmp_path):
+    # Rule: a module loaded by a literal name (or an f-string's literal start) is an edge like an import.
+    f = tmp_path / "m.py"
+    f.write_text("import importlib\n"
+                 "def load(name):\n"
+                 "    importlib.import_module('pkg.a')\n"
+                 "    __import__('pkg.b')\n"
+                 "    return importlib.import_module(f'tools.{name}')\n"
+                 "importlib.import_module(name_from_elsewhere)\n")
+    modules = {"pkg.a", "pkg.b", "pkg.c", "tools.x", "tools.y", "toolsmith"}
+    assert imported_names(f, modules) == {"pkg.a", "pkg.b", "tools.x", "tools.y"}
+
+
+def test_module_graph_sees_the_benchmarks_the_command_line_loads():
+    assert "bench.spec_bench" in module_graph()["cli.main"]
+
+
+# Settings modules: a config class is imported by command lines, tasks and tests that never run an
+# engine, so importing one must stay cheap and side-effect free.
+SETTINGS = ("rhymerl.config.run", "rhymerl.config.options", "rhymerl.config.fields",
+            "rhymerl.histospec.spec_config", "rhymerl.histopipe.settings")
+HEAVY = ("numba", "torch", "vllm", "ray", "prefect")
+# Run in a fresh interpreter: which HEAVY roots the import loaded, and for each the chain of modules
+# (outermost first) whose top-level code was importing when it was first asked for.
+LEAF_PROBE = """
+import json, sys
+HEAVY, chains = set(sys.argv[2:]), {}
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        root = name.split(".")[0]
+        if root in HEAVY and root not in chains:
+            frame, chain = sys._getframe(1), []
+            while frame is not None:
+                mod = frame.f_globals.get("__name__")
+                if frame.f_code.co_name == "<module>" and mod not in (None, "__main__") and mod not in chain:
+                    chain.append(mod)
+                frame = frame.f_back
+            chains[root] = chain[::-1]
+        return None
+sys.meta_path.insert(0, Watch())
+__import__(sys.argv[1])
+print(json.dumps({"loaded": sorted(r for r in HEAVY if r in sys.modules), "via": chains}))
+"""
+
+
+def import_fresh(module: str, heavy: tuple[str, ...], cwd: Path) -> dict:
+    """`import module` in a new interpreter in `cwd`; the probe's report."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-c", LEAF_PROBE, module, *heavy], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def tree(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("module", SETTINGS)
+def test_settings_are_leaves(module, tmp_path):
+    # Rule: importing a settings module loads no kernel compiler, engine or orchestrator (nothing of
+    # HEAVY), and creates or deletes no file where it runs.
+    (tmp_path / "keep.txt").write_text("a file the import must leave alone\n")
+    before = tree(tmp_path)
+    report = import_fresh(module, HEAVY, tmp_path)
+    assert report["loaded"] == [], f"importing {module} loads {report['loaded']}, via {report['via']}"
+    assert tree(tmp_path) == before
+
+
+def test_leaf_probe_sees_a_heavy_import(tmp_path):
+    # The rule has power: a module that imports a "heavy" one is caught, with the chain that did it.
+    (tmp_path / "leaf_outer.py").write_text("import leaf_inner\n")
+    (tmp_path / "leaf_inner.py").write_text("import csv\n")
+    report = import_fresh("leaf_outer", ("csv",), tmp_path)
+    assert report == {"loaded": ["csv"], "via": {"csv": ["leaf_outer", "leaf_inner"]}}

@@ -16,10 +16,10 @@ from typing import Any
 
 import ray
 
-from rhymerl.config import RunConfig
-from rhymerl.heap import freeze_startup_heap
-from rhymerl.vllm.engine import EngineSettings, SamplingSettings
+from rhymerl.config.run import RunConfig
 from rhymerl.records import Prompt, Request, Sample
+from rhymerl.run.heap import freeze_startup_heap
+from rhymerl.vllm.engine import EngineSettings, SamplingSettings
 from workers.sync_group import WeightSender
 
 
@@ -159,7 +159,7 @@ class RolloutWorker:
     def stage_weights(self, bucket: dict) -> int:
         """Hand one bucket of a bucketed weight sync to the engine (loaded at `commit_weights`);
         returns the bucket's bytes."""
-        from rhymerl.weight_sync import bucket_bytes_of
+        from rhymerl.policy.weight_sync import bucket_bytes_of
 
         with self._engine_lock:
             self.engine.stage_weights(bucket.items())
@@ -173,7 +173,7 @@ class RolloutWorker:
 
     def receive_weights(self, address, first_rank: int) -> float:
         """Load what the trainer broadcasts over the weight group at `address` (a
-        `rhymerl.weight_group.GroupAddress`; `workers.sync_group`); the fingerprint afterwards."""
+        `rhymerl.policy.weight_group.GroupAddress`; `workers.sync_group`); the fingerprint afterwards."""
         with self._engine_lock:
             self.engine.receive_weights(address.host, address.port, address.world_size, address.backend, first_rank)
             return self.engine.weights_fingerprint()
@@ -193,21 +193,21 @@ class RolloutWorker:
 
 class ShardedCheckpoints:
     """Checkpoint methods a trainer actor shares with every rank of a group: `self.trainer` writes
-    or reads its part of a sharded checkpoint (`rhymerl.dist_checkpoint`; the whole state when it
+    or reads its part of a sharded checkpoint (`rhymerl.policy.checkpoint`; the whole state when it
     is the only one). The actor class provides `weights_fingerprint`."""
 
     trainer: Any
 
     def save_checkpoint(self, url: str, storage_options: dict) -> int:
         """Write this process's part of a sharded checkpoint under `url`; the policy version."""
-        from rhymerl.dist_checkpoint import save_trainer
+        from rhymerl.policy.checkpoint import save_trainer
 
         save_trainer(self.trainer, url, **storage_options)
         return self.trainer.policy_version
 
     def load_checkpoint(self, url: str, storage_options: dict) -> int:
         """Restore a sharded checkpoint written by any trainer world size; the policy version."""
-        from rhymerl.dist_checkpoint import load_trainer
+        from rhymerl.policy.checkpoint import load_trainer
 
         return load_trainer(self.trainer, url, **storage_options)
 
@@ -223,7 +223,7 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
     """Holds the torch policy and optimizer; one GRPO update per step."""
 
     def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:
-        from rhymerl.trainer import Trainer
+        from rhymerl.policy.trainer import Trainer
 
         self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
                                threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
@@ -235,8 +235,8 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
         return self.trainer.train_step(batch)
 
     def stream_begin(self) -> None:
-        """Start a streamed step (`rhymerl.train_stream`), dropping any unfinished one."""
-        from rhymerl.train_stream import StreamedStep
+        """Start a streamed step (`rhymerl.policy.stream`), dropping any unfinished one."""
+        from rhymerl.policy.stream import StreamedStep
 
         self._stream, self._stream_ok = StreamedStep(self.trainer), True  # it zeroes the gradients
 
@@ -270,8 +270,8 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
         return self.trainer.state_dict_for_engine()
 
     def state_buckets(self, bucket_bytes: int):
-        """Ray streaming generator: the weights as `rhymerl.weight_sync` buckets, one at a time."""
-        from rhymerl.weight_sync import bucketed
+        """Ray streaming generator: the weights as `rhymerl.policy.weight_sync` buckets, one at a time."""
+        from rhymerl.policy.weight_sync import bucketed
 
         yield from bucketed(self.trainer.engine_tensors(), bucket_bytes)
 
@@ -290,7 +290,7 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
 
     def probe(self, length: int) -> tuple[list[int], list[float]]:
         """Probe token ids for this model's vocabulary and the trainer's log-probs of them."""
-        from rhymerl.trainer import probe_ids
+        from rhymerl.policy.trainer import probe_ids
 
         ids = probe_ids(self.trainer.vocab_size, length)
         return ids, self.trainer.probe_logprobs(ids)

@@ -19,17 +19,17 @@ from typing import Sequence
 
 import ray
 
-from rhymerl.vllm.engine import SamplingSettings
+from rhymerl.data.reward import RewardResult
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
 from rhymerl.records import Partial, Request, Sample
-from rhymerl.reward import RewardResult
+from rhymerl.vllm.engine import SamplingSettings
 
 SCORE_CHUNK = 32  # samples per scoring task: big enough to amortise a Ray task, small enough to overlap
 
 
 def score_timed(texts: list[str], golds: list[str]) -> tuple[list[RewardResult], float]:
     """The score of each response, and the seconds the scoring took."""
-    from rhymerl.reward import score_batch
+    from rhymerl.data.reward import score_batch
 
     t0 = time.perf_counter()
     scores = score_batch(texts, golds)

@@ -1,7 +1,7 @@
 """Weight sync: the trainer's weights into every engine in place, and the proof that they arrived.
 
 After each optimizer step the trainer's weights go to every rollout worker in buckets
-(`rhymerl.weight_sync`) and each engine loads them without restarting, by one of two transports
+(`rhymerl.policy.weight_sync`) and each engine loads them without restarting, by one of two transports
 (`train.sync_transport`): through Ray's object store (`object_store`, the default: each bucket a
 Ray object that every engine stages, loaded at the commit), or by broadcast over a process group
 of the trainer's rank 0 and every engine worker (`process_group`, for GPUs: `workers.sync_group`).
@@ -17,7 +17,7 @@ import time
 
 import ray
 
-from rhymerl.weight_sync import DEFAULT_BUCKET_BYTES
+from rhymerl.policy.weight_sync import DEFAULT_BUCKET_BYTES
 from workers.sync_group import broadcast_weights
 
 FINGERPRINT_RTOL = 1e-6  # engine and trainer sum the same weights in a different order

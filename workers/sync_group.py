@@ -4,7 +4,7 @@ The driver (`broadcast_weights`) asks the trainer's rank 0 for a rendezvous addr
 engine's receive (each engine worker process joins the group and loads what arrives in place:
 `rhymerl.vllm.worker_ext.WeightSyncExtension.rhymerl_receive_weights`), then has the trainer
 broadcast its buckets: rank 0 packs each bucket as the ranks gather it from their shards and
-sends it over the group (`rhymerl.weight_group`; NCCL on GPUs, gloo on CPU). No weight passes
+sends it over the group (`rhymerl.policy.weight_group`; NCCL on GPUs, gloo on CPU). No weight passes
 through Ray's object store or the driver.
 
 The group is opened for one sync and closed after it, so an engine restarted by the guard simply
@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from rhymerl.weight_group import GroupAddress
+from rhymerl.policy.weight_group import GroupAddress
 
 
 class WeightSender:
@@ -31,7 +31,7 @@ class WeightSender:
     def weight_rendezvous(self) -> tuple[str, int, str]:
         """(node IP, free port on it, backend): where a weight group with this actor as rank 0
         meets, NCCL when the trainer computes on a GPU."""
-        from rhymerl.sharded import free_port
+        from rhymerl.policy.sharded import free_port
 
         backend = "nccl" if self.trainer.device.type == "cuda" else "gloo"
         return ray.util.get_node_ip_address(), free_port(), backend
@@ -39,8 +39,8 @@ class WeightSender:
     def broadcast_weights(self, address: GroupAddress, bucket_bytes: int) -> int:
         """Rank 0: open the group as its rank 0 and broadcast the weights in buckets; the bytes
         sent. Other ranks take part in gathering each tensor and send nothing (collective)."""
-        from rhymerl.weight_group import open_group
-        from rhymerl.weight_sync import bucketed
+        from rhymerl.policy.weight_group import open_group
+        from rhymerl.policy.weight_sync import bucketed
 
         device = "cuda" if address.backend == "nccl" else "cpu"
         if self.rank != 0:

@@ -3,8 +3,8 @@ its n samples are finished, so its forward/backward runs while the rollout's tai
 
 The rollout driver (`workers.stream`) calls `begin` once, `finished` for every sample that counts
 and `discard` when a dead worker's samples are thrown away. A complete group is scored here
-(`rhymerl.reward.score_batch`: a regex per response), given its GRPO advantages and examples
-exactly as the batch path builds them (`rhymerl.rollout.train_examples`), and sent to the trainer
+(`rhymerl.data.reward.score_batch`: a regex per response), given its GRPO advantages and examples
+exactly as the batch path builds them (`rhymerl.run.rollout.train_examples`), and sent to the trainer
 actor's `stream_add`, fire-and-forget (an actor runs one caller's calls in order). At train time
 `finish` takes the update from the stream only when the trainer holds exactly the step's committed
 samples with the step's rewards; anything else (a discarded sample, a retried rollout, rows the
@@ -17,9 +17,9 @@ from typing import Sequence
 
 import ray
 
+from rhymerl.data.reward import RewardResult, score_batch
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import RewardResult, score_batch
-from rhymerl.rollout import train_examples
+from rhymerl.run.rollout import train_examples
 
 
 class GroupFeed:

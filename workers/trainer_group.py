@@ -6,7 +6,7 @@ each call goes to every rank in the same order (the ranks' collectives must line
 returned ObjectRef is rank 0's result. With `train.world_size = 1` the run keeps the single
 `TrainerWorker` (`launch_trainer`), which behaves exactly as before.
 
-Checkpoints of a group are sharded (`rhymerl.dist_checkpoint`): each rank writes its own files
+Checkpoints of a group are sharded (`rhymerl.policy.checkpoint`): each rank writes its own files
 where `storage.checkpoints.CheckpointStore.sharded_url` says; the flow commits them.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 
 import ray
 
-from rhymerl.config import RunConfig
+from rhymerl.config.run import RunConfig
 from workers.actors import Placement, ShardedCheckpoints, TrainerWorker, placement_for
 from workers.sync_group import WeightSender
 
 
 @ray.remote
 class TrainerRank(ShardedCheckpoints, WeightSender):
-    """One rank: a `rhymerl.sharded.ShardedTrainer`, built by `setup` once every rank exists."""
+    """One rank: a `rhymerl.policy.sharded.ShardedTrainer`, built by `setup` once every rank exists."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -32,13 +32,13 @@ class TrainerRank(ShardedCheckpoints, WeightSender):
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port on its node: where the group meets."""
-        from rhymerl.sharded import free_port
+        from rhymerl.policy.sharded import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, model_dir: str, cfg: RunConfig, addr: str, port: int, threads: int | None) -> int:
         """Join the process group and load this rank's shard of the policy (collective)."""
-        from rhymerl.sharded import DistSpec, ShardedTrainer
+        from rhymerl.policy.sharded import DistSpec, ShardedTrainer
 
         spec = DistSpec(self.rank, cfg.train.world_size, addr, port)
         self.trainer = ShardedTrainer(model_dir, cfg.train, spec, seed=cfg.seed,
@@ -55,9 +55,9 @@ class TrainerRank(ShardedCheckpoints, WeightSender):
         return state if self.rank == 0 else None
 
     def state_buckets(self, bucket_bytes: int):
-        """Ray streaming generator: rank 0 yields the weight buckets (`rhymerl.weight_sync`); every
+        """Ray streaming generator: rank 0 yields the weight buckets (`rhymerl.policy.weight_sync`); every
         rank takes part in gathering each tensor and yields nothing."""
-        from rhymerl.weight_sync import bucketed
+        from rhymerl.policy.weight_sync import bucketed
 
         if self.rank == 0:
             yield from bucketed(self.trainer.engine_tensors(), bucket_bytes)
@@ -81,7 +81,7 @@ class TrainerRank(ShardedCheckpoints, WeightSender):
         return weights_fingerprint(whole)
 
     def probe(self, length: int) -> tuple[list[int], list[float]]:
-        from rhymerl.trainer import probe_ids
+        from rhymerl.policy.trainer import probe_ids
 
         ids = probe_ids(self.trainer.vocab_size, length)
         return ids, self.trainer.probe_logprobs(ids)

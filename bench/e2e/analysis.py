@@ -33,7 +33,7 @@ import numpy as np
 from scipy import stats as sstats
 
 from rhymerl.histospec.stats import position_labels
-from rhymerl.report import epoch_summary
+from rhymerl.run.report import epoch_summary
 
 WORK = ("rollout_s", "reward_s", "train_s", "sync_s")
 SYSTEM = ("plan_s", "lake_s", "measure_s", "log_s", "checkpoint_s")

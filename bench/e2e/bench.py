@@ -134,7 +134,7 @@ def child_main(result: str, config: str, overrides: list[str], arm: str, seed: i
     from bench.e2e.report import git_commit
     from flows.run import run_flow
     from infra.local_api import local_api
-    from rhymerl.config import config_to_dict, load_config
+    from rhymerl.config.run import config_to_dict, load_config
 
     from bench.e2e.cpu import PhaseCpu
 

@@ -1,7 +1,7 @@
 """CPU seconds per process and per part of a step, so that a background consumer cannot hide.
 
 Recording (in the process of one benchmark run, `bench.e2e.bench`'s child): `PhaseCpu` listens
-to the step's Stopwatch parts (`rhymerl.timing.on_lap`) and at every start and end of a part
+to the step's Stopwatch parts (`rhymerl.run.timing.on_lap`) and at every start and end of a part
 reads the CPU seconds (user + system) of every process under the run's process and of the whole
 machine. What each process spent between two such moments is charged to the part between them.
 A part's start opens it; its end opens the gap to the next part: after `train_s` that gap is the
@@ -32,7 +32,7 @@ from typing import Sequence
 
 import psutil
 
-from rhymerl.timing import on_lap
+from rhymerl.run.timing import on_lap
 
 GAPS = {"train_s": "sync", "checkpoint_s": "between steps"}  # the gap after a part ends; else "dispatch"
 # parts as the report shows them (the record keeps the finer names)

@@ -17,7 +17,7 @@ Errors are `ConfigError`s naming the setting or the row and the problem; `check_
 renders one row so a template that fails is found before anything starts.
 
 `DEFAULT_CHAT_TEMPLATE` is a small ChatML-like template (``<|im_start|>role\\n...<|im_end|>\\n``)
-for a tokenizer that has none, such as the built-in byte-level one (`rhymerl.model_build`);
+for a tokenizer that has none, such as the built-in byte-level one (`rhymerl.policy.build`);
 `install_default_chat_template` sets it. A model writing ChatML ends its turn with
 `DEFAULT_STOP` (the byte-level tokenizer has no such token, so it is a stop string there).
 """

@@ -4,7 +4,7 @@ Each is a small frozen callable `fn(prompt, completion, row) -> (value, correct)
 gold answer from the row's answer column (`answer_key`), so it pickles by reference into any
 process and follows the plug-in convention of `rhymerl.data.rewards`.
 
-* `gsm8k`: the rule of `rhymerl.reward` (the completion's last non-empty line must be
+* `gsm8k`: the rule of `rhymerl.data.reward` (the completion's last non-empty line must be
   ``#### <number>``, equal to the gold number). The gold cell is a number (``"72"``, ``72``) or a
   worked solution ending in a ``#### <number>`` line. Value 1.0 when correct, else 0.0.
 * `math`: mathematical equivalence with the `math-verify` library (the checker TRL and open-r1
@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from rhymerl.reward import RewardConfig, extract_answer, normalise_number, score
+from rhymerl.data.reward import RewardConfig, extract_answer, normalise_number, score
 
 MATH_TIMEOUT_S = 5  # per math-verify parse or comparison (math-verify's own default)
 
@@ -45,7 +45,7 @@ def _gold_cell(row: Mapping[str, Any], answer_key: str) -> str:
 
 @dataclass(frozen=True)
 class Gsm8kReward:
-    """``#### <number>`` answers compared exactly with the gold number (`rhymerl.reward.score`)."""
+    """``#### <number>`` answers compared exactly with the gold number (`rhymerl.data.reward.score`)."""
 
     answer_key: str = "answer"
 

@@ -9,9 +9,9 @@ tokens over `context` cached tokens. It is fitted as
 `token_s` the compute per new token (projections, MLP, logits), `kv_s` reading a sequence's cached
 K/V once per iteration, and `attn_s` the attention arithmetic per new token per cached token.
 The `kv_s` term is why verification is cheap on a GPU: decode attention is bound by reading
-the cache, which a step does once however many query tokens it feeds (measured on an H200:
-`bench/results/cost-surface-nvidia-h200.json`, where a fit without it explained r2 0.55-0.63 of
-the variance and overstated a 5-token verification's overhead twentyfold; with it, r2 0.998).
+the cache, which a step does once however many query tokens it feeds; a fit without it overstates
+a verification's overhead many times over (`bench/results/cost-surface-nvidia-h200.json`,
+docs/benchmarks.md).
 Fitted by non-negative least squares on relative error (every point weighs the same whether it
 took 5 ms or 500 ms). A GPU below its compute roof is flat in batch and then linear, so the fit
 is a chord through that knee: its r2 and worst relative error are kept so a report can say how

@@ -53,8 +53,8 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
     depth = {w: 1 for w in range(result.workers)}
     for s, lane in zip(result.spans, lane_of):
         depth[s.worker] = max(depth[s.worker], lane + 1)
-    # One barh and one hlines call for the whole step: a call per request cost ~1 ms each, which
-    # made this chart ~0.35 s of every step at 256 requests (0.1 s drawn in one go).
+    # One barh and one hlines call for the whole step: a call per request costs about a millisecond,
+    # which at hundreds of requests makes the chart a visible share of every step.
     bars = [(w, a, b) for w, intervals in enumerate(result.busy) for a, b in intervals]
     if bars:
         ax.barh([w for w, _, _ in bars], [b - a for _, a, b in bars], left=[a for _, a, _ in bars],

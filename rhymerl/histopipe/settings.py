@@ -1,14 +1,14 @@
 """HistoPipe's settings (`pipe.*` in a run config), beside HistoPipe's code as `SpecConfig` is beside
-HistoSpec's; `rhymerl.config.RunConfig` composes it."""
+HistoSpec's; `rhymerl.config.run.RunConfig` composes it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
+from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
 from rhymerl.histopipe.migration import MigrationRule
-from rhymerl.options import option
 
 
 def _check(cond: bool, key: str, msg: str) -> None:

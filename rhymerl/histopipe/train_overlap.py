@@ -1,6 +1,6 @@
 """Streamed training on a trainer with devices of its own, estimated from a simulated rollout step.
 
-A prompt's group can train as soon as its last sample finishes (`rhymerl.train_stream`: the
+A prompt's group can train as soon as its last sample finishes (`rhymerl.policy.stream`: the
 forward/backward of each complete group, one optimizer step after the last). With the trainer on
 GPUs of its own it works while the rollout's tail generates, so the step's train part shrinks from
 every group's cost (the batch path, after the rollout) to what is left when the rollout ends.

@@ -60,7 +60,7 @@ def run_tokenizer(config_json: str | None) -> tuple[Encode, str] | str:
         except Exception as exc:  # any failure here only costs the prompts, never the replay
             return f"the tokenizer of the run's model.path {model_path} did not load ({type(exc).__name__})"
         return (lambda s: tok.encode(s, add_special_tokens=False)), f"the tokenizer of {model_path}"
-    from rhymerl.model_build import build_tokenizer
+    from rhymerl.policy.build import build_tokenizer
 
     tok = build_tokenizer()
     return (lambda s: tok.encode(s, add_special_tokens=False)), "the built-in byte-level tokenizer"
@@ -68,7 +68,7 @@ def run_tokenizer(config_json: str | None) -> tuple[Encode, str] | str:
 
 def recover_prompts(texts: Mapping[str, str | None], encode: Encode, source: str) -> RecoveredPrompts:
     """Encode each prompt id's text (`texts`: prompt_id -> rendered prompt) and keep the ids whose
-    hash is the prompt id (`rhymerl.records.prompt_id_of`, as `rhymerl.data.render_prompts` made it)."""
+    hash is the prompt id (`rhymerl.records.prompt_id_of`, as `rhymerl.data.datasets.render_prompts` made it)."""
     found: dict[str, tuple[int, ...]] = {}
     for pid, text in texts.items():
         ids = tuple(int(t) for t in encode(text)) if text else ()

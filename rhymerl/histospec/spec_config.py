@@ -20,7 +20,7 @@ from rhymerl.histospec.drafter import HistoSpecDrafter, Index
 from rhymerl.histospec.flat import PromptIndex
 from rhymerl.histospec.step_budget import COST_MEMORY_STEPS
 from rhymerl.histospec.tree import RecentTree
-from rhymerl.options import option
+from rhymerl.config.options import option
 
 GROW_BEHIND = ("auto", "on", "off")  # spec.grow_behind
 METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, then vLLM's two model-free ones

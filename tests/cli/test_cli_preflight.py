@@ -24,8 +24,8 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer, models
 
 from flows.preflight import run_checks
-from rhymerl.config import load_config
-from rhymerl.preflight import local_machine
+from rhymerl.config.preflight import local_machine
+from rhymerl.config.run import load_config
 from storage.probe import PROBE_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,7 +291,7 @@ def test_good_inputs_pass_every_check(inputs, s3_server, monkeypatch):
 def test_deployment_flows_run_the_same_checks(inputs):
     # A train/retrain started from the Prefect UI fails on bad input before anything starts, too.
     from flows.deployments import check_inputs
-    from rhymerl.config import config_to_dict
+    from rhymerl.config.run import config_to_dict
 
     check_inputs(config_to_dict(load_config(None, inputs.args()[2:] + GPU_SHARE)))
     bad = config_to_dict(load_config(None, inputs.args()[2:] + ['model.path="/nonexistent"']))

@@ -13,7 +13,7 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
     from mlflow.tracking import MlflowClient
 
     from flows.run import run_flow
-    from rhymerl.config import config_to_dict, load_config
+    from rhymerl.config.run import config_to_dict, load_config
     from storage.lake import Lake
 
     monkeypatch.chdir(tmp_path)

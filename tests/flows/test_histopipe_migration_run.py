@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def test_forced_migration_keeps_every_sample_once(prefect_harness, local_ray, tiny_model, tmp_path, monkeypatch):
 
     from flows.run import run_flow
-    from rhymerl.config import config_to_dict, load_config
+    from rhymerl.config.run import config_to_dict, load_config
     from storage.lake import Lake
 
     monkeypatch.chdir(tmp_path)

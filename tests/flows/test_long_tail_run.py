@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny_long_model(tmp_path_factory):
-    from rhymerl.long_build import LongBuildSettings
-    from rhymerl.model_build import build_model
+    from rhymerl.policy.build import build_model
+    from rhymerl.policy.long_build import LongBuildSettings
 
     spec = replace(LongBuildSettings(), steps=8, batch_size=8, max_steps=24, long_steps=2, long_batch_size=2,
                    eval_problems=0)
@@ -27,8 +27,8 @@ def test_long_tail_config_runs_end_to_end(prefect_harness, local_ray, tiny_long_
     from mlflow.tracking import MlflowClient
 
     from flows.run import run_flow
-    from rhymerl.config import config_to_dict, load_config
-    from rhymerl.long_problems import parse_long_question
+    from rhymerl.config.run import config_to_dict, load_config
+    from rhymerl.data.long import parse_long_question
     from storage.lake import Lake
 
     config = Path(__file__).resolve().parents[2] / "configs" / "long-tail.toml"

@@ -86,7 +86,7 @@ class RayCluster:
 
 def _ray_env() -> dict[str, str]:
     """This process's environment without any switchboard setting a developer may have exported."""
-    from rhymerl.switchboard import CONFIG_ENV
+    from rhymerl.config.environment import CONFIG_ENV
 
     drop = {"RAY_ADDRESS", "PREFECT_API_URL"} | {s.name for s in CONFIG_ENV}
     env = {k: v for k, v in os.environ.items() if k not in drop}
@@ -200,7 +200,7 @@ def test_missing_custom_resource_fails_fast(ray_cluster, tmp_path):
     env = {**_ray_env(), "RAY_ADDRESS": ray_cluster.address}
     code = textwrap.dedent("""
         import json, ray
-        from rhymerl.config import load_config
+        from rhymerl.config.run import load_config
         from workers.actors import missing_resources, placement_for
         ray.init(log_to_driver=False)
         cfg = load_config(None, ["rollout.num_workers=3", "placement.rollout_resource=rollout_node",

@@ -12,7 +12,8 @@ import pytest
 from helpers.proc import kill_and_wait
 from ray.exceptions import ActorDiedError
 
-from rhymerl.config import ConfigError, load_config
+from rhymerl.config.run import load_config
+from rhymerl.errors import ConfigError
 from tasks.recovery import TrainerLost, check_recoverable, trainer_lost
 from tasks.setup import RunContext
 from workers.guard import WorkerGuard, resume_command
@@ -75,8 +76,8 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ra
     # would keep the short responses).
     import ray
 
-    from rhymerl.vllm.engine import SamplingSettings, StreamEvent
     from rhymerl.records import Prompt, Request, Sample
+    from rhymerl.vllm.engine import SamplingSettings, StreamEvent
     from workers.stream import stream_rollout
 
     flag = tmp_path / "die-once"
@@ -175,7 +176,7 @@ def test_killed_worker_and_trainer_recover_in_run(prefect_harness, local_ray, ti
     import flows.run
     import flows.step
     import workers.stream
-    from rhymerl.config import config_to_dict
+    from rhymerl.config.run import config_to_dict
 
     import ray
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from helpers.proc import kill_and_wait
 
+from rhymerl.data.reward import RewardResult
 from rhymerl.records import Prompt
-from rhymerl.resume import plan_resume, prompts_digest, samples_from_rows
-from rhymerl.reward import RewardResult
+from rhymerl.run.resume import plan_resume, prompts_digest, samples_from_rows
 
 
 def _prompt(i: int) -> Prompt:
@@ -88,7 +88,7 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
     from mlflow.tracking import MlflowClient
 
     import flows.run
-    from rhymerl.config import config_to_dict, load_config
+    from rhymerl.config.run import config_to_dict, load_config
     from storage.checkpoints import CheckpointStore, checkpoint_url
     from storage.lake import Lake
     from tasks.ops import latest_run_task, retrain_config_task, retrain_plan_task

@@ -1,7 +1,7 @@
 """Goodness of fit of sampled tokens against the exact conditional distributions of the model.
 
 Each sampled response is checked position by position against the distribution the policy
-defines at that position given the response's own prefix (`rhymerl.sampling.sampling_probs` of
+defines at that position given the response's own prefix (`rhymerl.policy.sampling.sampling_probs` of
 the Hugging Face model's logits). Because the conditionals differ from sample to sample, tokens
 are binned by their rank under their own conditional (the most likely token, the 2nd, ... the
 8th, the rest). Under the null hypothesis the count in bin b is a sum of independent
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from scipy.stats import norm
 
-from rhymerl.sampling import sampling_probs
+from rhymerl.policy.sampling import sampling_probs
 
 ALPHA = 2e-5  # per bin test; ~100 such tests in the lossless module: < 0.2% of sound runs fail
 Z_ALPHA = float(norm.isf(ALPHA / 2))  # 4.26

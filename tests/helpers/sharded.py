@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from rhymerl.trainer import TrainExample
+from rhymerl.policy.trainer import TrainExample
 
 # Uneven lengths: a 2-rank split gives one rank more micro-batches (padding passes on the other);
 # one example has no response tokens (it still counts as a sequence in "sequence" aggregation).

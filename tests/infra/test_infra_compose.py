@@ -15,7 +15,7 @@ import pytest
 
 from helpers.infra import ROOT, image_pinned, load_yaml_docs, undocumented
 from helpers.marks import docker_compose
-from rhymerl.switchboard import ALL_ENV
+from rhymerl.config.environment import ALL_ENV
 
 COMPOSE = ROOT / "infra" / "compose.yaml"
 ONE_SHOT = {"minio-init"}  # jobs that exit; everything else must report health

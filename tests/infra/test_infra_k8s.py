@@ -16,7 +16,7 @@ import tomllib
 import pytest
 
 from helpers.infra import ROOT, image_pinned, load_yaml_docs, settings_table, undocumented
-from rhymerl.switchboard import CONFIG_ENV
+from rhymerl.config.environment import CONFIG_ENV
 
 K8S = ROOT / "infra" / "k8s"
 USER_SECRETS = {"rhymerl-s3": {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"},

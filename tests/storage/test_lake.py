@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rhymerl.config import RunConfig
+from rhymerl.config.run import RunConfig
 from storage.lake import Lake, LakeError, LakeWriter, open_filesystem
 from storage.schema import (
     ROLLOUTS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, SchemaError, column_docs, rows_to_table,

@@ -17,7 +17,7 @@ import yaml
 
 from helpers.secret_scan import files_containing
 from infra.servers import WORK_POOL, Child, ServerError, ServerStack, UiConfig, port_free
-from rhymerl.config import ConfigError
+from rhymerl.errors import ConfigError
 from storage.lake import LakeError, LakeWriter, rows_to_table
 from storage.report import lake_report
 
@@ -118,7 +118,7 @@ def test_retrain_continues_the_latest_run_of_the_experiment(tmp_path):
 
 
 def test_retrain_continues_on_the_same_prompts_and_warm_starts_on_new_ones():
-    from rhymerl.resume import same_prompts
+    from rhymerl.run.resume import same_prompts
     from tasks.ops import warm_start_config
 
     meta = {"prompts_digest": "abc", "prompts_per_step": 4}
@@ -132,7 +132,7 @@ def test_retrain_continues_on_the_same_prompts_and_warm_starts_on_new_ones():
 
 
 def test_init_from_run_must_be_a_run_id():
-    from rhymerl.config import load_config
+    from rhymerl.config.run import load_config
 
     assert load_config(None, ['model.init_from_run="run-20261203-1_a.b"']).model.init_from_run == "run-20261203-1_a.b"
     with pytest.raises(ConfigError, match="model.init_from_run.*not a run id"):

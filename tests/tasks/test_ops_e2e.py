@@ -50,7 +50,7 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from rhymerl.model_build import BuildSettings, build_model
+    from rhymerl.policy.build import BuildSettings, build_model
 
     # What it learns does not matter here: a few steps of a 2-layer model (one thread: the cores
     # are shared) keep the build short.

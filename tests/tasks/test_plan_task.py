@@ -2,10 +2,10 @@
 
 import pytest
 
-from rhymerl.config import PipeConfig
+from rhymerl.data.reward import RewardResult
+from rhymerl.histopipe.settings import PipeConfig
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import RewardResult
-from rhymerl.rollout import rollout_rows
+from rhymerl.run.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import step_measures, plan_task, tail_seconds
 

@@ -8,12 +8,12 @@ import logging
 import numpy as np
 
 import tasks.spec
-from rhymerl.config import PipeConfig
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.data.reward import RewardResult
+from rhymerl.histopipe.settings import PipeConfig
 from rhymerl.histospec.flat import FlatBundle
+from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import RewardResult
-from rhymerl.rollout import rollout_rows
+from rhymerl.run.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
 from tasks.spec import history_task, prepare_epoch_task, prepare_step_task
 

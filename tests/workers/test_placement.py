@@ -2,7 +2,8 @@
 
 import pytest
 
-from rhymerl.config import ConfigError, load_config
+from rhymerl.config.run import load_config
+from rhymerl.errors import ConfigError
 from workers.actors import missing_resources, placement_for
 
 

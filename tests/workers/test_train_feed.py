@@ -7,8 +7,8 @@ import pytest
 
 from helpers.feed import FakeTrainer
 from rhymerl.records import Prompt, Sample
-from rhymerl.reward import score_batch
-from rhymerl.rollout import train_examples
+from rhymerl.data.reward import score_batch
+from rhymerl.run.rollout import train_examples
 from workers.train_feed import GroupFeed
 
 PROMPTS = [Prompt("a", 0, "a", (1, 2), answer="7"), Prompt("b", 1, "b", (3,), answer="5")]

@@ -15,8 +15,8 @@ import ray
 import torch
 import transformers
 
-from rhymerl.config import RunConfig, TrainConfig
-from rhymerl.trainer import Trainer
+from rhymerl.config.run import RunConfig, TrainConfig
+from rhymerl.policy.trainer import Trainer
 from rhymerl.vllm.worker_ext import weights_fingerprint
 from storage.checkpoints import CheckpointStore
 from workers.actors import Placement
@@ -37,7 +37,7 @@ class SinkEngine:
         self.model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
     def receive_weights(self, address, first_rank: int) -> float:
-        from rhymerl.weight_group import open_group
+        from rhymerl.policy.weight_group import open_group
 
         params = dict(self.model.named_parameters(remove_duplicate=False))
         group = open_group(address, first_rank, timeout_s=60)

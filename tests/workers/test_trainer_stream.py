@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from rhymerl.config import RunConfig, TrainConfig
-from rhymerl.trainer import TrainExample
+from rhymerl.config.run import RunConfig, TrainConfig
+from rhymerl.policy.trainer import TrainExample
 from workers.actors import TrainerWorker
 from helpers.sharded import BATCH, tiny_qwen2
 

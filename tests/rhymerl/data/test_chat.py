@@ -5,7 +5,7 @@ import pytest
 from rhymerl.data.chat import (DEFAULT_CHAT_TEMPLATE, check_render, install_default_chat_template,
                                make_renderer, render_prompts, validate_messages)
 from rhymerl.errors import ConfigError
-from rhymerl.model_build import build_tokenizer
+from rhymerl.policy.build import build_tokenizer
 
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
 

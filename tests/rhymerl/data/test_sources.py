@@ -1,6 +1,7 @@
 """Dataset sources: every file kind, lists, globs, save_to_disk folders and s3, with their errors."""
 
 import json
+from pathlib import Path
 import random
 
 import fsspec
@@ -86,7 +87,7 @@ def test_s3_with_storage_options(s3_server):
 # ---------------------------------------------------------------- errors
 
 
-def bad_sources(tmp: "pathlib.Path"):  # noqa: F821 - the fixture's path type
+def bad_sources(tmp: Path):
     """(source, message) pairs: each bad source and the error naming it and the fix."""
     (tmp / "empty.jsonl").write_text("\n\n")
     (tmp / "junk.parquet").write_bytes(b"not parquet at all")

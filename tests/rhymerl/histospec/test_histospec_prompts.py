@@ -43,7 +43,7 @@ def test_only_texts_that_hash_to_their_prompt_id_are_kept():
 
 def test_a_run_with_model_path_uses_that_tokenizer(tmp_path):
     # Rule: a run with model.path reads that folder's tokenizer (here the built-in one, saved there).
-    from rhymerl.model_build import build_tokenizer
+    from rhymerl.policy.build import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
     encode, source = run_tokenizer(json.dumps({"model": {"path": str(tmp_path)}}))

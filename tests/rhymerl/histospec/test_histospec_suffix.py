@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from helpers.marks import needs_arctic
-from rhymerl.config import ConfigError, load_config
+from rhymerl.config.run import ConfigError, load_config
 from rhymerl.histospec.history import counted_by_vllm, uses_bundle
 from rhymerl.histospec.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
 from rhymerl.histospec.spec_config import SpecConfig
@@ -13,7 +13,7 @@ from rhymerl.histospec.stats import SpecStats
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
-from rhymerl.preflight import check_config
+from rhymerl.config.preflight import check_config
 
 HIST = tuple(range(1, 11))  # 1..10
 SUFFIX = SpecConfig(method="suffix")

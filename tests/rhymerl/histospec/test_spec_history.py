@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rhymerl.config import ConfigError, load_config
+from rhymerl.config.run import ConfigError, load_config
 from rhymerl.vllm.engine import stats_from_counters
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.columns import HistoryColumns

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from rhymerl.config import TrainConfig
-from rhymerl.dist_checkpoint import save_trainer
-from rhymerl.model_build import build_tokenizer
+from rhymerl.config.run import TrainConfig
+from rhymerl.policy.checkpoint import save_trainer
+from rhymerl.policy.build import build_tokenizer
 from rhymerl.policy.export import ExportError, export_checkpoint, export_hf, read_checkpoint_weights
-from rhymerl.trainer import Trainer
+from rhymerl.policy.trainer import Trainer
 
 TOL = 1e-6  # same weights, same CPU kernels: the log-probs agree exactly; allow float32 noise
 

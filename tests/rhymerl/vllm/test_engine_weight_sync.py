@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
+from rhymerl.policy.weight_sync import bucketed
 from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.vllm.spec_guard import shutdown_llm
-from rhymerl.weight_sync import bucketed
 
 pytestmark = pytest.mark.slow
 PROMPT_LEN = 300  # several full KV blocks, so the prefix cache holds some of them
@@ -23,7 +23,7 @@ PROMPT_LEN = 300  # several full KV blocks, so the prefix cache holds some of th
 def _tiny_model(path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rhymerl.model_build import build_tokenizer
+    from rhymerl.policy.build import build_tokenizer
 
     tok = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -112,9 +112,9 @@ def test_weights_broadcast_over_a_process_group_load_in_place(fresh):
     rank 0, the engine's worker process joins as rank 1 and loads the buckets as they arrive."""
     import threading
 
-    from rhymerl.sharded import free_port
+    from rhymerl.policy.sharded import free_port
+    from rhymerl.policy.weight_group import GroupAddress, open_group
     from rhymerl.vllm.worker_ext import weights_fingerprint
-    from rhymerl.weight_group import GroupAddress, open_group
 
     model, ids, prompt, engine = fresh
     before = engine.generate([prompt], GREEDY)[0].token_ids  # fills the prefix cache

@@ -3,7 +3,7 @@ verifier, and does not without it; the engines' log-probs are the trainer's.
 
 Every sampled token is tested against the exact conditional distribution the model defines at its
 position given its own prefix (the tiny model in Hugging Face transformers, with the same
-temperature and nucleus: `rhymerl.sampling`, the trainer's rule), a goodness-of-fit test per
+temperature and nucleus: `rhymerl.policy.sampling`, the trainer's rule), a goodness-of-fit test per
 output position and rank bin (`tests/helpers/lossless_stats.py`). That is far more powerful than
 comparing two sampled arms. Drafts come from HistoSpec's own drafter, as a run uses it, reading a
 history of the model's own samples (drawn with Hugging Face), so drafts are accepted often at every
@@ -94,7 +94,7 @@ def tiny(tmp_path_factory) -> Setup:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rhymerl.histospec.history import bundle_for_epoch
-    from rhymerl.model_build import build_tokenizer
+    from rhymerl.policy.build import build_tokenizer
 
     tok = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -302,7 +302,7 @@ def test_exact_verifier_is_lossless_for_every_method(tiny, method_runs):
 
 @pytest.mark.slow
 def test_plain_sampler_is_rhymerl_sampling(tiny, plain_runs):
-    # Rule: vLLM's ordinary sampler at T=0.7, top-p 0.9 draws from exactly `rhymerl.sampling`'s
+    # Rule: vLLM's ordinary sampler at T=0.7, top-p 0.9 draws from exactly `rhymerl.policy.sampling`'s
     # distribution (the trainer's), so the fits above test against the right reference. Power:
     # 16,000 samples, <= 1.9 points for tokens of probability <= 30%.
     fits = _fit("plain sampler", plain_runs.arm, tiny, "T=0.7 top_p=0.9")
@@ -314,8 +314,8 @@ def test_engine_logprobs_are_the_trainers(tiny, spec_runs, plain_runs):
     # Rule (issue 14): the engines' log-probs of their sampled tokens (plain and speculative, at
     # T=0.7, top-p 0.9) equal the trainer's log-probs of the sampling distribution, so the step
     # metric logprob_abs_diff is ~0 (float32 kernels: ~1e-6); at T=1 the trainer would be far off.
-    from rhymerl.config import TrainConfig
-    from rhymerl.trainer import Trainer, TrainExample
+    from rhymerl.config.run import TrainConfig
+    from rhymerl.policy.trainer import Trainer, TrainExample
 
     arms = (plain_runs.arm, spec_runs.fixed["T=0.7 top_p=0.9"])
     batch = [TrainExample(a.prompt_ids[i], a.tokens[i], 0.0, a.logprobs[i]) for a in arms
