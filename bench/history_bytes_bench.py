@@ -26,7 +26,7 @@ import time
 
 from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.history import bundle_for_epoch
-from rhymerl.records import Prompt
+from rhymerl.data.records import Prompt
 from storage.lake import Lake
 from workers.history_bundles import cut_for_workers
 

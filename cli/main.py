@@ -100,7 +100,7 @@ def _train(cfg, args: argparse.Namespace) -> int:
     the start lines, one line per step, warnings that matter and the final table."""
     from rhymerl.config.run import config_to_dict
     from rhymerl.run.console import RunConsole
-    from rhymerl.records import new_run_id
+    from rhymerl.data.records import new_run_id
 
     run_id = args.resume or new_run_id(cfg.name)
     log_file = Path("logs") / run_id / "run.log"
@@ -179,16 +179,16 @@ def cmd_model_build(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"spec": "bench.spec_bench", "pipe": "bench.pipe_bench", "lake": "bench.lake_bench",
-           "e2e": "bench.e2e.bench", "sharded": "bench.sharded_bench", "spec-scale": "bench.spec_scale_bench",
-           "history-bytes": "bench.history_bytes_bench", "steps": "bench.step_table"}
+BENCHES = {"spec": "spec_bench", "pipe": "pipe_bench", "lake": "lake_bench", "e2e": "e2e.bench",
+           "sharded": "sharded_bench", "spec-scale": "spec_scale_bench", "history-bytes": "history_bytes_bench",
+           "steps": "step_table"}  # `rhymerl bench NAME` -> its entry module under bench/
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     project_env()
-    return int(importlib.import_module(BENCHES[args.which]).main(args.options) or 0)
+    return int(importlib.import_module(f"bench.{BENCHES[args.which]}").main(args.options) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

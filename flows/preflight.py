@@ -1,6 +1,6 @@
 """What `rhymerl run` checks before it starts a Prefect server, Ray or an engine.
 
-Runs the pure checks of `rhymerl/config/preflight.py` (config, model folder, dataset, resources) and the
+Runs the pure checks of `rhymerl/run/preflight.py` (config, model folder, dataset, resources) and the
 endpoint probes of `storage/probe.py` (lake, MLflow store, Ray address, Prefect server), the
 probes side by side so that several unreachable endpoints still answer within one deadline.
 Imports no Prefect, Ray or vLLM: a bad input fails in seconds.
@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
 from rhymerl.config.run import RunConfig
-from rhymerl.config.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
+from rhymerl.run.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
                                local_machine, parse_ray_address)
 from storage.checkpoints import checkpoint_url
 from storage.probe import checkpoint_problems, lake_problems, tcp_problem, tracking_problems

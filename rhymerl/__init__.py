@@ -1,13 +1,13 @@
 """RhymeRL core: pure algorithms and small classes (no Prefect, Ray, MLflow or DuckDB).
 
 - `errors`: the errors the core shares (`ConfigError`, ...); a leaf.
-- `records`: small typed records that cross task and process boundaries; a leaf.
-- `config/`: a run's settings (`RunConfig` and its component configs), the environment's layer, the
-  generated reference page, and the pure preflight checks.
-- `data/`: training problems (built-in, long-tail, dataset files), prompts, and the verifiable reward.
+- `config/`: a run's settings (`RunConfig` and every component's config, HistoSpec's and HistoPipe's
+  included), the environment's layer and the generated reference page; imports no other package.
+- `data/`: the records that cross task and process boundaries, training problems (built-in,
+  long-tail, dataset sources), prompts and chat rendering, and the rewards.
 - `policy/`: the policy model, built, checked, evaluated, trained (GRPO, sharded), checkpointed and
   sent to the engines.
-- `run/`: pure helpers of a run's loop: rollouts, resume, console, report, timing, heap.
+- `run/`: pure helpers of a run's loop: input checks, rollouts, resume, console, report, timing, heap.
 - `histospec/`: history-drafted speculative decoding (drafting semantics, engine path, offline tools).
 - `histopipe/`: length forecasts and rollout placement.
 - `vllm/`: the vLLM adapter, the one package that imports vLLM.

@@ -21,9 +21,9 @@ from prefect.cache_policies import NO_CACHE
 from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths, forecast_quality
 from rhymerl.histopipe.gantt import gantt_png
 from rhymerl.histopipe.schedule import Assignment, ScheduleRequest, schedule
-from rhymerl.histopipe.settings import PipeConfig
+from rhymerl.config.pipe import PipeConfig
 from rhymerl.histopipe.simulator import measure
-from rhymerl.records import Prompt, Request, Sample
+from rhymerl.data.records import Prompt, Request, Sample
 from storage.lake import Lake
 
 HISTORY_SQL = "SELECT prompt_id, epoch, length FROM rollouts WHERE run_id = ? AND epoch < ?"

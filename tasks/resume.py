@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config.run import RunConfig, config_to_dict
 from rhymerl.data.reward import RewardResult
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.resume import ResumePlan, plan_resume, prompts_digest, same_prompts, samples_from_rows
 from rhymerl.run.rollout import step_batches
 from storage.checkpoints import Checkpoint, CheckpointStore, checkpoint_url

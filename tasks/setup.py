@@ -27,7 +27,7 @@ from rhymerl.policy.build import ensure_builtin_model, validate_model_dir
 from rhymerl.policy.long_build import build_settings_for
 from rhymerl.vllm.engine import EngineSettings
 from rhymerl.vllm.speculation import engine_speculation
-from rhymerl.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
+from rhymerl.data.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from workers.actors import RolloutWorker, missing_resources, placement_for

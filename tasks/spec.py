@@ -23,12 +23,12 @@ import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rhymerl.histopipe.settings import PipeConfig
+from rhymerl.config.pipe import PipeConfig
 from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.history import uses_bundle
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.records import Prompt
+from rhymerl.data.records import Prompt
 from storage.lake import Lake
 from tasks.plan import Plan, plan_task
 from workers.history_bundles import StepBundles, WorkerHistory, cut_for_workers

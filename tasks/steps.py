@@ -17,9 +17,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from rhymerl.data.reward import RewardResult
-from rhymerl.histopipe.settings import PipeConfig
+from rhymerl.config.pipe import PipeConfig
+from rhymerl.histopipe.migration import MigrationRule
 from rhymerl.policy.weight_sync import DEFAULT_BUCKET_BYTES
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import check_groups, rollout_rows, train_examples
 from rhymerl.vllm.engine import SamplingSettings
 from storage.lake import LakeWriter, rows_to_table
@@ -45,7 +46,7 @@ def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: lis
     if guard is not None:
         guard.ensure_current()
     gold = {p.prompt_id: p.answer for p in prompts}
-    rule = pipe.migration_rule() if pipe.migrate else None
+    rule = MigrationRule.from_settings(pipe) if pipe.migrate else None
     out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard, history=history,
                          feed=feed)
     check_groups(prompts, out.samples, spec.n)

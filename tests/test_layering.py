@@ -54,7 +54,7 @@ def test_only_the_adapter_package_imports_vllm():
 
 # Command lines: cli/, plus each benchmark's entry module (`rhymerl bench NAME` hands it the rest of
 # the arguments) and the standalone local S3 server. Nothing else reads arguments.
-ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e_bench.py",
+ARG_PARSERS = {"bench/spec_bench.py", "bench/pipe_bench.py", "bench/lake_bench.py", "bench/e2e/bench.py",
                "bench/sharded_bench.py", "bench/spec_scale_bench.py", "bench/history_bytes_bench.py", "bench/step_table.py",
                "infra/local_s3.py"}
 
@@ -186,8 +186,8 @@ def test_module_graph_sees_the_benchmarks_the_command_line_loads():
 
 # Settings modules: a config class is imported by command lines, tasks and tests that never run an
 # engine, so importing one must stay cheap and side-effect free.
-SETTINGS = ("rhymerl.config.run", "rhymerl.config.options", "rhymerl.config.fields",
-            "rhymerl.histospec.spec_config", "rhymerl.histopipe.settings")
+SETTINGS = ("rhymerl.config.run", "rhymerl.config.options", "rhymerl.config.fields", "rhymerl.config.pipe",
+            "rhymerl.histospec.spec_config")
 HEAVY = ("numba", "torch", "vllm", "ray", "prefect")
 # Run in a fresh interpreter: which HEAVY roots the import loaded, and for each the chain of modules
 # (outermost first) whose top-level code was importing when it was first asked for.

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from rhymerl.config.run import RunConfig
-from rhymerl.records import Prompt, Request, Sample
+from rhymerl.data.records import Prompt, Request, Sample
 from rhymerl.run.heap import freeze_startup_heap
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings
 from workers.sync_group import WeightSender

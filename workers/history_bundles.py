@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from rhymerl.histospec.columns import BundleInfo, HistorySlicer, total_info
-from rhymerl.records import Prompt
+from rhymerl.data.records import Prompt
 
 log = logging.getLogger(__name__)
 

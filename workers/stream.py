@@ -21,7 +21,7 @@ import ray
 
 from rhymerl.data.reward import RewardResult
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
-from rhymerl.records import Partial, Request, Sample
+from rhymerl.data.records import Partial, Request, Sample
 from rhymerl.vllm.engine import SamplingSettings
 
 SCORE_CHUNK = 32  # samples per scoring task: big enough to amortise a Ray task, small enough to overlap

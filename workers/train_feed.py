@@ -18,7 +18,7 @@ from typing import Sequence
 import ray
 
 from rhymerl.data.reward import RewardResult, score_batch
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import train_examples
 
 

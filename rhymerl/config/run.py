@@ -18,7 +18,7 @@ from rhymerl.config.environment import env_layer, merge
 from rhymerl.config.fields import apply_overrides, build, check
 from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
-from rhymerl.histopipe.settings import PipeConfig
+from rhymerl.config.pipe import PipeConfig
 from rhymerl.histospec.spec_config import SpecConfig
 
 

@@ -30,7 +30,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from rhymerl.records import Problem
+from rhymerl.data.records import Problem
 
 # The marker before the final answer (GSM8K convention, shared with the reward code).
 ANSWER_MARKER = "#### "

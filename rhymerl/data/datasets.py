@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 from rhymerl.config.run import DataConfig
 from rhymerl.data.reward import extract_answer
-from rhymerl.records import Problem, Prompt, prompt_id_of
+from rhymerl.data.records import Problem, Prompt, prompt_id_of
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from rhymerl.data.builtin import ANSWER_MARKER
-from rhymerl.records import Problem
+from rhymerl.data.records import Problem
 
 # Every character a question or solution of these problems can contain.
 LONG_ALPHABET = "0123456789=\n# sdn"

@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from rhymerl.records import Partial, Sample
+from rhymerl.config.pipe import PipeConfig
+from rhymerl.data.records import Partial, Sample
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class MigrationRule:
                              "(pipe.migrate_threshold)")
         if self.per_worker < 1:
             raise ValueError(f"MigrationRule.per_worker={self.per_worker}: must be >= 1 (pipe.migrate_per_worker)")
+
+    @classmethod
+    def from_settings(cls, pipe: PipeConfig) -> MigrationRule:
+        """The rule a run's `pipe.*` settings describe."""
+        return cls(tail_fraction=pipe.migrate_tail, threshold=pipe.migrate_threshold, per_worker=pipe.migrate_per_worker)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rhymerl.records import Prompt
+from rhymerl.data.records import Prompt
 
 
 @dataclass(frozen=True)

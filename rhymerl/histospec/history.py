@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from rhymerl.histospec.columns import BundleInfo, HistoryColumns, HistorySlicer
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.records import Prompt
+from rhymerl.data.records import Prompt
 
 
 def bundle_for_epoch(prompts: Sequence[Prompt],

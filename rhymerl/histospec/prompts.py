@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from rhymerl.records import prompt_id_of
+from rhymerl.data.records import prompt_id_of
 
 Encode = Callable[[str], list[int]]
 
@@ -68,7 +68,7 @@ def run_tokenizer(config_json: str | None) -> tuple[Encode, str] | str:
 
 def recover_prompts(texts: Mapping[str, str | None], encode: Encode, source: str) -> RecoveredPrompts:
     """Encode each prompt id's text (`texts`: prompt_id -> rendered prompt) and keep the ids whose
-    hash is the prompt id (`rhymerl.records.prompt_id_of`, as `rhymerl.data.datasets.render_prompts` made it)."""
+    hash is the prompt id (`rhymerl.data.records.prompt_id_of`, as `rhymerl.data.datasets.render_prompts` made it)."""
     found: dict[str, tuple[int, ...]] = {}
     for pid, text in texts.items():
         ids = tuple(int(t) for t in encode(text)) if text else ()

@@ -12,7 +12,7 @@ import dataclasses
 import tomllib
 from typing import Any, Mapping, Sequence
 
-from rhymerl.config.run import ConfigError
+from rhymerl.errors import ConfigError
 from rhymerl.histospec.replay import RecordedResponse, ReplayReport
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.suffix import INSTALL_HINT, SuffixArm, has_arctic_inference

@@ -35,7 +35,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from rhymerl.data.builtin import ProblemSettings, builtin_problems, make_problem, parse_terms
 from rhymerl.policy.check import model_folder_errors
 from rhymerl.policy.evaluate import evaluate
-from rhymerl.records import Problem
+from rhymerl.data.records import Problem
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)  # ids 0, 1, 2; byte b is id 3 + b

@@ -8,7 +8,7 @@ from typing import Iterable, Protocol
 import torch
 
 from rhymerl.data.builtin import ANSWER_MARKER
-from rhymerl.records import Problem
+from rhymerl.data.records import Problem
 
 
 class EvalRecipe(Protocol):

@@ -27,7 +27,7 @@ import torch
 
 from rhymerl.data.long import LongProblemSettings, draw_long_problem, make_long_problem
 from rhymerl.policy.build import BuildSettings, sft_backward
-from rhymerl.records import Problem
+from rhymerl.data.records import Problem
 
 LONG_DATASET = "builtin-long"
 # Evaluation buckets by response tokens (solution + EOS): a bucket's key is its lower edge.

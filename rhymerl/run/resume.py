@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from rhymerl.data.reward import RewardResult
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 from rhymerl.data.reward import RewardResult
 from rhymerl.policy.grpo import group_advantages
 from rhymerl.policy.trainer import TrainExample
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 
 
 def epoch_order(prompts: Sequence[Prompt], epoch: int, seed: int) -> list[Prompt]:

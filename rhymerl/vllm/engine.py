@@ -21,7 +21,7 @@ import torch
 
 from rhymerl.histopipe.migration import join_prefix
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.records import Partial, Prompt, Request, Sample
+from rhymerl.data.records import Partial, Prompt, Request, Sample
 from rhymerl.vllm.spec_guard import EngineSpeculation, SpeculationStatus, start_guarded
 
 WEIGHT_SYNC_EXTENSION = "rhymerl.vllm.worker_ext.WeightSyncExtension"

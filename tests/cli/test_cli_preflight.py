@@ -24,7 +24,7 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer, models
 
 from flows.preflight import run_checks
-from rhymerl.config.preflight import local_machine
+from rhymerl.run.preflight import local_machine
 from rhymerl.config.run import load_config
 from storage.probe import PROBE_TIMEOUT_S
 

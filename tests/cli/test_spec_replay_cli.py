@@ -10,10 +10,10 @@ import pytest
 
 from cli.main import main
 from helpers.marks import needs_arctic
-from rhymerl.config.run import ConfigError
+from rhymerl.errors import ConfigError
 from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs
 from rhymerl.policy.build import build_tokenizer
-from rhymerl.records import prompt_id_of
+from rhymerl.data.records import prompt_id_of
 from storage.lake import LakeWriter, rows_to_table
 
 RUN = "r1"

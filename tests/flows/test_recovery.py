@@ -76,7 +76,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ra
     # would keep the short responses).
     import ray
 
-    from rhymerl.records import Prompt, Request, Sample
+    from rhymerl.data.records import Prompt, Request, Sample
     from rhymerl.vllm.engine import SamplingSettings, StreamEvent
     from workers.stream import stream_rollout
 

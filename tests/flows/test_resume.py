@@ -6,7 +6,7 @@ import pytest
 from helpers.proc import kill_and_wait
 
 from rhymerl.data.reward import RewardResult
-from rhymerl.records import Prompt
+from rhymerl.data.records import Prompt
 from rhymerl.run.resume import plan_resume, prompts_digest, samples_from_rows
 
 

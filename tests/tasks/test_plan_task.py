@@ -3,8 +3,8 @@
 import pytest
 
 from rhymerl.data.reward import RewardResult
-from rhymerl.histopipe.settings import PipeConfig
-from rhymerl.records import Prompt, Sample
+from rhymerl.config.pipe import PipeConfig
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import step_measures, plan_task, tail_seconds

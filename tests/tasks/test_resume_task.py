@@ -10,7 +10,7 @@ from prefect.logging import disable_run_logger
 import tasks.resume as resume
 from rhymerl.config.run import load_config
 from rhymerl.data.reward import RewardResult
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import rollout_rows
 from storage.checkpoints import CheckpointStore, checkpoint_url
 from storage.lake import LakeWriter, rows_to_table

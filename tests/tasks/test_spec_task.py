@@ -9,10 +9,10 @@ import numpy as np
 
 import tasks.spec
 from rhymerl.data.reward import RewardResult
-from rhymerl.histopipe.settings import PipeConfig
+from rhymerl.config.pipe import PipeConfig
 from rhymerl.histospec.flat import FlatBundle
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
 from tasks.spec import history_task, prepare_epoch_task, prepare_step_task

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from rhymerl.data.reward import RewardResult
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from storage.lake import LakeWriter
 from tasks.steps import lake_write_task
 

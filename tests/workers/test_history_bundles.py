@@ -7,7 +7,7 @@ from __future__ import annotations
 from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.flat import FlatBundle
 from rhymerl.histospec.history import bundle_for_epoch
-from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.data.records import Prompt, prompt_id_of
 from workers.history_bundles import cut_for_workers
 
 

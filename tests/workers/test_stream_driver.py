@@ -11,7 +11,7 @@ import pytest
 
 from rhymerl.vllm.engine import SamplingSettings, StreamEvent
 from rhymerl.histopipe.migration import MigrationRule, join_prefix
-from rhymerl.records import Partial, Prompt, Request, Sample
+from rhymerl.data.records import Partial, Prompt, Request, Sample
 from helpers.feed import FakeTrainer
 
 ray = pytest.importorskip("ray")

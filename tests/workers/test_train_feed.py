@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.feed import FakeTrainer
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.data.reward import score_batch
 from rhymerl.run.rollout import train_examples
 from workers.train_feed import GroupFeed

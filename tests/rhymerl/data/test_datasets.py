@@ -12,7 +12,7 @@ import pytest
 from rhymerl.config.run import DataConfig
 from rhymerl.data.datasets import DatasetError, load_problems, read_problem_file, render_prompts
 from rhymerl.data.reward import normalise_number, score
-from rhymerl.records import Problem, prompt_id_of
+from rhymerl.data.records import Problem, prompt_id_of
 
 ROWS = [
     {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},

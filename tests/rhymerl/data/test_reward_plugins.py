@@ -7,7 +7,7 @@ import sys
 import pytest
 from math_verify import parse, verify
 
-from rhymerl.data.datasets import reward_builtins, rewards
+from rhymerl.data import reward_builtins, rewards
 from rhymerl.data.reward_builtins import MathReward, parse_gold
 from rhymerl.data.rewards import RewardFunctionError, load_reward_set
 from rhymerl.errors import ConfigError

@@ -5,7 +5,7 @@ import pytest
 from rhymerl.data.reward import RewardResult
 from rhymerl.histopipe.migration import MigrationRule, Move, WorkerView, join_prefix, select_migrations
 from rhymerl.histopipe.simulator import measure
-from rhymerl.records import Partial, Prompt, Sample
+from rhymerl.data.records import Partial, Prompt, Sample
 from rhymerl.run.rollout import check_groups, rollout_rows
 from storage.schema import rows_to_table
 

@@ -12,7 +12,7 @@ import pytest
 from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
 from rhymerl.histospec.flat import FlatBundle
 from rhymerl.histospec.history import bundle_for_epoch
-from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.data.records import Prompt, prompt_id_of
 
 
 def _prompt(ids: tuple[int, ...]) -> Prompt:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from rhymerl.config.run import ConfigError
+from rhymerl.errors import ConfigError
 from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget, FixedBudget
 from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter
 from rhymerl.histospec.index import STRIDE, SuffixIndex

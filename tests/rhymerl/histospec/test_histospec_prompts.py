@@ -3,7 +3,7 @@
 import json
 
 from rhymerl.histospec.prompts import RecoveredPrompts, recover_prompts, run_tokenizer
-from rhymerl.records import prompt_id_of
+from rhymerl.data.records import prompt_id_of
 
 
 def test_built_in_runs_use_the_byte_level_tokenizer():

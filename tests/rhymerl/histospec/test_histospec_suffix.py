@@ -13,7 +13,7 @@ from rhymerl.histospec.stats import SpecStats
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.suffix import (SuffixArm, SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
-from rhymerl.config.preflight import check_config
+from rhymerl.run.preflight import check_config
 
 HIST = tuple(range(1, 11))  # 1..10
 SUFFIX = SpecConfig(method="suffix")

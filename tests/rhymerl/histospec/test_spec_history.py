@@ -11,7 +11,7 @@ from rhymerl.histospec.columns import HistoryColumns
 from rhymerl.histospec.history import bundle_for_epoch, uses_bundle
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.index import HistoryBundle
-from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.data.records import Prompt, prompt_id_of
 from storage.lake import Lake, LakeWriter, rows_to_table
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from rhymerl.data.reward import RewardResult
-from rhymerl.records import Prompt, Sample
+from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.report import epoch_summary, format_table
 from rhymerl.run.rollout import (advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats,
                              train_examples)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rhymerl.policy.weight_sync import bucketed
-from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.data.records import Prompt, prompt_id_of
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.vllm.spec_guard import shutdown_llm
 

@@ -9,7 +9,7 @@ import pytest
 from rhymerl.histospec.index import HistoryBundle, PromptHistory
 from rhymerl.histospec.rows import PromptTable
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.records import prompt_id_of
+from rhymerl.data.records import prompt_id_of
 from rhymerl.vllm.histospec_proposer import INDEX_ENV, BatchDrafter, HistoSpecProposer
 from rhymerl.vllm.speculation import drafter_settings, engine_speculation
 

@@ -40,7 +40,7 @@ from rhymerl.histospec.history import counted_by_vllm
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.suffix import has_arctic_inference
-from rhymerl.records import Prompt, prompt_id_of
+from rhymerl.data.records import Prompt, prompt_id_of
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version
 

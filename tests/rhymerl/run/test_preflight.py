@@ -1,11 +1,11 @@
-"""rhymerl/config/preflight.py and storage/probe.py on hand-made cases (the CLI sweep is test_cli_preflight.py)."""
+"""rhymerl/run/preflight.py and storage/probe.py on hand-made cases (the CLI sweep is test_cli_preflight.py)."""
 
 from __future__ import annotations
 
 import json
 import socket
 
-from rhymerl.config.preflight import Finding, Machine, check_resources, parse_ray_address
+from rhymerl.run.preflight import Finding, Machine, check_resources, parse_ray_address
 from rhymerl.config.run import DataConfig, load_config
 from rhymerl.data.datasets import dataset_errors
 from storage.probe import lake_problems, tcp_problem, tracking_problems

@@ -1,5 +1,7 @@
-"""HistoPipe's settings (`pipe.*` in a run config), beside HistoPipe's code as `SpecConfig` is beside
-HistoSpec's; `rhymerl.config.run.RunConfig` composes it."""
+"""HistoPipe's settings (`pipe.*` in a run config); `rhymerl.config.run.RunConfig` composes them.
+
+Plain fields only: the migration rule they describe is built by
+`rhymerl.histopipe.migration.MigrationRule.from_settings`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from typing import Literal
 
 from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
-from rhymerl.histopipe.migration import MigrationRule
 
 
 def _check(cond: bool, key: str, msg: str) -> None:
@@ -49,11 +50,6 @@ class PipeConfig:
         _check(self.migrate_threshold >= 0, "pipe.migrate_threshold", "must be >= 0 (0 moves any running "
                "request in the tail)")
         _check(self.migrate_per_worker >= 1, "pipe.migrate_per_worker", "must be >= 1")
-
-    def migration_rule(self) -> MigrationRule:
-        """The `rhymerl.histopipe.migration.MigrationRule` these settings describe."""
-        return MigrationRule(tail_fraction=self.migrate_tail, threshold=self.migrate_threshold,
-                             per_worker=self.migrate_per_worker)
 
 
 __all__ = ["PipeConfig"]
