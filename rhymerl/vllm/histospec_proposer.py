@@ -11,7 +11,7 @@ Settings. The run's `SpecConfig` arrives in `vllm_config.additional_config`
 How the history reaches the worker. Before each step the run cuts, for each rollout worker, a
 bundle of the prompts HistoPipe's plan places on it and their earlier responses (`HistoryBundle`'s
 .npz layout, from the epoch's lake query as Arrow/numpy columns; `rhymerl.histospec.columns`,
-`workers.history`) and sends it through the Ray object store to that worker, which writes it
+`workers.history_bundles`) and sends it through the Ray object store to that worker, which writes it
 atomically to a file on its own node (`RolloutWorker.set_history` in workers/actors.py); a migrated
 request's prompt is added to its new worker's bundle before it arrives. The worker named that file
 in `RHYMERL_HISTOSPEC_INDEX` before it started its engine; the spawned engine process inherits the
