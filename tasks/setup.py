@@ -23,7 +23,7 @@ from rhymerl.config import RunConfig, config_to_dict
 from rhymerl.config_dicts import flatten
 from rhymerl.data import load_problems, render_prompts
 from rhymerl.vllm.engine import EngineSettings
-from rhymerl.histospec.history import counted_by_vllm
+from rhymerl.histospec.bundle import counted_by_vllm
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.long_build import build_settings_for
 from rhymerl.model_build import ensure_builtin_model, validate_model_dir

@@ -24,10 +24,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config import PipeConfig
-from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
+from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.history import uses_bundle
+from rhymerl.histospec.bundle import uses_bundle
 from rhymerl.records import Prompt
 from storage.lake import Lake
 from tasks.plan import Plan, plan_task

@@ -10,8 +10,8 @@ import pytest
 
 from cli.main import main
 from rhymerl.config import ConfigError
-from rhymerl.histospec.suffix import has_arctic_inference
-from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs
+from rhymerl.histospec.spec_config import has_arctic_inference
+from rhymerl.histospec.offline.tuning import default_settings, parse_overrides, replay_configs
 from rhymerl.model_build import build_tokenizer
 from rhymerl.records import prompt_id_of
 from storage.lake import LakeWriter, rows_to_table

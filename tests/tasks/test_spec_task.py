@@ -10,7 +10,7 @@ import numpy as np
 import tasks.spec
 from rhymerl.config import PipeConfig
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.flat import FlatBundle
+from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.records import Prompt, Sample
 from rhymerl.reward import RewardResult
 from rhymerl.rollout import rollout_rows
@@ -40,7 +40,7 @@ def test_each_worker_bundle_holds_the_prompts_its_plan_places(tmp_path, monkeypa
     assert slicer.columns.tokens.dtype == np.int32 and len(slicer.columns) == 8  # 4 prompts x 2 responses
     inputs = prepare_step_task.fn(PipeConfig(policy="naive"), url, "run", 1, 0, prompts, 2, 2, 64, slicer)
     for placed, blob, info in zip(inputs.plan.placement, inputs.bundles.blobs, inputs.bundles.infos):
-        fb = FlatBundle.from_bytes(blob.tobytes())
+        fb = HistoryBundle.from_bytes(blob.tobytes())
         assert [fb.prompt(k).tolist() for k in range(len(fb))] == [list(p.token_ids) for p in placed]
         for k, p in enumerate(placed):
             tokens, lens, _ = fb.history(k)
