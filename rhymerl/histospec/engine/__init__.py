@@ -3,5 +3,6 @@
 - `requests`: the request table (which request a row is), the prompt table, the step's counts.
 - `step_pass`: the step's compiled bookkeeping passes and the cost-aware trim of its drafts.
 - `batch`: every row's own draft in one kernel call, the slots it reads, the history builds.
-- `kernel`, `search`: the compiled drafting kernel and its search of a history.
+- `kernel`: the compiled drafting kernel (every row's match and draft in one call).
+- `cpu_tricks`: the memory-latency tricks the kernel keeps (prefetch, sampled keys, lockstep search).
 """

@@ -17,11 +17,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
+import numba
 from numba import typed, types
 
 from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, PRIOR, Draft, indexed_history
 from rhymerl.histospec.engine.kernel import Drafts, HistoryArrays, Params, Rows, SiblingArrays, draft_rows
-from rhymerl.histospec.engine.search import SAMPLE
+from rhymerl.histospec.engine.cpu_tricks import SAMPLE
 from rhymerl.histospec.index import FlatIndex, PromptIndex
 from rhymerl.histospec.sibling_table import STRIDE, append_many, appending_many, crowded
 from rhymerl.histospec.siblings import ROWS, SideIndex
@@ -165,6 +166,7 @@ class BatchIndexDrafter:
                              spec.reward_weighted, float(spec.min_token_prob), PRIOR)
         self.slots = FlatSlots(spec.max_match)
         self.sides = sides if sides is not None else SideSlots()  # the caller's, to share with its growth
+        self._compiled: dict[Any, Any] = {}  # the kernel's compiled entry point by the token rows' type
         self._warm()
 
     def propose(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
@@ -202,8 +204,14 @@ class BatchIndexDrafter:
         width = max(1, int(budgets.max(initial=0)))
         out = Drafts(np.zeros((count, width), np.int64), np.zeros(count, np.int64), np.zeros(count, np.int64),
                      np.zeros(count, np.float64), np.zeros((count, width), np.float64))
-        rows = Rows(slots, sides, shifts, np.asarray(row_ids, np.int64), np.asarray(nums, np.int64), budgets)
-        draft_rows(self.slots.arrays, self.sides.arrays, tokens, rows, self.params, out)
+        rows = Rows(slots, sides, shifts, *(np.ascontiguousarray(a, np.int64) for a in (row_ids, nums, budgets)))
+        args = (self.slots.arrays, self.sides.arrays, tokens, rows, self.params, out)
+        call = self._compiled.get(numba.typeof(tokens))
+        if call is None:
+            draft_rows(*args)
+            call = self._compiled[numba.typeof(tokens)] = _entry_point(draft_rows, args)
+        else:
+            call(*args)
         return out
 
     def retain(self, indexes: Sequence[PromptIndex]) -> None:
@@ -224,6 +232,12 @@ class BatchIndexDrafter:
             self.retain([])  # typed-list item assignment compiles too
         finally:
             self.slots, self.sides = saved
+
+
+def _entry_point(kernel: Any, args: tuple) -> Any:
+    """The compiled function `kernel` runs for `args`' types, called without the dispatcher: finding
+    the overload for a namedtuple of typed lists costs the dispatcher ~100 us a call."""
+    return kernel.overloads[tuple(numba.typeof(a) for a in args)].entry_point
 
 
 class HistoryBuilds:

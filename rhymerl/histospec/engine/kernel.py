@@ -2,79 +2,115 @@
 `HistoSpecDrafter.own` drafts it (same draft, match length and score, floats added in the same order;
 the Python drafter is the reference the tests compare against).
 
-For each row: the longest matched tail in its prompt's history (`search.match`) and siblings
+For each row: the longest matched tail in its prompt's history (`match`) and siblings
 (`sibling_table.sibling_match`), the `limit` most recent occurrences of it (the history's, then the
-siblings'), and the walk down their continuations (`follow`). The arrays come packed
-(`HistoryArrays`, `SiblingArrays`: typed lists of every attached index's arrays, by slot; `Rows`: the
-rows' slots and contexts; `Params`; `Drafts`: the outputs). R rows, W the widest budget.
+siblings'), and the walk down their continuations (`follow`). R rows, W the widest budget.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
-from rhymerl.histospec.engine.search import LOCKSTEP, match, pair_lowers
+from rhymerl.histospec.engine.cpu_tricks import (LOCKSTEP, PREFETCH_RUN, first_at_least, lower, pair_lowers,
+                                                 prefetch)
 from rhymerl.histospec.index import PAD
 from rhymerl.histospec.sibling_table import STRIDE, sibling_match
 
 
-class HistoryArrays(NamedTuple):
-    """The attached histories' arrays by slot (numba typed lists): `FlatIndex` text, sa, key, its
-    sampled keys, sequence starts and rewards."""
-
-    texts: object
-    sas: object
-    keys: object
-    samples: object
-    starts: object
-    rewards: object
-
-
-class SiblingArrays(NamedTuple):
-    """The siblings' arrays by slot (numba typed lists): `SideIndex` tok, lens, table, links, rewards."""
-
-    tok: object
-    lens: object
-    table: object
-    links: object
-    rewards: object
+# The kernel's packed arguments (namedtuples numba reads by field):
+# the attached histories' arrays by slot (numba typed lists of `FlatIndex` text, sa, key, its sampled keys,
+# sequence starts, rewards); the siblings' by slot (`SideIndex` tok, lens, table, links, rewards); per row
+# (int64 arrays) its history slot (-1: none), siblings slot (-1: none), the shift of its siblings' codes past
+# the history's, its row in the token matrix, its context length, its budget; the drafting rules; the
+# outputs: tokens (R x W), lengths (0: no draft), match lengths, scores, probabilities (R x W).
+HistoryArrays = namedtuple("HistoryArrays", "texts sas keys samples starts rewards")
+SiblingArrays = namedtuple("SiblingArrays", "tok lens table links rewards")
+Rows = namedtuple("Rows", "slots sides shifts row_ids nums budgets")
+Params = namedtuple("Params", "limit min_match max_match max_spec_factor reward_weighted min_token_prob prior")
+Drafts = namedtuple("Drafts", "tokens lengths match score probs")
 
 
-class Rows(NamedTuple):
-    """Per row r (int64 arrays): its history slot (-1: none), siblings slot (-1: none), the shift of
-    its siblings' codes past the history's, its row in the token matrix, its context length, its budget."""
-
-    slots: np.ndarray
-    sides: np.ndarray
-    shifts: np.ndarray
-    row_ids: np.ndarray
-    nums: np.ndarray
-    budgets: np.ndarray
-
-
-class Params(NamedTuple):
-    """The drafting rules: occurrences followed, match lengths, the draft caps, the branch rule, PRIOR."""
-
-    limit: int
-    min_match: int
-    max_match: int
-    max_spec_factor: float
-    reward_weighted: bool
-    min_token_prob: float
-    prior: float
+@njit(cache=True)
+def _first_at_least_from(key, lo, v):
+    """bisect_left(key, v, lo): galloping from lo (the range after lo is short: one n-gram's)."""
+    size, step, hi = key.shape[0], 1, lo
+    while hi < size and key[hi] < v:
+        lo = hi + 1
+        hi = lo + step
+        step *= 2
+    return lower(key, lo, min(hi, size), v)
 
 
-class Drafts(NamedTuple):
-    """The outputs: tokens (R x W), lengths (0: no draft), match lengths, scores, probabilities (R x W)."""
+@njit(cache=True)
+def _first_at_least_back(key, hi, v):
+    """bisect_left(key, v, 0, hi) when key[hi:] >= v: galloping back from hi (what lies before hi
+    and is >= v is one token's run, usually short and on the lines the pair's search just read)."""
+    step, lo = 1, hi - 1
+    while lo >= 0 and key[lo] >= v:
+        hi = lo
+        lo = hi - step
+        step *= 2
+    return lower(key, max(lo + 1, 0), hi, v)
 
-    tokens: np.ndarray
-    lengths: np.ndarray
-    match: np.ndarray
-    score: np.ndarray
-    probs: np.ndarray
+
+@njit(cache=True)
+def _bisect_back(text, sa, lo, hi, back, tok, right):
+    """bisect_left (right: bisect_right) of `tok` in sa[lo:hi] keyed by text[g - back]."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        t = text[sa[mid] - back]
+        if t < tok or (right and t == tok):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def match(text, sa, key, sample, q, nq, min_match, pair_lo):
+    """(n, lo, hi) as `FlatIndex.match_range` for the reversed tail q[:nq] (q[j]: j + 1 back);
+    pair_lo: bisect_left(key, the key of the tail's last pair) when nq >= 2 (`pair_lowers`)."""
+    size = key.shape[0]
+    if nq < min_match or size == 0:
+        return 0, 0, 0
+    k1 = np.uint64(q[0] + 1) << np.uint64(32)
+    if nq >= 2:
+        k2 = k1 | np.uint64(q[1] + 1)
+        lo = pair_lo
+        hi = _first_at_least_from(key, lo, k2 + np.uint64(1))
+        if lo < hi:
+            if hi - lo <= PREFETCH_RUN:
+                for j in range(lo, hi):
+                    prefetch(text, sa[j] - 4)
+            n = 2
+            while n < nq:
+                back, tok = n + 1, q[n]
+                if hi - lo == 1:
+                    if text[sa[lo] - back] != tok:
+                        break
+                    a, b = lo, hi
+                else:  # the range's ends first: in rhyming histories all of it often reads `tok`
+                    a = lo if text[sa[lo] - back] >= tok else _bisect_back(text, sa, lo + 1, hi, back, tok, False)
+                    b = hi if text[sa[hi - 1] - back] <= tok else _bisect_back(text, sa, a, hi - 1, back, tok, True)
+                    if a >= b:
+                        break
+                n, lo, hi = n + 1, a, b
+            if n >= min_match:
+                return n, lo, hi
+            return 0, 0, 0
+    if min_match > 1:
+        return 0, 0, 0
+    if nq >= 2:  # the token's run, if it has one, holds the pair's place or ends right before it
+        lo = _first_at_least_back(key, pair_lo, k1)
+    else:
+        lo = first_at_least(key, sample, k1)
+    hi = _first_at_least_from(key, lo, k1 + (np.uint64(1) << np.uint64(32)))
+    if lo < hi:
+        return 1, lo, hi
+    return 0, 0, 0
 
 
 @njit(cache=True)
@@ -143,6 +179,8 @@ def follow(text, stext, pos, own, m, codes, rewards, budget, reward_weighted, mi
     choice depends on its members, not on their order), read where the continuations lie."""
     for a in range(m):
         alive[a] = a
+    for a in range(own):
+        prefetch(text, pos[a] + budget - 1)
     n = _column(text, stext, pos, own, alive, m, 0, toks)  # the non-empty ones
     if n == 0:
         return 0, 0.0
@@ -264,7 +302,7 @@ def draft_rows(hist, sib, tokens, rows, params, out):
         _draft_row(r, h, slot >= 0, s, side >= 0, tokens, rows, params, pair_lo[r], scratch, out)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _draft_row(r, h, has_history, s, has_siblings, tokens, rows, params, pair_lo, scratch, out):
     """Row r's draft into `out`: the history's candidates first (if it matched as long as the
     siblings), then the siblings' (their `limit` most recent, after the history's `limit` minus as many)."""
@@ -306,7 +344,7 @@ def _draft_row(r, h, has_history, s, has_siblings, tokens, rows, params, pair_lo
         out.lengths[r], out.match[r], out.score[r] = size, n, score
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, rewards, near):
     """The k most recent of the history's occurrences sa[lo:hi] into pos / codes / rewards[:k]; k.
     A run matched max_match deep (>= 2) is in position order, so they are its last k entries."""
@@ -326,7 +364,7 @@ def _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, r
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sibling_candidates(seq_lens, seq_tok, sib_rew, found, found_n, cap, shift, weighted, m, pos, codes, rewards,
                         stext):
     """The siblings' occurrences found[:found_n] that continue, each copied to `stext` (at most `cap`

@@ -27,6 +27,7 @@ from rhymerl.histospec.engine.requests import (BUDGET, DRAFTED, KEY_MIX, N, PROM
 from rhymerl.histospec.spec_config import COST_MEMORY_STEPS
 from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
 
+
 class StepRows(NamedTuple):
     """The step's decoding rows (those with sampled tokens), as `begin` found them; per row j:"""
 
@@ -217,11 +218,8 @@ class StepCostModel:
 
 
 def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], length: int) -> list[float]:
-    """q[j] for j < length: chance a draft's token j is accepted, nonincreasing in j.
-
-    Laplace-smoothed counts ((a + 1) / (d + 2)) so unseen positions start at one half, then a
-    running minimum: a token can only be accepted after every token before it.
-    """
+    """q[j] for j < length: chance a draft's token j is accepted, Laplace-smoothed ((a + 1) / (d + 2)),
+    then a running minimum (a token is accepted only after every token before it)."""
     out, low = [], 1.0
     for j in range(length):
         a = accepted_at[j] if j < len(accepted_at) else 0
@@ -235,14 +233,9 @@ def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_ba
                 q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, float],
                 whole: Collection[int] = ()) -> list[list[int]]:
     """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
-
-    `base_tokens`: tokens the step processes without any draft (running requests + prefill);
-    `expected_base`: tokens it emits without drafts (one per decoding request); `q[i, j]`: the
-    chance draft i's token j is accepted (R x W, nonincreasing in j; a draft longer than W is
-    cut at W); `coef`: the step cost (c0, c1); `whole`: rows kept whole (the tail's, see
-    `tail_rows`), counted in the step before the others are chosen. Vectorised: one sort of the
-    step's draft tokens (~4K at 256 requests) instead of a Python loop over them.
-    """
+    `base_tokens` / `expected_base`: tokens the step processes / emits without any draft; `q[i, j]`:
+    the chance draft i's token j is accepted (R x W, nonincreasing in j); `coef`: (c0, c1); `whole`:
+    rows kept whole (`tail_rows`), counted in the step before the others are chosen."""
     c0, c1 = coef
     q = np.asarray(q, dtype=np.float64).reshape(len(drafts), -1)
     width = q.shape[1]
@@ -278,13 +271,10 @@ def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
 
 
 class AcceptanceCalibration:
-    """Measured acceptance of draft tokens by the drafter's estimated probability (`Draft.probs`).
-
-    `record(probs, accepted)` counts verified drafts: draft i's first `accepted[i]` tokens were
-    accepted. `rows(probs)` maps estimates (R x W) to calibrated chances, nonincreasing along each
-    draft. Bins hold `CALIBRATION_PRIOR` pseudo-tokens at their own estimate, and the table is made
-    nondecreasing in the estimate (pool-adjacent-violators), so sparse bins never reorder drafts.
-    """
+    """Measured acceptance of draft tokens by the drafter's estimated probability (`Draft.probs`):
+    `record` counts verified drafts (draft i's first `accepted[i]` tokens accepted), `rows` maps
+    estimates (R x W) to calibrated chances. Bins hold `CALIBRATION_PRIOR` pseudo-tokens at their own
+    estimate and the table is kept nondecreasing (pool-adjacent-violators)."""
 
     def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
         self.bins = bins

@@ -42,15 +42,9 @@ STOCK_MIN_TOKEN_PROB = 0.1
 @dataclass(frozen=True)
 class SuffixArm:
     """Which responses a replayed suffix cache holds, and its drafting knobs (vLLM's stock by default).
-
-    scope "global": one cache for the whole run, fed every response in generation order (epoch,
-    step), the newest `max_cached_requests` kept (FIFO; requests in flight count): what one engine's
-    stock cache holds when it serves every request. `cache_steps > 0` sizes it instead to that many
-    training steps of finished responses plus the step in flight (steps of the records' median size):
-    what a per-engine cache keeps at real scale. scope "prompt": a fresh cache per group holding
-    exactly HistoSpec's information (the prompt's responses from its last `spec.history_epochs`
-    epochs, plus its siblings as they grow).
-    """
+    scope "global": one cache for the run, fed every response in generation order, the newest
+    `max_cached_requests` kept (or, with `cache_steps > 0`, that many steps' responses plus the step in
+    flight); scope "prompt": a fresh cache per group holding HistoSpec's history, plus the siblings."""
 
     scope: Literal["global", "prompt"] = "global"
     max_cached_requests: int = STOCK_CACHED_REQUESTS  # -1: unlimited
@@ -150,22 +144,15 @@ Group = tuple[Sequence[int], Sequence[Sequence[int]], "PromptIndex | None"]  # p
 def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], config: SpecConfig,
                  index: PromptIndex | None = None, stats: SpecStats | None = None,
                  recent: RecentTree | None = None) -> SpecStats:
-    """Replay one prompt's group in lockstep and return its counters.
-
-    `index` is the prompt's history index (HistoSpec only; None: no history). With `siblings` the
-    group's responses are added to it as they grow, so pass a fresh index per group. `recent`: the
-    cross-prompt tree (HistoSpec only), fed the group's tokens as they are emitted.
-    """
+    """Replay one prompt's group in lockstep and return its counters. `index`: the prompt's history
+    index (HistoSpec only; None: none), grown with the siblings (a fresh one per group); `recent`: the
+    cross-prompt tree, fed the group's tokens as they are emitted."""
     return replay_batch([(prompt, responses, index)], config, stats, recent)
 
 
 def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats | None = None,
                  recent: RecentTree | None = None) -> SpecStats:
-    """Replay several groups (one training step's) in one lockstep batch, as one engine runs them.
-
-    Every round drafts for all unfinished responses, then verifies them and appends the emitted
-    tokens to their group's index (`siblings`) and to `recent`.
-    """
+    """Replay several groups (one training step's) in one lockstep batch, as one engine runs them."""
     stats = stats if stats is not None else SpecStats()
     rows = []  # (context prefix, response, drafter, index or None, sibling id, recent handle)
     for prompt, responses, index in groups:
@@ -227,13 +214,10 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
            on_prompt: Callable[[], None] | None = None, arm: SuffixArm | None = None) -> ReplayReport:
     """Replay every (prompt, epoch) group of `records` under `config`; acceptance per epoch.
 
-    Training steps replay in the order the run generated them (epoch, step), each step's groups in
-    one lockstep batch, so HistoSpec's cross-prompt tree (`recent_responses`) holds what one engine
-    serving every request would hold. With `only_epochs`, groups of other epochs are not reported,
-    but still serve as history and, replayed unseen, feed the cross-prompt tree. `on_prompt` is called once per prompt
-    (progress bars). With `config.method` "suffix", `arm` says what the suffix cache holds (default:
-    vLLM's stock global cache; see `replay_suffix`).
-    """
+    Training steps replay in generation order (epoch, step), each step's groups in one lockstep batch,
+    so the cross-prompt tree holds what one engine serving every request would. Epochs outside
+    `only_epochs` are not reported but still serve as history and feed the tree. `on_prompt` is
+    called once per prompt (progress bars); `arm`: the suffix cache's scope (method "suffix")."""
     if config.method == "suffix":
         return replay_suffix(records, config, arm or SuffixArm(), only_epochs, on_prompt)
     records = list(records)
@@ -276,16 +260,10 @@ def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: 
                   only_epochs: Collection[int] | None = None,
                   on_prompt: Callable[[], None] | None = None) -> ReplayReport:
     """Replay the responses through Arctic Inference's `SuffixDecodingCache` as vLLM's `suffix` method
-    drafts: per step, the better (by score) of the request's own tree (prompt + response so far) and
-    the cache's tree of responses, at most `config.max_budget` tokens, stopping where the estimated
-    token probability falls below `arm.min_token_prob` or past `arm.max_spec_factor` x the match.
-
-    `arm.scope` "global": one cache for the run; each training step's requests (all its groups) run
-    in one lockstep batch, as one engine would run them, steps in order (epoch, step); epochs not in
-    `only_epochs` still feed the cache. "prompt": each group runs in lockstep on a fresh cache
-    preloaded with the prompt's history (`history_for`: the responses HistoSpec's index holds).
-    Either way a request's tokens join the cache as they are emitted, so siblings see each other.
-    """
+    drafts (the better of the request's own tree and the cache's, at most `config.max_budget` tokens,
+    `arm`'s knobs), in `arm.scope`: one cache for the run, each step's requests in one lockstep batch;
+    or a fresh cache per group preloaded with the prompt's history (`history_for`). A request's tokens
+    join the cache as they are emitted, so siblings see each other."""
     records = list(records)
     report = ReplayReport(config)
     batches: dict[tuple, list[RecordedResponse]] = defaultdict(list)
@@ -326,11 +304,8 @@ def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: 
 
 def replay_suffix_batch(cache, requests: Sequence[tuple[Hashable, Sequence[int], Sequence[int]]],
                         config: SpecConfig, arm: SuffixArm, stats: SpecStats) -> SpecStats:
-    """Replay (request id, prompt, response) triples in lockstep through `cache`, a `SuffixDecodingCache`.
-
-    Each round drafts for every unfinished request, then verifies them all and adds the emitted
-    tokens to the cache (as vLLM's proposer adds a step's sampled tokens before it drafts again).
-    """
+    """Replay (request id, prompt, response) triples in lockstep through `cache`, a `SuffixDecodingCache`:
+    each round drafts for every unfinished request, then verifies them and adds the emitted tokens."""
     ids = [rid for rid, _, _ in requests]
     prompts = [[int(t) for t in prompt] for _, prompt, _ in requests]
     responses = [resp for _, _, resp in requests]
