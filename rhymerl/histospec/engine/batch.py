@@ -206,10 +206,10 @@ class BatchIndexDrafter:
                      np.zeros(count, np.float64), np.zeros((count, width), np.float64))
         rows = Rows(slots, sides, shifts, *(np.ascontiguousarray(a, np.int64) for a in (row_ids, nums, budgets)))
         args = (self.slots.arrays, self.sides.arrays, tokens, rows, self.params, out)
-        call = self._compiled.get(numba.typeof(tokens))
+        call = self._compiled.get((tokens.dtype, tokens.flags.c_contiguous))
         if call is None:
             draft_rows(*args)
-            call = self._compiled[numba.typeof(tokens)] = _entry_point(draft_rows, args)
+            self._compiled[tokens.dtype, tokens.flags.c_contiguous] = _entry_point(draft_rows, args)
         else:
             call(*args)
         return out

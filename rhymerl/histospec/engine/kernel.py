@@ -278,73 +278,65 @@ def _seq_of(starts, code):
 @njit(cache=True)
 def draft_rows(hist, sib, tokens, rows, params, out):
     """Draft every row r from its context tokens[rows.row_ids[r], :rows.nums[r]], at most
-    rows.budgets[r] tokens, from the `params.limit` most recent occurrences of the longest tail;
-    rows of one prompt are expected together (their arrays are taken once per run of rows)."""
-    count, limit = rows.slots.shape[0], params.limit
-    scratch = (np.empty(params.max_match, np.int64), np.empty(params.max_match, np.uint64),
-               np.empty(limit, np.int64), np.empty(limit, np.int64),
-               np.empty(limit * (out.tokens.shape[1] + 1), np.int32), np.empty(limit, np.int64), np.zeros(limit),
-               np.empty(limit, np.int64), np.empty(limit, np.int64), np.empty(limit, np.int32))
+    rows.budgets[r] tokens, from the `params.limit` most recent occurrences of the longest tail: the
+    history's candidates first (if it matched as long as the siblings), then the siblings' (their
+    `limit` most recent, after the history's `limit` minus as many). Rows of one prompt are expected
+    together: their arrays are taken once per run of rows (each take costs reference counts)."""
+    count, limit, lo_match, width = rows.slots.shape[0], params.limit, params.min_match, out.tokens.shape[1]
+    q, keys, found, pos, codes, rewards, alive, toks, near = (
+        np.empty(params.max_match, np.int64), np.empty(params.max_match, np.uint64), np.empty(limit, np.int64),
+        np.empty(limit, np.int64), np.empty(limit, np.int64), np.zeros(limit), np.empty(limit, np.int64),
+        np.empty(limit, np.int64), np.empty(limit, np.int32))
+    stext = np.empty(limit * (width + 1), np.int32)  # the siblings' continuations, each PAD-ended
     pair_lo, work = np.empty(count, np.int64), np.empty((3, count), np.int64)
     pair_lowers(hist.keys, hist.samples, rows.slots, tokens, rows.row_ids, rows.nums, pair_lo, work, LOCKSTEP)
-    near, none_f = scratch[9], np.zeros(0)
-    h = (near, near, np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.int64), none_f)
-    s = (np.empty(0, np.int64), np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), np.empty((0, 0), np.int32),
-         none_f)
+    text, sa, key, sample, start, seq_rew = near, near, np.empty(0, np.uint64), np.empty(0, np.uint64), \
+        np.empty(0, np.int64), rewards
+    seq_lens, seq_tok, s_tab, s_link, sib_rew = codes, np.empty((0, 0), np.int32), np.empty((0, 2), np.int64), \
+        np.empty((0, 0), np.int32), rewards
     held, held_side = -1, -1
     for r in range(count):
-        slot, side = rows.slots[r], rows.sides[r]
-        if slot >= 0 and slot != held:
-            h, held = (hist.texts[slot], hist.sas[slot], hist.keys[slot], hist.samples[slot], hist.starts[slot],
-                       hist.rewards[slot]), slot
-        if side >= 0 and side != held_side:
-            s, held_side = (sib.lens[side], sib.tok[side], sib.table[side], sib.links[side], sib.rewards[side]), side
-        _draft_row(r, h, slot >= 0, s, side >= 0, tokens, rows, params, pair_lo[r], scratch, out)
+        out.lengths[r], out.match[r], out.score[r] = 0, 0, 0.0
+        slot, side, num = rows.slots[r], rows.sides[r], rows.nums[r]
+        nq = min(num, params.max_match)
+        for j in range(nq):
+            q[j] = tokens[rows.row_ids[r], num - 1 - j]
+        nf, lo, hi = 0, 0, 0
+        if slot >= 0:
+            if slot != held:
+                text, sa, key, sample = hist.texts[slot], hist.sas[slot], hist.keys[slot], hist.samples[slot]
+                start, seq_rew, held = hist.starts[slot], hist.rewards[slot], slot
+            nf, lo, hi = match(text, sa, key, sample, q, nq, lo_match, pair_lo[r])
+        n, flim, found_n, extra, budget = nf, limit, 0, 0, rows.budgets[r]
+        if side >= 0:
+            if side != held_side:
+                seq_lens, seq_tok, s_tab, s_link = sib.lens[side], sib.tok[side], sib.table[side], sib.links[side]
+                sib_rew, held_side = sib.rewards[side], side
+            n, found_n = sibling_match(seq_lens, s_tab, s_link, seq_tok.shape[0], q, nq, nf, lo_match, limit, keys,
+                                       found)
+            flim = limit - found_n if nf == n else 0
+            for c in range(found_n):  # an occurrence at a sibling's end continues nothing
+                if min(budget, seq_lens[found[c] // STRIDE] - found[c] % STRIDE, width) > 0:
+                    extra += 1
+        k = min(hi - lo, flim) if nf == n else 0
+        if n == 0 or k + extra == 0:
+            continue
+        if params.max_spec_factor > 0:
+            budget = min(budget, int(params.max_spec_factor * n))
+            if budget <= 0:
+                continue
+        own = _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, rewards, near) if k else 0
+        m = own
+        if extra:
+            m = _sibling_candidates(seq_lens, seq_tok, sib_rew, found, found_n, min(rows.budgets[r], width, budget),
+                                    rows.shifts[r], params.reward_weighted, m, pos, codes, rewards, stext)
+        size, score = follow(text, stext, pos, own, m, codes, rewards, budget, params.reward_weighted,
+                             params.min_token_prob, params.prior, out.tokens, out.probs, r, alive, toks)
+        if size:
+            out.lengths[r], out.match[r], out.score[r] = size, n, score
 
 
-@njit(cache=True, inline="always")
-def _draft_row(r, h, has_history, s, has_siblings, tokens, rows, params, pair_lo, scratch, out):
-    """Row r's draft into `out`: the history's candidates first (if it matched as long as the
-    siblings), then the siblings' (their `limit` most recent, after the history's `limit` minus as many)."""
-    q, keys, found, pos, stext, codes, rewards, alive, toks, near = scratch
-    text, sa, key, sample, start, seq_rew = h
-    seq_lens, seq_tok, s_tab, s_link, sib_rew = s
-    out.lengths[r], out.match[r], out.score[r] = 0, 0, 0.0
-    num, limit, lo_match = rows.nums[r], params.limit, params.min_match
-    nq = min(num, params.max_match)
-    for j in range(nq):
-        q[j] = tokens[rows.row_ids[r], num - 1 - j]
-    nf, lo, hi = 0, 0, 0
-    if has_history:
-        nf, lo, hi = match(text, sa, key, sample, q, nq, lo_match, pair_lo)
-    n, flim, found_n, extra = nf, limit, 0, 0
-    width, budget = out.tokens.shape[1], rows.budgets[r]
-    if has_siblings:
-        n, found_n = sibling_match(seq_lens, s_tab, s_link, seq_tok.shape[0], q, nq, nf, lo_match, limit, keys,
-                                   found)
-        flim = limit - found_n if nf == n else 0
-        for c in range(found_n):  # an occurrence at a sibling's end continues nothing
-            if min(budget, seq_lens[found[c] // STRIDE] - found[c] % STRIDE, width) > 0:
-                extra += 1
-    k = min(hi - lo, flim) if nf == n else 0
-    if n == 0 or k + extra == 0:
-        return
-    if params.max_spec_factor > 0:
-        budget = min(budget, int(params.max_spec_factor * n))
-        if budget <= 0:
-            return
-    m = _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, rewards, near) if k else 0
-    own = m
-    if extra:
-        m = _sibling_candidates(seq_lens, seq_tok, sib_rew, found, found_n, min(rows.budgets[r], width, budget),
-                                rows.shifts[r], params.reward_weighted, m, pos, codes, rewards, stext)
-    size, score = follow(text, stext, pos, own, m, codes, rewards, budget, params.reward_weighted,
-                         params.min_token_prob, params.prior, out.tokens, out.probs, r, alive, toks)
-    if size:
-        out.lengths[r], out.match[r], out.score[r] = size, n, score
-
-
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, rewards, near):
     """The k most recent of the history's occurrences sa[lo:hi] into pos / codes / rewards[:k]; k.
     A run matched max_match deep (>= 2) is in position order, so they are its last k entries."""
@@ -364,7 +356,7 @@ def _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, r
     return k
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _sibling_candidates(seq_lens, seq_tok, sib_rew, found, found_n, cap, shift, weighted, m, pos, codes, rewards,
                         stext):
     """The siblings' occurrences found[:found_n] that continue, each copied to `stext` (at most `cap`

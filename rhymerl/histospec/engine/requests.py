@@ -118,10 +118,8 @@ def _keep(new_keys, new_slots, keys, slots, last_step, step, grace, out_keys, ou
 
 @njit(cache=True)
 def back_off_row(fails, resume, s, accepted, step, cap):
-    """Slot s's draft was verified at `step` with `accepted` tokens accepted: count its fully
-    rejected drafts in a row (`fails`); from the second on, it skips drafting until step `step` +
-    2^(fails - 1), at most + `cap` (`resume`). Only what earlier steps' verifications decided is
-    read, so the sampled distribution stays the target's (`spec.fail_backoff`)."""
+    """Slot s's draft, verified at `step`, had `accepted` tokens accepted: from its second fully
+    rejected draft in a row it skips drafting until `step` + 2^(fails - 1), at most + `cap`."""
     fails[s] = fails[s] + 1 if accepted == 0 else 0
     resume[s] = step + min(1 << min(fails[s] - 1, 30), cap) if fails[s] >= 2 else 0
 
@@ -137,19 +135,12 @@ class _Field:
 
 
 class RequestTable:
-    """The drafting state of every request the engine ran lately, one slot per request.
-
-    Fields (arrays indexed by slot): `budget` (its draft budget), `n` (its length when last drafted
-    for), `drafted` (the length of that draft, 0: none), `probs` (that draft's estimated token
-    probabilities, `Draft.probs`), `prompt` (its prompt's key in the bundle, -1: unknown prompt),
-    `sib` / `sib_n` (its sequence in the prompt's index, -1: none, and how many of its row's tokens
-    that sequence holds), `tree` / `tree_n` (its handle in the cross-prompt tree, -1: none, and how
-    many of its row's tokens the tree holds), `forecast` / `plen`
-    (its prompt's longest earlier response, 0: none, and the prompt's length), `step` (the last
-    step that saw it), `fails` / `resume` (its fully rejected drafts in a row, and the first step
-    it may draft again: `spec.fail_backoff`). All are rows of one array, `fields` (INT_FIELDS order),
-    which compiled passes take whole. `keys` / `slots`: the key each live slot was stored under.
-    """
+    """The drafting state of every request the engine ran lately, one slot per request. Fields by
+    slot: `budget`; `n` / `drafted` (its length when last drafted for, that draft's length); `probs`
+    (that draft's estimates); `prompt` (its bundle key, -1: unknown); `sib` / `sib_n` and `tree` /
+    `tree_n` (its sibling sequence and tree handle, -1: none, and how many of its tokens each holds);
+    `forecast` / `plen` (its prompt's longest earlier response, its prompt's length); `step` (last
+    seen); `fails` / `resume` (`spec.fail_backoff`). The int fields are rows of one array, `fields`."""
 
     (budget, n, drafted, prompt, sib, sib_n, tree, tree_n, forecast, plen, step, fails,
      resume) = (_Field(row) for row in range(len(INT_FIELDS)))
@@ -287,11 +278,9 @@ class StepLedger:
 
 @njit(cache=True)
 def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_drafted, cal_hits, step, backoff):
-    """Request slot s sampled `size` tokens (>= 1) in the step verified at `step`: its draft of
-    fields[DRAFTED, s] tokens (estimates probs[s]) had size - 1 of them accepted, after fields[N, s] -
-    fields[PLEN, s] response tokens. Counts it in both `Counts.arrays` (the lifetime's without
-    position) and the calibration's bins; with `backoff` > 0, the fail back-off. Returns (drafted,
-    accepted, draft tokens added to the calibration)."""
+    """Request slot s sampled `size` tokens (>= 1) in the step verified at `step` (so its draft had
+    size - 1 tokens accepted): counted in both `Counts.arrays`, the calibration's bins and the fail
+    back-off; (drafted, accepted, draft tokens added to the calibration)."""
     d = fields[DRAFTED, s]
     a = min(size - 1, d)
     tally_row(step_counts[0], step_counts[1], step_counts[2], d, a)
