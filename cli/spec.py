@@ -2,9 +2,9 @@
 
     rhymerl spec replay --lake lake --run rhymerl-20261202-1 --epochs 1,2 --set max_budget=32
 
-One query reads the run's responses from the lake; each setting (`rhymerl.histospec.tuning.SETTINGS`,
+One query reads the run's responses from the lake; each setting (`rhymerl.histospec.offline.tuning.SETTINGS`,
 overrides on top) replays them through the drafter with the recorded next tokens as the model's
-choices (`rhymerl.histospec.replay`). No model runs. `cli/main.py` calls `register(subparsers)`;
+choices (`rhymerl.histospec.offline.replay`). No model runs. `cli/main.py` calls `register(subparsers)`;
 lake URL, formats, warnings and exit codes (2: error, message says what to fix) are those of
 `rhymerl lake`.
 """
@@ -71,7 +71,7 @@ def _missing_epochs(present: list[int], run_id: str, epochs: list[int] | None) -
 
 
 def _prompts(lake: Any, run_id: str) -> RecoveredPrompts:
-    """The run's prompts as token ids (`rhymerl.histospec.prompts`), with a console line saying how
+    """The run's prompts as token ids (`rhymerl.histospec.offline.tuning`), with a console line saying how
     many were recovered."""
     from rhymerl.histospec.offline.tuning import RecoveredPrompts, recover_prompts, run_tokenizer
 
@@ -150,7 +150,7 @@ def register(subparsers: Any) -> None:
                      help="report only these epochs, e.g. 1,2 (earlier epochs still serve as history; "
                           "default: all)")
     rep.add_argument("--settings", action="extend", nargs="+", metavar="NAME",
-                     help="settings to replay (default: all of rhymerl.histospec.tuning.SETTINGS: "
+                     help="settings to replay (default: all of rhymerl.histospec.offline.tuning.SETTINGS: "
                           "histospec, its variants, ngram, and vLLM's suffix decoding with a stock global "
                           "cache (suffix), one cache per prompt holding HistoSpec's history (suffix-prompt) "
                           "and a cache of about one step of responses (suffix-step); an unknown name "

@@ -1,4 +1,4 @@
-"""`rhymerl.histospec.requests.group`: a step's rows grouped by prompt."""
+"""`rhymerl.histospec.engine.requests.group`: a step's rows grouped by prompt."""
 
 import numpy as np
 

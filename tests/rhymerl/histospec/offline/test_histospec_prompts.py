@@ -1,4 +1,4 @@
-"""Recovering a run's prompt token ids from the lake's prompt text (`rhymerl.histospec.prompts`)."""
+"""Recovering a run's prompt token ids from the lake's prompt text (`rhymerl.histospec.offline.tuning`)."""
 
 import json
 
