@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from rhymerl.histospec.flat import FlatBundle
+from rhymerl.histospec.bundle import HistoryBundle
 
 VOCAB, PROMPT_LEN, SAMPLES, CHANGE = 151_936, 64, 16, 0.05
 
@@ -35,7 +35,7 @@ def rhyming_group(rng: np.random.Generator, length: int, history: int) -> tuple[
 
 
 def engine_rows(rng, length: int, history: int, requests: int):
-    """A FlatBundle of R / 16 prompts and the engine's token rows: each request one live sample of
+    """A HistoryBundle of R / 16 prompts and the engine's token rows: each request one live sample of
     its prompt, `pos` tokens in."""
     prompts = max(1, requests // SAMPLES)
     pos = min(length // 2, 8192)
@@ -51,7 +51,7 @@ def engine_rows(rng, length: int, history: int, requests: int):
     for i in range(requests):
         rows[i, :PROMPT_LEN] = groups[i // SAMPLES][0]
         rows[i, PROMPT_LEN:] = live[i]
-    return FlatBundle(arrays), groups, rows, PROMPT_LEN + pos
+    return HistoryBundle(arrays), groups, rows, PROMPT_LEN + pos
 
 
 def accept(rows: np.ndarray, num: np.ndarray, drafts: list[list[int]]) -> list[np.ndarray]:

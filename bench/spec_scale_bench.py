@@ -8,15 +8,11 @@ prompt, R requests per engine, 16 live samples per prompt). Grid: L in 1K, 4K, 1
 128, 256, 512 requests per engine (R / 16 prompts per engine); epochs of P = 1K and 20K prompts.
 
 Arms, side by side in one process (the machine is shared and noisy; compare within a row):
-- old: `SuffixIndex` (a dict of 64-bit n-gram hashes, min_match 1..7), built inside the engine step,
-  each request found by hashing its whole token row (the reference design the flat index replaces);
 - new: `FlatIndex` (reversed-context suffix array) through `BatchDrafter`: history built by
   its background thread, requests keyed by length + tail, every row's own draft in one compiled call
-  (`rhymerl.histospec.batch`);
+  (`rhymerl.histospec.engine.batch`);
 - new_py: the same `BatchDrafter` drafting row by row in Python (`batched=False`, the reference the
   compiled path equals; drafting only, so no build columns);
-- new_inline (with `--spec engine`): new with the cross-prompt tree grown in the step
-  (`spec.grow_behind = "off"`; new grows it on its helper thread, "on");
 - arctic: Arctic Inference's `SuffixTree` (depth 24, the engine of vLLM's `suffix`) per prompt,
   drafting with its stock settings (factor 1, min_token_prob 0.1);
 - suffix: what vLLM's `suffix` method does per step (`SuffixDecodingProposer.propose`): each row's new
@@ -72,18 +68,15 @@ import statistics
 import sys
 import time
 import tracemalloc
-from dataclasses import replace
 from datetime import date
 
 import numpy as np
 
 from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhyming_group
 from rhymerl.run.heap import frozen_heap
-from rhymerl.histospec.flat import FlatIndex
-from rhymerl.histospec.index import SuffixIndex
-from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.suffix import has_arctic_inference
-from rhymerl.vllm.histospec_proposer import BatchDrafter
+from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.index import FlatIndex
+from rhymerl.histospec.spec_config import SpecConfig, has_arctic_inference
 
 # Requests per engine: item 5's 128 and 512, and 256, the point item 4's 1 ms target names.
 FULL = {"lengths": (1024, 4096, 16384), "histories": (16, 64), "requests": (128, 256, 512), "epochs": (1000, 20000)}
@@ -92,9 +85,9 @@ SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the p
 ENGINE_SPEC = SpecConfig(cost_aware=False)  # --spec engine: siblings and the cross-prompt tree too
 TARGETS = {"bytes_per_token": 16, "build_tokens_per_s": 2e6, "step_ms_256": 1.0}
 SUFFIX_TOKENS = 10_000_000  # the suffix arm's history + request prefixes at most (~3.5 GB of its trees)
-# Arms without an index build of their own: new_py and new_inline draft from new's index, suffix keeps
+# Arms without an index build of their own: new_py drafts from new's index, suffix keeps
 # its trees itself (their memory is in its drafting point).
-UNBUILT = ("new_py", "new_inline", "suffix")
+UNBUILT = ("new_py", "suffix")
 
 
 def _timed(build, repeats: int) -> tuple[object, float]:
@@ -113,10 +106,6 @@ def _peak(build) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-
-
-def _old(prompt, hist):
-    return SuffixIndex.build(hist.tolist(), min_match=SPEC.min_match, max_match=SPEC.max_match, prefix=prompt.tolist())
 
 
 def _new(prompt, hist):
@@ -141,10 +130,10 @@ def build_point(rng, length: int, history: int, arms: list[str]) -> dict:
     repeats = 3 if tokens < 1_000_000 else 1
     out = {"length": length, "history": history, "tokens": tokens}
     for arm in arms:
-        make = {"old": _old, "new": _new, "arctic": _arctic}[arm]
+        make = {"new": _new, "arctic": _arctic}[arm]
         index, seconds = _timed(lambda: make(prompt, hist), repeats)
         peak = _peak(lambda: make(prompt, hist)) if arm != "arctic" else int(index.estimate_memory())
-        size = peak - 4 * tokens if arm == "old" else index.nbytes if arm == "new" else peak
+        size = index.nbytes if arm == "new" else peak
         out[arm] = {"bytes_per_token": size / tokens, "build_tokens_per_s": tokens / seconds,
                     "build_s": seconds, "peak_bytes": peak}
         del index
@@ -157,19 +146,18 @@ def draft_point(rng, length: int, history: int, requests: int, arms: list[str], 
     bundle, groups, rows, n0 = engine_rows(rng, length, history, requests)
     out = {"length": length, "history": history, "requests": requests, "context": n0,
            "prompts": len(groups)}
-    for arm in [a for a in arms if a in ("new", "new_py", "new_inline")]:
-        arm_spec = replace(spec, grow_behind="off" if arm == "new_inline" else "on")
+    for arm in [a for a in arms if a in ("new", "new_py")]:
         with frozen_heap():  # as an engine's start-up heap (rhymerl.run.heap): full collections walk the arm's own
-            out[arm] = _draft_new(bundle, rows, n0, requests, steps, arm_spec, batched=arm != "new_py", forward=forward)
+            out[arm] = _draft_new(bundle, rows, n0, requests, steps, spec, batched=arm != "new_py", forward=forward)
     if "suffix" in arms:  # the library's trees hold ~355 B per token: cap what one point may put in them
         held = len(groups) * history * length + requests * n0
         with frozen_heap():
             out["suffix"] = (_draft_suffix(groups, rows, n0, requests, steps, history, forward)
                              if held <= SUFFIX_TOKENS else
                              {"skipped": f"{held / 1e6:.1f}M tokens for its trees (> {SUFFIX_TOKENS / 1e6:.0f}M)"})
-    two = groups[:2]  # old and arctic: 2 prompts' indexes serve every request
-    for arm in [a for a in arms if a in ("old", "arctic")]:
-        make = {"old": _old, "arctic": _arctic}[arm]
+    two = groups[:2]  # arctic: 2 prompts' indexes serve every request
+    for arm in [a for a in arms if a == "arctic"]:
+        make = _arctic
         indexes, build_s = [], []
         for prompt, r in two:
             index, seconds = _timed(lambda: make(prompt, r[:history]), 2)
@@ -210,14 +198,13 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
         building_steps += 1
     drafter.wait_for_builds()
     build_wait = time.perf_counter() - t0
-    timed_context, grown, stats = int(num.mean()), drafter.stats.grow_seconds, drafter.stats
+    timed_context, stats = int(num.mean()), drafter.stats
     drafted, accepted = stats.drafted, stats.accepted
     timed = []
     for _ in range(steps):
         timed.append(step())
         forward.wait()
     per_step = statistics.median(cpu for _, cpu in timed)
-    drafter.wait_for_builds()  # the last step's growth, to count it (and its helper done with the siblings)
     stats = drafter.stats  # read again: the steps' counts are added to it when it is read
     index_bytes = sum(p.index.flat.nbytes + p.index.flat.text.nbytes for p in drafter.prompts.values())
     sides = [p.index.side for p in drafter.prompts.values()]  # the siblings' indexes (empty without siblings)
@@ -228,7 +215,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
             "sibling_bytes_per_token": sibling_bytes / sibling_tokens if sibling_tokens else 0.0,
             "step_wall_ms": statistics.median(wall for wall, _ in timed) * 1e3,
             "step_wall_max_ms": max(wall for wall, _ in timed) * 1e3,
-            "grow_behind_ms": (drafter.stats.grow_seconds - grown) / steps * 1e3, "forward_ms": forward.seconds * 1e3,
+            "forward_ms": forward.seconds * 1e3,
             "timed_context": timed_context,
             "acceptance_rate": (stats.accepted - accepted) / max(1, stats.drafted - drafted)}
 
@@ -276,8 +263,7 @@ def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int, fo
     """Median seconds per step of the old drafter's per-request work (whole-row key, draft) or the
     library's speculate for R requests: request i is row i % 32, a live sample of prompt (i % 32) // 16,
     and drafts from that prompt's index."""
-    drafters = [SPEC.drafter(ix) for ix in indexes] if arm == "old" else indexes
-    states: dict[bytes, int] = {}
+    drafters = indexes
     times = []
     for step in range(steps):
         n = n0 + step
@@ -285,12 +271,7 @@ def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int, fo
         for i in range(requests):
             j = i % (SAMPLES * len(drafters))
             row, drafter = rows[j], drafters[j // SAMPLES]
-            if arm == "old":
-                states.pop(row[:n - 1].tobytes(), None)
-                drafter.propose(row[max(0, n - SPEC.context_tail):n].tolist(), 16)
-                states[row[:n].tobytes()] = i
-            else:
-                drafter.speculate(row[max(0, n - 24):n].tolist(), 16, 1.0, 0.0, 0.1, False)
+            drafter.speculate(row[max(0, n - 24):n].tolist(), 16, 1.0, 0.0, 0.1, False)
         times.append(time.thread_time() - t0)
         forward.wait()
     return statistics.median(times)
@@ -338,11 +319,9 @@ def table(result: dict) -> str:
         cells = [f"{d[a]['stall_ms']:.1f} | {d[a]['step_ms']:.2f} | {d[a]['us_per_request']:.1f}"
                  if "skipped" not in d[a] else "- | - | -" for a in arms]
         lines.append(f"| {d['length']} | {d['history']} | {d['requests']} | {d['context']} | " + " | ".join(cells) + " |")
-    timed = [a for a in arms if a in ("new", "new_inline")]  # the drafting thread may wait on the helper's work
-    lines += ["", "| L | H | R | " + " | ".join(f"{a} wall ms/step | {a} helper ms/step" for a in timed) + " |",
-              "|---" * (3 + 2 * len(timed)) + "|"]
-    lines += [f"| {d['length']} | {d['history']} | {d['requests']} | " + " | ".join(
-        f"{d[a]['step_wall_ms']:.2f} | {d[a]['grow_behind_ms']:.2f}" for a in timed) + " |" for d in result["drafts"]]
+    lines += ["", "| L | H | R | new wall ms/step |", "|---|---|---|---|"]
+    lines += [f"| {d['length']} | {d['history']} | {d['requests']} | {d['new']['step_wall_ms']:.2f} |"
+              for d in result["drafts"]]
     sib = [d for d in result["drafts"] if d.get("new", {}).get("sibling_tokens")]
     if sib:
         lines += ["", "| L | H | R | sibling tokens (new) | MB | B/token |", "|---|---|---|---|---|---|"]
@@ -374,9 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the drafting thread during the 10 ms forward pass between steps: spinning, as "
                         "it does waiting on a GPU (default), or asleep (its core's caches may go cold)")
     args = parser.parse_args(argv)
-    # `new` drafts first: an engine's process holds no other arm's memory, and the others (the old
-    # dict index, the Python path) leave the heap and caches in a state that slows it.
-    arms = ["new"] + (["new_inline"] if args.spec == "engine" else []) + ["new_py", "old"] + (
+    # `new` drafts first: an engine's process holds no other arm's memory, and the others (the
+    # Python path, the library's trees) leave the heap and caches in a state that slows it.
+    arms = ["new", "new_py"] + (
         ["arctic", "suffix"] if has_arctic_inference() else [])
     if "arctic" not in arms:
         print("note: arctic-inference missing, its arm left out (make setup builds it)", file=sys.stderr)

@@ -2,9 +2,9 @@
 
     rhymerl spec replay --lake lake --run rhymerl-20261202-1 --epochs 1,2 --set max_budget=32
 
-One query reads the run's responses from the lake; each setting (`rhymerl.histospec.tuning.SETTINGS`,
+One query reads the run's responses from the lake; each setting (`rhymerl.histospec.offline.tuning.SETTINGS`,
 overrides on top) replays them through the drafter with the recorded next tokens as the model's
-choices (`rhymerl.histospec.replay`). No model runs. `cli/main.py` calls `register(subparsers)`;
+choices (`rhymerl.histospec.offline.replay`). No model runs. `cli/main.py` calls `register(subparsers)`;
 lake URL, formats, warnings and exit codes (2: error, message says what to fix) are those of
 `rhymerl lake`.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cli.common import add_lake_options, format_rows, guarded, lake_url
 
 if TYPE_CHECKING:  # the module itself loads on first use (keeps `rhymerl --help` quick)
-    from rhymerl.histospec.prompts import RecoveredPrompts
+    from rhymerl.histospec.offline.tuning import RecoveredPrompts
 
 RESPONSES_SQL = """
 SELECT prompt_id, epoch, step, sample_idx, response_token_ids, reward
@@ -71,9 +71,9 @@ def _missing_epochs(present: list[int], run_id: str, epochs: list[int] | None) -
 
 
 def _prompts(lake: Any, run_id: str) -> RecoveredPrompts:
-    """The run's prompts as token ids (`rhymerl.histospec.prompts`), with a console line saying how
+    """The run's prompts as token ids (`rhymerl.histospec.offline.tuning`), with a console line saying how
     many were recovered."""
-    from rhymerl.histospec.prompts import RecoveredPrompts, recover_prompts, run_tokenizer
+    from rhymerl.histospec.offline.tuning import RecoveredPrompts, recover_prompts, run_tokenizer
 
     texts = {r["prompt_id"]: r["prompt_text"] for r in lake.sql(PROMPTS_SQL, {"run": run_id}).to_pylist()}
     config = lake.sql(CONFIG_SQL, {"run": run_id}).column("config_json").to_pylist()
@@ -86,9 +86,9 @@ def _prompts(lake: Any, run_id: str) -> RecoveredPrompts:
 def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # imports here keep `rhymerl --help` quick (the drafter loads numpy)
 
-    from rhymerl.histospec.replay import replay
-    from rhymerl.histospec.suffix import SuffixUnavailable, require_arctic_inference
-    from rhymerl.histospec.tuning import (COLUMNS, SUFFIX_ARMS, default_settings, records_from_columns,
+    from rhymerl.histospec.offline.replay import replay
+    from rhymerl.histospec.spec_config import SuffixUnavailable, require_arctic_inference
+    from rhymerl.histospec.offline.tuning import (COLUMNS, SUFFIX_ARMS, default_settings, records_from_columns,
                                           replay_configs, report_rows)
     from storage.lake import Lake
 
@@ -150,7 +150,7 @@ def register(subparsers: Any) -> None:
                      help="report only these epochs, e.g. 1,2 (earlier epochs still serve as history; "
                           "default: all)")
     rep.add_argument("--settings", action="extend", nargs="+", metavar="NAME",
-                     help="settings to replay (default: all of rhymerl.histospec.tuning.SETTINGS: "
+                     help="settings to replay (default: all of rhymerl.histospec.offline.tuning.SETTINGS: "
                           "histospec, its variants, ngram, and vLLM's suffix decoding with a stock global "
                           "cache (suffix), one cache per prompt holding HistoSpec's history (suffix-prompt) "
                           "and a cache of about one step of responses (suffix-step); an unknown name "

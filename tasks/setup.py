@@ -19,13 +19,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import SettingsContext, get_settings_context
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
-from rhymerl.config.fields import flatten
 from rhymerl.config.run import RunConfig, config_to_dict
+from rhymerl.config.fields import flatten
 from rhymerl.data.datasets import load_problems, render_prompts
-from rhymerl.histospec.history import counted_by_vllm
+from rhymerl.vllm.engine import EngineSettings
+from rhymerl.histospec.bundle import counted_by_vllm
 from rhymerl.policy.build import ensure_builtin_model, validate_model_dir
 from rhymerl.policy.long_build import build_settings_for
-from rhymerl.vllm.engine import EngineSettings
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.data.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
 from storage.lake import LakeWriter

@@ -3,7 +3,7 @@
 `history_task` runs once per epoch, before its first step (`prepare_epoch_task` runs it, with the
 first step's plan, during the previous epoch's last training step): one DuckDB query over the lake
 (`prompt_history`) collects each prompt's responses from its last `spec.history_epochs` epochs as
-Arrow, kept on the driver as flat numpy columns (`rhymerl.histospec.columns`: no Python object per
+Arrow, kept on the driver as flat numpy columns (`rhymerl.histospec.bundle`: no Python object per
 token). Each step, once HistoPipe's plan has placed the step's requests, `cut_for_workers` cuts one
 bundle per worker holding only the prompts it serves (`prepare_step_task` does it, with the plan,
 for the next step while the current one runs), and `publish_history_task` sends each worker its own
@@ -23,11 +23,11 @@ import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rhymerl.config.pipe import PipeConfig
-from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
-from rhymerl.histospec.history import uses_bundle
+from rhymerl.config.run import PipeConfig
+from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
+from rhymerl.histospec.bundle import uses_bundle
 from rhymerl.data.records import Prompt
 from storage.lake import Lake
 from tasks.plan import Plan, plan_task

@@ -27,7 +27,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from rhymerl.histospec.columns import BundleInfo, HistorySlicer, total_info
+from rhymerl.histospec.bundle import BundleInfo, HistorySlicer, total_info
 from rhymerl.data.records import Prompt
 
 log = logging.getLogger(__name__)

@@ -1,22 +1,13 @@
 """HistoSpec: lossless speculative rollouts drafted from each prompt's own earlier responses.
 
-Pure core (no engine imports): `index` (per-prompt n-gram occurrence index and the history bundle
-that carries it to rollout workers), `drafter` (drafting),
-`spec_config` (`SpecConfig`, a run's `spec.*` settings), `tree` (the cross-prompt
-tree of recent responses, on Arctic Inference's suffix tree), `budget` (budget rules), `stats`
-(`SpecStats`), `replay` (offline acceptance on recorded responses). The vLLM adapter
-(`rhymerl.vllm.histospec_proposer`) plugs the drafter into vLLM as a `custom_class` proposer.
+Drafting semantics (this package; no engine imports):
+- `spec_config`: `SpecConfig`, a run's `spec.*` settings (a leaf: no numpy, no numba).
+- `bundle`: the history as flat columns and the `HistoryBundle` a rollout worker's drafter reads.
+- `index`: a prompt's index: its history (`FlatIndex`) beside its siblings (`PromptIndex`).
+- `siblings`, `sibling_table`: the siblings' growing n-gram index and its compiled storage.
+- `drafter`: the reference drafter (`propose(context, budget) -> Draft`), the cross-prompt tree,
+  budget rules, and the functions that build them from a `SpecConfig`.
+- `stats`: `SpecStats`, the acceptance counters every report reads.
+Subpackages: `engine` (the batch path inside vLLM), `offline` (replay, tuning, the suffix arm).
+Nothing is imported here: import the module you need.
 """
-
-from rhymerl.histospec.compiled import fresh_cache
-
-fresh_cache()  # before any compiled module loads its numba cache (see rhymerl.histospec.compiled)
-
-from rhymerl.histospec.budget import BUDGET_RULES
-from rhymerl.histospec.drafter import Draft, Drafter, HistoSpecDrafter, NgramDrafter
-from rhymerl.histospec.index import HistoryBundle, PromptHistory, SuffixIndex
-from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.stats import SpecStats
-
-__all__ = ["BUDGET_RULES", "Draft", "Drafter", "HistoSpecDrafter", "HistoryBundle", "NgramDrafter",
-           "PromptHistory", "SpecConfig", "SpecStats", "SuffixIndex"]

@@ -1,50 +1,35 @@
-"""Drafting from a prompt's history: the `propose(context, budget) -> Draft` interface and the
-HistoSpec and n-gram drafters (a run's settings: `rhymerl.histospec.spec_config.SpecConfig`; budget
-rules: `rhymerl.histospec.budget`; acceptance counters: `rhymerl.histospec.stats`).
+"""The reference drafter: `propose(context, budget) -> Draft` from a prompt's index (`HistoSpecDrafter`,
+its oracle in every test of the engine's batch path), vLLM's n-gram lookup for comparison
+(`NgramDrafter`), the cross-prompt tree of recent responses (`RecentTree`), the per-request budget
+rules (`BUDGET_RULES`), and the functions that build these from a run's `SpecConfig`.
 
-`HistoSpecDrafter` drafts from the prompt's own index (`PromptIndex`, rhymerl.histospec.flat) — its
-responses of earlier epochs, the prompt itself (`SpecConfig.prompt_lookup`) and its siblings as they
-grow — and, when given one, from a `RecentTree` of recent responses of every
-prompt (`rhymerl.histospec.tree`), and proposes the draft with the higher score (the sum of its tokens'
-estimated probabilities, i.e. its expected accepted length; ties go to the prompt's own). From the
-prompt's index it finds the longest tail of the context (between `min_match` and `max_match` tokens)
-that occurred before and follows the continuations of its most recent occurrences, like a walk down a
-suffix tree: where they agree the draft copies them; where they branch it takes the branch with the
-most occurrences (or, reward-weighted, the highest sum of response rewards), ties going to the most
-recent. Either source stops a draft before a token whose estimated probability falls below
-`min_token_prob` and keeps it within `max_spec_factor` x the matched length: a short match earns a
-short draft.
-
-The per-request draft budget adapts to acceptance through a rule picked by name from
-`BUDGET_RULES` (`rhymerl.histospec.budget`).
+From the prompt's index (`PromptIndex`: its earlier responses, the prompt itself with
+`prompt_lookup`, and its siblings) the drafter takes the longest tail of the context that occurred
+before (min_match..max_match tokens) and follows the continuations of its `MAX_CANDIDATES` most
+recent occurrences: where they agree the draft copies them; where they branch it takes the branch
+with the most occurrences (reward-weighted: the highest reward sum), ties to the most recent. A
+token's estimated probability is m / (m + PRIOR) for the m continuations followed, times the chosen
+branches' shares; the draft's score is their sum (its expected accepted length). The draft stops
+before a token below `min_token_prob` and within `max_spec_factor` x the match length. A request whose
+own draft scores below `recent_gate` x its budget also asks the cross-prompt tree, and the
+higher-scoring draft wins (the prompt's own on a tie).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from rhymerl.histospec.flat import PromptIndex
-from rhymerl.histospec.index import SuffixIndex
-from rhymerl.histospec.tree import RecentTree
+import numpy as np
 
-# A continuation seen m times gets at most m / (m + PRIOR): few sightings are weak evidence, so a draft
-# from one sibling's tokens must score well to beat the cross-prompt tree's (whose library estimates
-# have no such discount). Replays of a default run (2026-12-03; scratch runs, cross-prompt factor 2):
-# PRIOR 0 / 1 gave 2.38 / 2.42 tokens per verification in epoch 0; 2 (factor 3) 2.50; 3 (factor 4) 2.52
-# but 5.10 overall where 2 gives 5.19.
-PRIOR = 2.0
-# Most recent occurrences followed per draft: bounds the cost of common n-grams (on the built-in
-# model's responses 32 drafted exactly as well as no cap; 8 lost ~14%). 16 drew the same in replay of
-# two default lakes (2026-12-06: 6.957 -> 6.957, 6.275 -> 6.269 tokens per verification) and took a
-# step with 64 history responses per prompt from 1.42-1.54 to 1.10-1.13 ms, but on the lossless test's
-# untrained model (high-entropy samples, 4,000 per prompt) the engine accepted 17-25% fewer draft
-# tokens (T = 1: 29,162 / 7,273 / 1,703 against 35,397 / 9,772 / 2,959 at draft positions 1-3): the
-# more continuations a draft follows, the better its majority estimates a spread-out distribution's mode.
-MAX_CANDIDATES = 32
+from rhymerl.histospec.index import PromptIndex
+from rhymerl.histospec.spec_config import SpecConfig, require_arctic_inference
 
-
-Index = SuffixIndex | PromptIndex  # a prompt's index: the flat one (engine, replay) or the dict one
+PRIOR = 2.0  # few sightings are weak evidence: a continuation seen m times is worth at most m / (m + PRIOR)
+MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams
+TREE_CHUNK = 4  # a response's tokens join the cross-prompt tree this many at a time (engine and replay)
+_NO_FACTOR = 1e9  # max_spec_factor 0 means "no cap": the library wants a number
 
 
 @dataclass(frozen=True)
@@ -54,8 +39,7 @@ class Draft:
     tokens: tuple[int, ...]
     match_len: int = 0  # length of the matched context tail (0: no match, empty draft)
     score: float = 0.0  # sum of the tokens' estimated probabilities (the expected accepted length)
-    probs: tuple[float, ...] = ()  # [j]: estimated chance tokens 0..j are all right (nonincreasing);
-    # the engine calibrates these against what the verifier accepts (rhymerl.histospec.step_budget)
+    probs: tuple[float, ...] = ()  # [j]: estimated chance tokens 0..j are all right (nonincreasing)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -72,30 +56,91 @@ class Drafter(Protocol):
         ...
 
 
-class HistoSpecDrafter:
-    """Drafts from one prompt's index (history plus any siblings added to it) and, if given, from a
-    cross-prompt `RecentTree`; the higher-scoring draft wins (the prompt's own on a tie)."""
+class RecentTree:
+    """The last `capacity` responses of every prompt on Arctic Inference's suffix tree, growing as
+    generated, oldest evicted first. `start()` opens a response and returns its handle; `extend`
+    appends to it while it is held (a no-op once evicted)."""
 
-    def __init__(self, index: Index, reward_weighted: bool = False,
+    def __init__(self, capacity: int, depth: int = 64) -> None:
+        if capacity < 1 or depth < 2:
+            raise ValueError(f"RecentTree needs capacity >= 1 and depth >= 2, got {capacity}, {depth}")
+        require_arctic_inference()
+        from arctic_inference.suffix_decoding._C import SuffixTree
+
+        self.capacity, self.depth, self.tree = capacity, depth, SuffixTree(depth)
+        self.held: deque[int] = deque()
+        self.lengths: dict[int, int] = {}  # handle -> tokens, for responses still held
+        self._next = 0
+
+    def start(self, tokens: Sequence[int] = ()) -> int:
+        """Open a response with its first `tokens`; its handle."""
+        handle = self._next
+        self._next = (self._next + 1) & 0x7FFFFFFF  # the library's ids are int32
+        self.held.append(handle)
+        self.lengths[handle] = 0
+        while len(self.held) > self.capacity:
+            old = self.held.popleft()
+            del self.lengths[old]
+            self.tree.remove(old)
+        self.extend(handle, tokens)
+        return handle
+
+    def extend(self, handle: int, tokens: Sequence[int] | np.ndarray) -> None:
+        """Append `tokens` (int32 arrays are passed as they are) to response `handle`, if still held."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if handle in self.lengths and len(tokens):
+            self.tree.extend_ndarray(handle, tokens)
+            self.lengths[handle] += len(tokens)
+
+    def speculate(self, context: Sequence[int], budget: int, max_spec_factor: float,
+                  min_token_prob: float) -> tuple[tuple[int, ...], int, float, tuple[float, ...]]:
+        """(tokens, match length, score, per-token probabilities) of the tree's best draft after
+        `context` (its last `depth` tokens): every match length tried, at most `budget` tokens and
+        `max_spec_factor` x the match (0: no cap), stopping below `min_token_prob`; the best score wins."""
+        context = [int(t) for t in context[-self.depth:]]
+        if budget <= 0 or not context:
+            return (), 0, 0.0, ()
+        d = self.tree.speculate(context, budget, max_spec_factor or _NO_FACTOR, 0.0, min_token_prob, False)
+        return tuple(d.token_ids), int(d.match_len), float(d.score), tuple(d.probs)
+
+    def speculate_row(self, context: np.ndarray, budget: int, max_spec_factor: float, min_token_prob: float) -> Any:
+        """`speculate` of an int32 array (a view of an engine row), the library's draft object as it is."""
+        return self.tree.speculate_ndarray(context[-self.depth:], budget, max_spec_factor or _NO_FACTOR, 0.0,
+                                           min_token_prob, False)
+
+    def memory_bytes(self) -> int:
+        return int(self.tree.estimate_memory())
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held (responses not yet evicted)."""
+        return sum(self.lengths.values())
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+
+def asks_tree(own_score, budget, gate: float):
+    """Whether a request whose own draft scores `own_score` asks the cross-prompt tree: it expects
+    fewer than gate x budget accepted tokens. Scalars, or numpy arrays of a batch's rows."""
+    return own_score < gate * budget
+
+
+class HistoSpecDrafter:
+    """Drafts from one prompt's index and, if given, a cross-prompt `RecentTree` (see the module)."""
+
+    def __init__(self, index: PromptIndex, reward_weighted: bool = False,
                  max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
                  max_spec_factor: float = 0.0, recent: RecentTree | None = None,
                  recent_spec_factor: float = 0.0, recent_gate: float = 1.0) -> None:
-        self.index = index
-        self.reward_weighted = reward_weighted
-        self.max_candidates = max_candidates
-        self.min_token_prob = min_token_prob
-        self.max_spec_factor = max_spec_factor
-        self.recent = recent
-        self.recent_spec_factor = recent_spec_factor
-        self.recent_gate = recent_gate
+        self.index, self.reward_weighted, self.max_candidates = index, reward_weighted, max_candidates
+        self.min_token_prob, self.max_spec_factor = min_token_prob, max_spec_factor
+        self.recent, self.recent_spec_factor, self.recent_gate = recent, recent_spec_factor, recent_gate
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
             return EMPTY
-        return self.against_recent(self._from_index(context, budget), context, budget)
-
-    def against_recent(self, own: Draft, context: Sequence[int], budget: int) -> Draft:
-        """The better of `own` (the prompt's index's draft for `context`) and the cross-prompt tree's."""
+        own = self.own(context, budget)
         best = own
         if self.recent is not None and asks_tree(own.score, budget, self.recent_gate):
             other = Draft(*self.recent.speculate(context, budget, self.recent_spec_factor, self.min_token_prob))
@@ -103,7 +148,8 @@ class HistoSpecDrafter:
                 best = other
         return best if best.tokens else EMPTY
 
-    def _from_index(self, context: Sequence[int], budget: int) -> Draft:
+    def own(self, context: Sequence[int], budget: int) -> Draft:
+        """The draft from the prompt's index alone."""
         n, codes = self.index.recent_match(context, self.max_candidates)
         if not codes:
             return EMPTY
@@ -115,25 +161,11 @@ class HistoSpecDrafter:
         return Draft(tuple(tokens), n, sum(probs), tuple(probs)) if tokens else EMPTY
 
 
-def asks_tree(own_score, budget, gate: float):
-    """Whether a request whose own draft scores `own_score` asks the cross-prompt tree (see
-    `SpecConfig.recent_gate`): its own draft expects fewer than gate x budget accepted tokens.
-    Scalars, or numpy arrays of a batch's rows (then an array of bools)."""
-    return own_score < gate * budget
-
-
-def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: bool,
+def follow(index: PromptIndex, codes: Sequence[int], budget: int, reward_weighted: bool,
            min_token_prob: float = 0.0) -> tuple[list[int], list[float]]:
-    """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group;
-    the tokens and each one's estimated probability (their sum is the draft's score).
-
-    The continuations are sorted lexicographically, so those sharing a prefix are contiguous and a
-    group agrees on a stretch exactly when its first and last members do: agreement runs cost one
-    C-level slice comparison, and Python work is spent only where the history branches.
-    A token's estimated probability is m / (m + PRIOR) for the m continuations followed, times the
-    chosen groups' shares of the continuations at each branch so far (as a suffix tree estimates
-    it); with `min_token_prob` the draft stops before a token whose probability falls below it.
-    """
+    """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group; the
+    tokens and each one's estimated probability. Sorted continuations make a group that agrees on a
+    stretch agree at its first and last members: Python work is spent only where they branch."""
     conts, kept = [], []
     for code, cont in zip(codes, index.gather(codes, budget)):
         if cont:
@@ -147,8 +179,7 @@ def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: boo
     if len(conts) == 1:
         return conts[0], [prob] * len(conts[0])
     order = sorted(range(len(conts)), key=conts.__getitem__)
-    conts = [conts[i] for i in order]
-    kept = [kept[i] for i in order]
+    conts, kept = [conts[i] for i in order], [kept[i] for i in order]
     lo, hi, depth, src, probs = 0, len(conts), 0, conts[0], []
     while depth < budget:
         while lo < hi and len(conts[lo]) <= depth:  # ended here; a proper prefix sorts first
@@ -179,14 +210,10 @@ def follow(index: Index, codes: Sequence[int], budget: int, reward_weighted: boo
     return src[:depth], probs
 
 
-def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int, hi: int,
+def _best_group(index: PromptIndex, conts: list[list[int]], codes: list[int], lo: int, hi: int,
                 depth: int, reward_weighted: bool) -> tuple[int, int]:
-    """The [lo, hi) run of `conts` sharing the best token at `depth`.
-
-    Best = most occurrences (reward-weighted: highest reward sum, then most occurrences), ties to
-    the group holding the most recent occurrence (highest code: later sequence, then later position).
-    `codes` are the occurrence codes of `conts`.
-    """
+    """The [lo, hi) run of `conts` sharing the best token at `depth`: most occurrences (reward-weighted:
+    highest reward sum, summed oldest first, then most occurrences), ties to the most recent."""
     best_key, best = None, (lo, hi)
     j = lo
     while j < hi:
@@ -195,7 +222,7 @@ def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int,
             j += 1
         count, latest = j - start, max(codes[start:j])
         reward = 0.0
-        if reward_weighted:  # summed oldest first, whatever the continuations' order (as the kernel sums)
+        if reward_weighted:
             for code in sorted(codes[start:j]):
                 reward += index.reward_of(code)
         key = (reward, count, latest) if reward_weighted else (count, latest)
@@ -205,12 +232,11 @@ def _best_group(index: Index, conts: list[list[int]], codes: list[int], lo: int,
 
 
 class NgramDrafter:
-    """Prompt lookup within the context itself (vLLM's n-gram method), for offline comparison:
-    the earliest earlier occurrence of the longest tail (min_match..max_match tokens)."""
+    """Prompt lookup within the context itself (vLLM's n-gram method), for offline comparison: the
+    earliest earlier occurrence of the longest tail (min_match..max_match tokens)."""
 
     def __init__(self, min_match: int = 3, max_match: int = 7) -> None:
-        self.min_match = min_match
-        self.max_match = max_match
+        self.min_match, self.max_match = min_match, max_match
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         ctx = list(context)
@@ -226,3 +252,102 @@ class NgramDrafter:
                 if ctx[i:i + n] == pat:
                     return Draft(tuple(ctx[i + n:i + n + budget]), n) if budget > 0 else EMPTY
         return EMPTY
+
+
+@dataclass(frozen=True)
+class AdditiveBudget:
+    """The paper's rule: start 2, +2 after a fully accepted draft, back to 2 on a rejection."""
+
+    start: int = 2
+    step: int = 2
+    cap: int = 32
+
+    @property
+    def initial(self) -> int:
+        return min(self.start, self.cap)
+
+    def update(self, budget: int, drafted: int, accepted: int) -> int:
+        """Next budget after a step that drafted `drafted` tokens of which `accepted` were taken."""
+        if drafted == 0:
+            return budget
+        return min(budget + self.step, self.cap) if accepted >= drafted else self.initial
+
+
+@dataclass(frozen=True)
+class DoublingBudget:
+    """The public code's rule: double after a fully accepted draft, halve on a rejection."""
+
+    low: int = 2
+    high: int = 16
+
+    @property
+    def initial(self) -> int:
+        return min(self.low, self.high)
+
+    def update(self, budget: int, drafted: int, accepted: int) -> int:
+        if drafted == 0:
+            return budget
+        return min(budget * 2, self.high) if accepted >= drafted else max(budget // 2, self.initial)
+
+
+@dataclass(frozen=True)
+class FixedBudget:
+    """Always the same budget (vLLM's n-gram method drafts a fixed k)."""
+
+    k: int = 8
+
+    @property
+    def initial(self) -> int:
+        return self.k
+
+    def update(self, budget: int, drafted: int, accepted: int) -> int:
+        return self.k
+
+
+BudgetRule = AdditiveBudget | DoublingBudget | FixedBudget
+# spec.budget_rule -> the rule, given the run's max_budget (the engine's num_speculative_tokens)
+BUDGET_RULES: dict[str, Callable[[int], BudgetRule]] = {
+    "additive": lambda max_budget: AdditiveBudget(cap=min(32, max_budget)),
+    "doubling": lambda max_budget: DoublingBudget(high=min(16, max_budget)),
+    "fixed": lambda max_budget: FixedBudget(max_budget),
+}
+
+
+def budget_rule(spec: SpecConfig) -> BudgetRule:
+    """The configured budget rule, capped at `max_budget`."""
+    return BUDGET_RULES[spec.budget_rule](spec.max_budget)
+
+
+def indexed_history(spec: SpecConfig, prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
+                    rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sequences a prompt's index is built over, flat (tokens, lengths, rewards): its history
+    responses, oldest first, and with `prompt_lookup` the prompt itself before them, reward 0 (the
+    oldest sequence loses ties). The engine's drafter and replay both build through here."""
+    if not (spec.prompt_lookup and len(prompt)):
+        return tokens, lengths, rewards
+    return (np.concatenate((prompt.astype(tokens.dtype, copy=False), tokens)),
+            np.concatenate(([len(prompt)], lengths)).astype(lengths.dtype, copy=False),
+            np.concatenate(([0.0], rewards)).astype(rewards.dtype, copy=False))
+
+
+def new_index(spec: SpecConfig, responses: Sequence[Sequence[int]] = (), rewards: Sequence[float] | None = None,
+              prefix: Sequence[int] = ()) -> PromptIndex:
+    """The prompt's index over `responses`, oldest first, each after `prefix` (the prompt)."""
+    lengths = np.fromiter(map(len, responses), dtype=np.int64, count=len(responses))
+    tokens = np.fromiter((t for r in responses for t in r), dtype=np.int64, count=int(lengths.sum()))
+    rewards = np.zeros(len(lengths)) if rewards is None else np.asarray(rewards, dtype=np.float64)
+    tokens, lengths, rewards = indexed_history(spec, np.asarray(prefix, dtype=np.int64), tokens, lengths, rewards)
+    return PromptIndex.build(tokens, lengths.tolist(), rewards.tolist(), min_match=spec.min_match,
+                             max_match=spec.max_match, prefix=prefix)
+
+
+def new_recent(spec: SpecConfig) -> RecentTree | None:
+    """An empty cross-prompt tree of `recent_responses` responses (None: off)."""
+    return RecentTree(spec.recent_responses, spec.tree_depth) if spec.recent_responses else None
+
+
+def histospec_drafter(spec: SpecConfig, index: PromptIndex, recent: RecentTree | None = None) -> HistoSpecDrafter:
+    """A HistoSpec drafter over `index` (and `recent`, if given) with `spec`'s drafting rules."""
+    return HistoSpecDrafter(index, spec.reward_weighted, min_token_prob=spec.min_token_prob,
+                            max_spec_factor=spec.max_spec_factor, recent=recent,
+                            recent_spec_factor=spec.recent_spec_factor, recent_gate=spec.recent_gate)

@@ -1,350 +1,250 @@
-"""Dynamic n-gram index: where each short token context occurred in a prompt's sequences.
+"""A prompt's index: its history as a reversed-context suffix array (`FlatIndex`, read-only) beside
+its siblings as they grow (`rhymerl.histospec.siblings.SideIndex`), queried as one (`PromptIndex`).
 
-Since issue 17 a prompt's history (read-only) lives in a flat suffix array (`rhymerl.histospec.flat`,
-12 bytes per token, built in numpy, off the engine's step) and this index holds what grows: the
-siblings of the current step (`PromptIndex` puts the two side by side). It remains usable for a whole
-history (the old arm of `rhymerl bench spec-scale`). A `SuffixIndex` answers one question fast:
-*after the longest tail of this context that occurred before (between `min_match` and `max_match`
-tokens), which positions continue it?* The drafter
-(`rhymerl.histospec.drafter`) then follows those continuations, choosing at each branch by how
-often each continuation occurred (its count) or by the rewards of the responses it came from.
+The drafter asks: after the longest tail of this context (min_match..max_match tokens) that occurred
+before, which positions continue it, most recent first? `FlatIndex` sorts every continuation position
+g of the history by the tokens before it, read backwards (t[g-1], ..., t[g-D'], D' = max(2,
+max_match)), ties in position order: the positions whose last n tokens equal the context's last n
+form one contiguous run for every n <= D', so one sorted array answers every match length, and a run
+matched max_match deep lists its occurrences in position order (most recent last). Memory beyond the
+tokens: 4 bytes of position (`sa`) and 8 of search key (`key`: the two tokens before it, packed).
 
-Why an n-gram occurrence table and not a suffix tree, automaton or array
-------------------------------------------------------------------------
-The structure is a suffix trie of bounded depth (`max_match`) stored flat: one hash-map entry per
-distinct n-gram (`min_match <= n <= max_match`, keyed by a 64-bit hash of its tokens) listing where
-it ended, as packed (sequence, position) codes. Continuations are read from the sequences
-themselves, so depth is unbounded where it matters (a draft of 32 tokens) while the table stays
-O(T * (max_match - min_match + 1)) for T indexed tokens.
-- Appending one token (a sibling growing by one step) touches a fixed `max_match - min_match + 1`
-  entries. A suffix automaton also appends online, but its occurrence counts live on suffix-link
-  chains that are as long as the repeated text: for near-identical responses (the case HistoSpec
-  exists for) every append walks O(T), and reward sums would need the same propagation.
-- A suffix array cannot grow with siblings without a rebuild (so the read-only history is one,
-  `FlatIndex`, and the siblings stay here).
-- A suffix trie with counts down to the draft depth (as in suffix decoding, depth ~32-64) adds up
-  to one node per token per depth level; the flat table files `max_match - min_match + 1` codes
-  per token and the draft depth costs nothing extra. (Arctic Inference's C++ tree serves the
-  cross-prompt tree, `rhymerl.histospec.tree`; per prompt it drafted less well on the same history.)
-- Counts and reward sums of a continuation are computed when asked from its occurrence codes, so
-  late-arriving rewards and growing siblings never invalidate stored aggregates.
-Queries cost at most `max_match - min_match + 1` dict lookups; in steady state the first (longest)
-hits. A history is indexed in one numpy pass (`build`); siblings' tokens are added as they come.
-Build speed and memory per token: docs/histospec.md.
-
-Sequences may start with a `prefix` (the prompt's last tokens) so that the very first tokens of a
-response can be drafted from the start of earlier responses.
+Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (D: max_match
+rounded up to a power of two, >= 2) and the whole followed by D more; a pad equals no token, so a
+match never crosses a sequence start and a continuation read from `text` ends at the next pad.
+Occurrence codes: a history occurrence's is its position in `text` (< STRIDE; higher = more recent);
+a sibling's (H + sibling id) * STRIDE + position, H the history's sequences.
 """
 
 from __future__ import annotations
 
-import io
-import json
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from bisect import bisect_left, bisect_right
+from typing import Sequence
 
 import numpy as np
 
-STRIDE = 1 << 32  # occurrence code = seq_id * STRIDE + position of the continuation token
-# An n-gram's key: a 64-bit polynomial hash of its tokens (+1), folded from its last token back, so the
-# keys of all tails of a context come in one pass and a whole response's in a few numpy operations.
-# Int keys build ~1.6x faster than tuples and take less memory; a collision (~2^-64 per pair) can only
-# cost a useless draft, which the verifier rejects.
-_SEED, _MUL, _MASK = 0x243F6A8885A308D3, 0x9E3779B97F4A7C15, (1 << 64) - 1
+from rhymerl.histospec.siblings import STRIDE, SideIndex
+
+PAD = -1  # before, between and after sequences in `text`: equals no token
 
 
-@dataclass(frozen=True)
-class Continuation:
-    """One possible next token after a matched context, with its history statistics."""
+class FlatIndex:
+    """A prompt's history sequences (read-only), ids 0..len-1 in the order given (later = more recent)."""
 
-    token: int
-    count: int  # occurrences of (matched context + token)
-    reward_sum: float  # sum of the rewards of the responses those occurrences come from
-    latest: int  # most recent occurrence: highest code (later sequence, then later position)
-
-
-def _tail_keys(tail: Sequence[int]) -> list[int]:
-    """keys[n - 1]: the key of the last n tokens of `tail`, for n = 1..len(tail)."""
-    keys, key = [], _SEED
-    for t in reversed(tail):
-        key = (key * _MUL + int(t) + 1) & _MASK
-        keys.append(key)
-    return keys
-
-
-class SuffixIndex:
-    """Occurrences of every n-gram (min_match <= n <= max_match) in one prompt's sequences.
-
-    Sequence ids are assigned in insertion order; later ids count as more recent. Rewards of
-    sequences still being generated (siblings) are 0 until `set_reward`.
-    """
-
-    def __init__(self, min_match: int = 3, max_match: int = 7, prefix: Sequence[int] = ()) -> None:
-        if not 1 <= min_match <= max_match:
-            raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, "
-                             f"max_match={max_match}")
-        self.min_match = min_match
-        self.max_match = max_match
-        self.prefix: tuple[int, ...] = tuple(int(t) for t in prefix)[-max_match:]
-        self.sequences: list[list[int]] = []  # prefix + response tokens; read-only for callers
-        self.rewards: list[float] = []
-        self.table: dict[int, list[int]] = {}  # n-gram key -> occurrence codes
+    def __init__(self, text: np.ndarray, starts: np.ndarray, sa: np.ndarray, key: np.ndarray,
+                 depth: int, min_match: int, max_match: int) -> None:
+        self.text, self.starts, self.sa, self.key = text, starts, sa, key
+        self.depth, self.min_match, self.max_match = depth, min_match, max_match
+        self._text, self._sa, self._key = memoryview(text), memoryview(sa), memoryview(key)
+        self._starts = starts.tolist()
 
     @classmethod
-    def build(cls, responses: Iterable[Sequence[int]], rewards: Sequence[float] | None = None, *,
-              min_match: int = 3, max_match: int = 7, prefix: Sequence[int] = ()) -> "SuffixIndex":
-        """An index over `responses` (each a token-id sequence), oldest first."""
-        responses = list(responses)
-        if rewards is not None and len(rewards) != len(responses):
-            raise ValueError(f"got {len(rewards)} rewards for {len(responses)} responses; "
-                             "pass one reward per response or none")
-        index = cls(min_match, max_match, prefix)
-        if len(responses) >= STRIDE:
-            raise ValueError("index holds too many sequences; build a fresh one per step")
-        for i, tokens in enumerate(responses):
-            index.sequences.append([*index.prefix, *(int(t) for t in tokens)])
-            index.rewards.append(0.0 if rewards is None else float(rewards[i]))
-            if len(index.sequences[-1]) >= STRIDE:
-                raise ValueError(f"sequence {i} is longer than {STRIDE - 1} tokens")
-        index._index_all()
-        return index
+    def build(cls, tokens: np.ndarray, lengths: Sequence[int], prefix: Sequence[int] = (), *,
+              min_match: int = 1, max_match: int = 7) -> "FlatIndex":
+        """The index of responses given flat (`tokens`, one after another, `lengths` each), each after
+        `prefix`'s last max_match tokens. Tokens are ids >= 0 below 2**31 - 1."""
+        depth = 1 << max(1, (max_match - 1).bit_length())
+        prefix = np.asarray(prefix, dtype=np.int64)[len(prefix) - min(len(prefix), max_match):]
+        lengths = np.asarray(lengths, dtype=np.int64)
+        tokens = np.asarray(tokens)
+        if len(tokens) != int(lengths.sum()) or (lengths < 0).any():
+            shown = str(lengths.tolist()[:8])[:-1] + (", ...]" if len(lengths) > 8 else "]")
+            raise ValueError(f"got {len(tokens)} tokens for lengths {shown} summing to {int(lengths.sum())}; "
+                             "lengths must be >= 0 and sum to the tokens")
+        n, plen = len(lengths), len(prefix)
+        seq_lens = lengths + plen
+        starts = depth * (np.arange(n) + 1) + np.concatenate(([0], np.cumsum(seq_lens)[:-1]))
+        text = np.full(int(seq_lens.sum()) + depth * (n + 1), PAD, np.int32)
+        if plen:
+            text[starts[:, None] + np.arange(plen)] = prefix
+        if len(tokens):
+            dest = starts + plen
+            text[np.repeat(dest - (np.cumsum(lengths) - lengths), lengths) + np.arange(len(tokens))] = tokens
+        real = text != PAD
+        cand = np.flatnonzero(real[1:] & real[:-1]) + 1  # a token before it and one to continue with
+        r = np.zeros(len(text), dtype=np.int64)
+        r[1:] = text[:-1] + 1  # r[g]: the reversed context of g, one token deep so far (pad: 0)
+        m, deep = 1, max(2, max_match)
+        while m < deep:  # context of g, m tokens deep = (context of g, context of g - step), m + step deep
+            step = min(m, deep - m)  # the last round's windows overlap: sorted exactly max_match deep
+            if int(r.max()) + 1 >= 1 << 31:
+                r = np.unique(r, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            prev = np.zeros_like(r)
+            prev[step:] = r[:-step]
+            r = r * (int(r.max()) + 1) + prev
+            m += step
+        sa = cand[np.argsort(r[cand], kind="stable")].astype(np.int32)
+        key = (text[sa - 1] + 1).astype(np.uint64) << np.uint64(32)
+        key |= (text[np.maximum(sa - 2, 0)] + 1).astype(np.uint64)
+        return cls(text, starts, sa, key, depth, min_match, max_match)
 
-    def _index_all(self) -> None:
-        """Index every n-gram of every sequence at once (an empty table): keys and codes in numpy,
-        grouped by a stable sort, so Python touches each distinct n-gram once, not each occurrence —
-        a rhyming history repeats most of its n-grams. Same table as adding the sequences one by one."""
-        lens = np.asarray([len(s) for s in self.sequences], dtype=np.int64)
-        total = int(lens.sum())
-        if total == 0:
-            return
-        tokens = np.fromiter((t for s in self.sequences for t in s), dtype=np.uint64, count=total) + np.uint64(1)
-        starts = np.repeat(np.cumsum(lens) - lens, lens)
-        pos = np.arange(total, dtype=np.int64) - starts  # each token's position in its sequence
-        codes = np.repeat(np.arange(len(lens), dtype=np.int64) * STRIDE, lens) + pos + 1  # its n-grams' end
-        keys = np.full(total, _SEED, dtype=np.uint64)  # [t]: key of the n-gram whose last token is t
-        found_keys, found_codes = [], []
-        for n in range(1, min(self.max_match, total) + 1):
-            keys[n - 1:] = keys[n - 1:] * np.uint64(_MUL) + tokens[:total - n + 1]  # wraps mod 2**64
-            if n >= self.min_match:
-                inside = pos >= n - 1  # the n-gram lies within one sequence
-                found_keys.append(keys[inside])
-                found_codes.append(codes[inside])
-        if not found_keys:  # every sequence shorter than min_match
-            return
-        keys, codes = np.concatenate(found_keys), np.concatenate(found_codes)
-        order = np.argsort(keys, kind="stable")  # stable: codes stay in insertion order per key
-        keys, codes = keys[order], codes[order].tolist()
-        cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
-        table = self.table
-        for key, lo, hi in zip(keys[[0, *cuts]].tolist(), [0, *cuts], [*cuts, len(codes)]):
-            table[key] = codes[lo:hi]
+    def match_range(self, context: Sequence[int]) -> tuple[int, int, int]:
+        """(n, lo, hi): the longest tail of `context` of n tokens (min_match <= n <= max_match) that
+        occurred with a token after it, its occurrences being `sa[lo:hi]`; (0, 0, 0) when none did."""
+        q = [int(t) for t in context[-self.max_match:]][::-1]  # q[j]: the token j + 1 back
+        key = self._key
+        if len(q) < self.min_match or not len(key):
+            return 0, 0, 0
+        k1 = (q[0] + 1) << 32
+        if len(q) >= 2:
+            k2 = k1 | (q[1] + 1)
+            lo = bisect_left(key, k2)
+            hi = bisect_left(key, k2 + 1, lo)
+            if lo < hi:
+                n, lo, hi = self._deeper(q, lo, hi)
+                return (n, lo, hi) if n >= self.min_match else (0, 0, 0)
+        lo = bisect_left(key, k1)
+        hi = bisect_left(key, k1 + (1 << 32), lo)
+        return (1, lo, hi) if lo < hi and self.min_match <= 1 else (0, 0, 0)
 
-    # ------------------------------------------------------------------ growing
-
-    def add(self, tokens: Sequence[int] = (), reward: float = 0.0) -> int:
-        """Start a new sequence (prefix + `tokens`) and return its id."""
-        seq_id = len(self.sequences)
-        if seq_id >= STRIDE:
-            raise ValueError("index holds too many sequences; build a fresh one per step")
-        self.sequences.append(list(self.prefix))
-        self.rewards.append(float(reward))
-        self._index_range(seq_id, 1)  # n-grams inside the prefix itself
-        self.extend(seq_id, tokens)
-        return seq_id
-
-    def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
-        """Append `tokens` to sequence `seq_id` (a sibling that generated more tokens)."""
-        if not 0 <= seq_id < len(self.sequences):
-            raise ValueError(f"unknown sequence id {seq_id}; ids run 0..{len(self.sequences) - 1}")
-        seq = self.sequences[seq_id]
-        start = len(seq)
-        seq.extend(int(t) for t in tokens)
-        if len(seq) >= STRIDE:
-            raise ValueError(f"sequence {seq_id} is longer than {STRIDE - 1} tokens")
-        self._index_range(seq_id, start + 1)  # the end at `start` was indexed already
-
-    def set_reward(self, seq_id: int, reward: float) -> None:
-        """Record the reward of a finished sibling so reward-weighted drafting can use it."""
-        self.rewards[seq_id] = float(reward)
-
-    def _index_range(self, seq_id: int, first_end: int) -> None:
-        """Insert every n-gram that ends just before positions first_end..len(seq)."""
-        seq = self.sequences[seq_id]
-        table = self.table
-        size = len(seq)
-        base = seq_id * STRIDE
-        lo, hi = self.min_match, self.max_match
-        if size - first_end < 128:  # a sibling's step or a short response: a plain loop has the least overhead
-            for end in range(first_end, size + 1):
-                code, key = base + end, _SEED
-                for n in range(1, min(hi, end) + 1):
-                    key = (key * _MUL + seq[end - n] + 1) & _MASK
-                    if n >= lo:
-                        occ = table.get(key)
-                        if occ is None:
-                            table[key] = [code]
-                        else:
-                            occ.append(code)
-            return
-        tokens = np.asarray(seq, dtype=np.uint64) + np.uint64(1)  # a whole response: keys in numpy
-        keys = np.full(size + 1, _SEED, dtype=np.uint64)  # [end]: key of the n-gram ending at end
-        for n in range(1, hi + 1):
-            if n > size:
-                break
-            keys[n:] = keys[n:] * np.uint64(_MUL) + tokens[:size - n + 1]  # wraps mod 2**64
-            start = max(first_end, n)
-            if n < lo or start > size:
-                continue
-            for key, code in zip(keys[start:].tolist(), range(base + start, base + size + 1)):
-                occ = table.get(key)
-                if occ is None:
-                    table[key] = [code]
-                else:
-                    occ.append(code)
-
-    # ------------------------------------------------------------------ querying
-
-    def match(self, context: Sequence[int]) -> tuple[int, list[int]]:
-        """(n, occurrence codes) for the longest tail of `context` of length n in
-        [min_match, max_match] that occurred before with a token after it; (0, []) when none did.
-
-        Occurrences at the very end of a sequence are not enough: a growing sibling always
-        matches its own end, and that predicts nothing. Codes are in insertion order, so the most
-        recent occurrences come last; some may sit at a sequence end. The list is the index's
-        own: do not modify it.
-        """
-        keys = _tail_keys(context[-self.max_match:])
-        n = self.longest(keys)
-        return (n, self.table[keys[n - 1]]) if n else (0, [])
-
-    def longest(self, keys: Sequence[int]) -> int:
-        """The longest n (min_match..len(keys)) whose tail key `keys[n - 1]` occurred with a token
-        after it; 0 when none did. `keys` come from `_tail_keys`."""
-        table, seqs = self.table, self.sequences
-        for n in range(len(keys), self.min_match - 1, -1):
-            occ = table.get(keys[n - 1])
-            if occ is not None:
-                for code in occ:
-                    seq_id, pos = divmod(code, STRIDE)
-                    if pos < len(seqs[seq_id]):
-                        return n
-        return 0
+    def _deeper(self, q: list[int], lo: int, hi: int) -> tuple[int, int, int]:
+        """Narrow the run [lo, hi) matching q[:2] to the longest prefix of q that still occurs."""
+        sa, text, n = self._sa, self._text, 2
+        while n < len(q):
+            back, tok = n + 1, q[n]
+            if hi - lo == 1:
+                if text[sa[lo] - back] != tok:
+                    break
+                a, b = lo, hi
+            else:
+                def at(g: int) -> int:
+                    return text[g - back]
+                a = bisect_left(sa, tok, lo, hi, key=at)
+                b = bisect_right(sa, tok, a, hi, key=at)
+                if a == b:
+                    break
+            n, lo, hi = n + 1, a, b
+        return n, lo, hi
 
     def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
-        """`match`, keeping only the `limit` most recent occurrences (a new list)."""
-        n, codes = self.match(context)
-        return n, codes[-limit:]
+        """(n, codes) of the `limit` most recent occurrences of the longest matched tail, oldest
+        first; (0, []) when none."""
+        n, lo, hi = self.match_range(context)
+        if not n:
+            return 0, []
+        return n, sorted(self._sa[lo:hi].tolist())[-limit:]
 
-    def reward_of(self, code: int) -> float:
-        """The reward of the sequence an occurrence code lies in."""
-        return self.rewards[code // STRIDE]
+    def seq_pos(self, code: int) -> tuple[int, int]:
+        """(sequence id, position in it) of an occurrence code."""
+        seq = bisect_right(self._starts, code) - 1
+        return seq, code - self._starts[seq]
 
     def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
         """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""
-        seqs = self.sequences
-        return [seqs[c // STRIDE][c % STRIDE:c % STRIDE + budget] for c in codes]
-
-    def continuations(self, context: Sequence[int]) -> list[Continuation]:
-        """Next tokens after the longest matched tail of `context`, best first by
-        (count, latest). Occurrences at the end of a sequence (no next token yet) are skipped."""
-        _, codes = self.match(context)
-        stats: dict[int, list] = {}
-        for code in codes:
-            seq_id, pos = divmod(code, STRIDE)
-            seq = self.sequences[seq_id]
-            if pos < len(seq):
-                st = stats.setdefault(seq[pos], [0, 0.0, -1])
-                st[0] += 1
-                st[1] += self.rewards[seq_id]
-                st[2] = max(st[2], code)
-        out = [Continuation(t, c, r, last) for t, (c, r, last) in stats.items()]
-        out.sort(key=lambda c: (c.count, c.latest), reverse=True)
+        text, out = self._text, []
+        for g in codes:
+            cont = text[g:g + budget].tolist()
+            if PAD in cont:
+                cont = cont[:cont.index(PAD)]
+            out.append(cont)
         return out
+
+    def __len__(self) -> int:
+        return len(self.starts)
 
     @property
     def num_tokens(self) -> int:
         """Tokens held, prefixes included."""
-        return sum(len(s) for s in self.sequences)
+        return int((self.text != PAD).sum())
 
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-
-# ---------------------------------------------------------------- prompt histories on disk
-
-
-@dataclass(frozen=True)
-class PromptHistory:
-    """One prompt and its earlier responses (oldest first): what an index is built from."""
-
-    prompt_token_ids: tuple[int, ...]
-    responses: tuple[tuple[int, ...], ...] = ()
-    rewards: tuple[float, ...] = ()  # one per response
-
-    def __post_init__(self) -> None:
-        if len(self.rewards) != len(self.responses):
-            raise ValueError(f"PromptHistory has {len(self.responses)} responses but "
-                             f"{len(self.rewards)} rewards; give one reward per response")
-        if not self.prompt_token_ids:
-            raise ValueError("PromptHistory needs the prompt's token ids (got an empty prompt)")
-
-    def build_index(self, min_match: int = 3, max_match: int = 7) -> SuffixIndex:
-        """The prompt's index, with the prompt's last tokens as every sequence's prefix."""
-        return SuffixIndex.build(self.responses, self.rewards, min_match=min_match,
-                                 max_match=max_match, prefix=self.prompt_token_ids)
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays beyond the tokens themselves (the positions and search keys)."""
+        return self.sa.nbytes + self.key.nbytes + self.starts.nbytes
 
 
-@dataclass(frozen=True)
-class HistoryBundle:
-    """Every prompt of a coming epoch with its history, plus free-form settings (`meta`).
+class PromptIndex:
+    """A prompt's history (`FlatIndex`, attached when built, possibly by another thread) beside its
+    siblings (`SideIndex`): sequence ids 0..H-1 are the history's, H.. the siblings'. Until `attach`
+    drafts come from the siblings alone. A match is the longest tail found in either part; its
+    occurrences are the history's (oldest first) then the siblings' (in the order they arrived)."""
 
-    Prompts without history belong in the bundle too: the vLLM drafter recognises a request's
-    prompt only among the bundle's prompts (needed for sibling drafts in epoch 1).
-    """
-
-    prompts: tuple[PromptHistory, ...]
-    meta: dict = field(default_factory=dict)  # JSON-serialisable (the drafter's SpecConfig)
-
-    def to_bytes(self) -> bytes:
-        """A compact .npz: flat int32 token arrays with offsets, float64 rewards, JSON meta."""
-        plen = [len(p.prompt_token_ids) for p in self.prompts]
-        nresp = [len(p.responses) for p in self.prompts]
-        rlen = [len(r) for p in self.prompts for r in p.responses]
-        arrays = {
-            "prompt_lens": np.asarray(plen, dtype=np.int64),
-            "prompt_tokens": _concat(p.prompt_token_ids for p in self.prompts),
-            "num_responses": np.asarray(nresp, dtype=np.int64),
-            "response_lens": np.asarray(rlen, dtype=np.int64),
-            "response_tokens": _concat(r for p in self.prompts for r in p.responses),
-            "rewards": np.asarray([x for p in self.prompts for x in p.rewards], dtype=np.float64),
-            "meta": np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8),
-        }
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return buf.getvalue()
+    def __init__(self, history_rewards: Sequence[float] = (), min_match: int = 1, max_match: int = 7,
+                 prefix: Sequence[int] = (), flat: FlatIndex | None = None) -> None:
+        self.side = SideIndex(min_match, max_match, prefix)
+        self.min_match, self.max_match = min_match, max_match
+        self.base = len(history_rewards)  # H: the history's sequences
+        self.rewards: list[float] = [float(r) for r in history_rewards]  # per sequence id; read-only
+        self.flat: FlatIndex | None = None
+        if flat is not None:
+            self.attach(flat)
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "HistoryBundle":
-        """Inverse of `to_bytes`."""
-        with np.load(io.BytesIO(blob)) as z:
-            plen, ptok = z["prompt_lens"], z["prompt_tokens"].tolist()
-            nresp, rlen = z["num_responses"], z["response_lens"]
-            rtok, rew = z["response_tokens"].tolist(), z["rewards"].tolist()
-            meta = json.loads(z["meta"].tobytes().decode() or "{}")
-        prompts, po, ro, ri = [], 0, 0, 0
-        for k in range(len(plen)):
-            prompt = tuple(ptok[po:po + int(plen[k])])
-            po += int(plen[k])
-            responses = []
-            for _ in range(int(nresp[k])):
-                responses.append(tuple(rtok[ro:ro + int(rlen[ri])]))
-                ro += int(rlen[ri])
-                ri += 1
-            rewards = tuple(rew[ri - len(responses):ri])
-            prompts.append(PromptHistory(prompt, tuple(responses), rewards))
-        return cls(tuple(prompts), meta)
+    def build(cls, tokens: np.ndarray, lengths: Sequence[int], rewards: Sequence[float] | None = None, *,
+              min_match: int = 1, max_match: int = 7, prefix: Sequence[int] = ()) -> "PromptIndex":
+        """An index over responses given flat (see `FlatIndex.build`), built now."""
+        rewards = [0.0] * len(lengths) if rewards is None else list(rewards)
+        if len(rewards) != len(lengths):
+            raise ValueError(f"got {len(rewards)} rewards for {len(lengths)} responses; "
+                             "pass one reward per response or none")
+        flat = FlatIndex.build(tokens, lengths, prefix, min_match=min_match, max_match=max_match)
+        return cls(rewards, min_match, max_match, prefix, flat)
 
+    def attach(self, flat: FlatIndex) -> None:
+        """Add the built history (its sequence count must be H)."""
+        if len(flat) != self.base:
+            raise ValueError(f"history index holds {len(flat)} sequences, expected {self.base}")
+        self.flat = flat
 
-def _concat(seqs: Iterable[Sequence[int]]) -> np.ndarray:
-    flat = [t for s in seqs for t in s]
-    return np.asarray(flat, dtype=np.int32)
+    def add(self, tokens: Sequence[int] = (), reward: float = 0.0) -> int:
+        """Start a sibling sequence (prefix + `tokens`); its id (>= H)."""
+        self.rewards.append(float(reward))
+        return self.base + self.side.add(tokens, reward)
+
+    def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Append `tokens` to sibling `seq_id`."""
+        if seq_id < self.base:
+            raise ValueError(f"sequence {seq_id} is history (ids below {self.base} are read-only)")
+        self.side.extend(seq_id - self.base, tokens)
+
+    def set_reward(self, seq_id: int, reward: float) -> None:
+        self.rewards[seq_id] = float(reward)
+        if seq_id >= self.base:
+            self.side.set_reward(seq_id - self.base, reward)
+
+    def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
+        """(n, codes): the longest tail of `context` (min_match..max_match tokens) that occurred with
+        a token after it in either part, and the `limit` most recent of its occurrences, oldest first;
+        (0, []) when none did. Siblings' occurrences may sit at a sequence's end."""
+        tail = context[-self.max_match:]
+        n_side = self.side.longest(tail) if self.side.occurrences and len(tail) else 0
+        flat = self.flat
+        n_flat, codes = flat.recent_match(tail, limit) if flat is not None else (0, [])
+        n = max(n_side, n_flat)
+        if not n:
+            return 0, []
+        if n_flat < n:
+            codes = []
+        shift = self.base * STRIDE
+        codes = codes + [c + shift for c in self.side.recent(tail, n, limit)]
+        return n, codes[-limit:]
+
+    def match(self, context: Sequence[int]) -> tuple[int, list[int]]:
+        """`recent_match` with every occurrence."""
+        return self.recent_match(context, STRIDE)
+
+    def seq_pos(self, code: int) -> tuple[int, int]:
+        """(sequence id, position in it) of an occurrence code."""
+        if code >= self.base * STRIDE:
+            return divmod(code, STRIDE)
+        return self.flat.seq_pos(code)
+
+    def reward_of(self, code: int) -> float:
+        """The reward of the sequence an occurrence code lies in."""
+        return self.rewards[self.seq_pos(code)[0]]
+
+    def gather(self, codes: Sequence[int], budget: int) -> list[list[int]]:
+        """The tokens after each code, at most `budget`, up to its sequence's end (may be empty)."""
+        split = self.base * STRIDE
+        old = [c for c in codes if c < split]
+        new = [c - split for c in codes if c >= split]
+        out = self.flat.gather(old, budget) if old else []
+        return out + (self.side.gather(new, budget) if new else [])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held (the history's once attached), prefixes included."""
+        return (self.flat.num_tokens if self.flat is not None else 0) + self.side.num_tokens
+
+    def __len__(self) -> int:
+        return self.base + len(self.side)

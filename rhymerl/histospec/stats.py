@@ -42,9 +42,6 @@ class SpecStats:
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes, and the prompt's own sequence)
-    # helper-thread CPU (spec.grow_behind): the cross-prompt tree grown and the siblings filed behind the step, the
-    # tree asked beside the drafting kernel (with the helper's spinning while it waits for the kernel's rows)
-    grow_seconds: float = 0.0
     # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
     # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
     pos_steps: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
@@ -100,7 +97,7 @@ class SpecStats:
     def merge(self, other: "SpecStats") -> None:
         """Add `other`'s counts into these."""
         for name in ("steps", "tokens", "drafts", "drafted", "accepted", "drafter_seconds",
-                     "index_seconds", "index_tokens", "grow_seconds"):
+                     "index_seconds", "index_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.pos_steps = [a + b for a, b in zip(self.pos_steps, other.pos_steps)]
         self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, other.pos_tokens)]
@@ -149,7 +146,6 @@ class SpecStats:
             f"{prefix}drafter_seconds": self.drafter_seconds,
             f"{prefix}index_seconds": self.index_seconds,
             f"{prefix}index_tokens": float(self.index_tokens),
-            f"{prefix}grow_seconds": self.grow_seconds,
         }
         for j, rate in enumerate(self.acceptance_by_position()):
             out[f"{prefix}acceptance_pos{j}"] = rate

@@ -10,7 +10,7 @@ Settings. The run's `SpecConfig` arrives in `vllm_config.additional_config`
 
 How the history reaches the worker. Before each step the run cuts, for each rollout worker, a
 bundle of the prompts HistoPipe's plan places on it and their earlier responses (`HistoryBundle`'s
-.npz layout, from the epoch's lake query as Arrow/numpy columns; `rhymerl.histospec.columns`,
+.npz layout, from the epoch's lake query as Arrow/numpy columns; `rhymerl.histospec.bundle`,
 `workers.history_bundles`) and sends it through the Ray object store to that worker, which writes it
 atomically to a file on its own node (`RolloutWorker.set_history` in workers/actors.py); a migrated
 request's prompt is added to its new worker's bundle before it arrives. The worker named that file
@@ -20,7 +20,7 @@ only a rewrite of that file: no worker queries the lake. A reload keeps the cros
 step cost model and the measured acceptance (per position and per estimated probability).
 
 What happens in a step (which request a row is, the prompt's index built off the step, the
-siblings, the cross-prompt tree, the drafts and their trim) is `rhymerl.histospec.engine_step.
+siblings, the cross-prompt tree, the drafts and their trim) is `rhymerl.histospec.engine.drafter.
 BatchDrafter`, which works on plain arrays; this class only adds the engine's side: settings,
 the history file, counters.
 
@@ -39,27 +39,42 @@ from typing import Any
 
 import numpy as np
 
-from rhymerl.histospec.engine_step import BatchDrafter
-from rhymerl.histospec.flat import FlatBundle
-from rhymerl.histospec.index import HistoryBundle
+from rhymerl.histospec.bundle import HistoryBundle
+from rhymerl.histospec.engine.drafter import BatchDrafter
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.vllm.speculation import drafter_settings
 
-__all__ = ["BatchDrafter", "HistoSpecProposer", "INDEX_ENV"]
+__all__ = ["HistoSpecProposer", "INDEX_ENV", "tolerate_kernel_scans"]
 
 INDEX_ENV = "RHYMERL_HISTOSPEC_INDEX"
+
+
+def tolerate_kernel_scans() -> None:
+    """Let vLLM's kernel registry scan a process that has loaded numba (the drafter's kernels).
+
+    vLLM (CPU platform start-up, and RhymeRL's exact verifier) registers kernel overrides with
+    `vllm.triton_utils.dispatcher.register_kernels`, which walks every loaded module's globals and
+    calls `vars(value).get("kernel")` on each value that has a `__dict__`. llvmlite's library handle
+    (`llvmlite.binding.ffi.lib`) answers any attribute with a C-function wrapper, `__dict__` included,
+    which crashed that scan. An empty entry in the handle's function table makes it answer `__dict__`
+    with a plain empty dict, as an object with no attributes would.
+    """
+    from llvmlite.binding import ffi
+
+    ffi.lib._fntab.setdefault("__dict__", {})
 
 
 class HistoSpecProposer:
     """The class vLLM instantiates (`PROPOSER_CLASS`); see the module docstring for the contract."""
 
     def __init__(self, vllm_config: Any) -> None:
+        tolerate_kernel_scans()
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.spec = drafter_settings(vllm_config.additional_config, self.k)
         self.path = os.environ.get(INDEX_ENV, "")
         self._stamp: tuple | None = None
-        self._batch = self._make(HistoryBundle(()))
+        self._batch = self._make(HistoryBundle.of(()))
         self._reload_if_changed()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -75,13 +90,11 @@ class HistoSpecProposer:
         stats, self._batch.stats = self._batch.stats, SpecStats()
         return stats
 
-    def _make(self, bundle: HistoryBundle | FlatBundle, stats: SpecStats | None = None) -> BatchDrafter:
+    def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
         # A new bundle comes every step (each worker gets its step's prompts), so what the drafter
         # learnt about the engine outlives it: the recent responses, the step cost model and the
         # acceptance per draft position and per estimated probability (same engine, same settings).
         old = getattr(self, "_batch", None)
-        if old is not None:
-            old.finish_growth()  # its last step's growth may be extending the tree the new drafter takes over
         batch = BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(),
                              old.recent if old is not None else None)
         if old is not None:
@@ -98,5 +111,5 @@ class HistoSpecProposer:
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp != self._stamp:
             self._stamp = stamp
-            self._batch = self._make(FlatBundle.from_bytes(Path(self.path).read_bytes()),
+            self._batch = self._make(HistoryBundle.from_bytes(Path(self.path).read_bytes()),
                                      self._batch.stats)

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.suffix import require_arctic_inference
+from rhymerl.histospec.spec_config import require_arctic_inference
 from rhymerl.vllm.spec_guard import EngineSpeculation
 
 PROPOSER_CLASS = "rhymerl.vllm.histospec_proposer.HistoSpecProposer"

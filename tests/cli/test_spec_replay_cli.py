@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from cli.main import main
+from rhymerl.config.run import ConfigError
 from helpers.marks import needs_arctic
-from rhymerl.errors import ConfigError
-from rhymerl.histospec.tuning import default_settings, parse_overrides, replay_configs
+from rhymerl.histospec.offline.tuning import default_settings, parse_overrides, replay_configs
 from rhymerl.policy.build import build_tokenizer
 from rhymerl.data.records import prompt_id_of
 from storage.lake import LakeWriter, rows_to_table

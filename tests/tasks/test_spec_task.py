@@ -8,11 +8,11 @@ import logging
 import numpy as np
 
 import tasks.spec
-from rhymerl.data.reward import RewardResult
-from rhymerl.config.pipe import PipeConfig
-from rhymerl.histospec.flat import FlatBundle
+from rhymerl.config.run import PipeConfig
 from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.data.records import Prompt, Sample
+from rhymerl.data.reward import RewardResult
 from rhymerl.run.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
 from tasks.spec import history_task, prepare_epoch_task, prepare_step_task
@@ -40,7 +40,7 @@ def test_each_worker_bundle_holds_the_prompts_its_plan_places(tmp_path, monkeypa
     assert slicer.columns.tokens.dtype == np.int32 and len(slicer.columns) == 8  # 4 prompts x 2 responses
     inputs = prepare_step_task.fn(PipeConfig(policy="naive"), url, "run", 1, 0, prompts, 2, 2, 64, slicer)
     for placed, blob, info in zip(inputs.plan.placement, inputs.bundles.blobs, inputs.bundles.infos):
-        fb = FlatBundle.from_bytes(blob.tobytes())
+        fb = HistoryBundle.from_bytes(blob.tobytes())
         assert [fb.prompt(k).tolist() for k in range(len(fb))] == [list(p.token_ids) for p in placed]
         for k, p in enumerate(placed):
             tokens, lens, _ = fb.history(k)

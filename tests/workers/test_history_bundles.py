@@ -4,9 +4,9 @@ with the stream driver's fakes in test_stream_driver.py)."""
 
 from __future__ import annotations
 
-from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
-from rhymerl.histospec.flat import FlatBundle
-from rhymerl.histospec.history import bundle_for_epoch
+from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
+from rhymerl.histospec.bundle import HistoryBundle
+from rhymerl.histospec.bundle import bundle_for_epoch
 from rhymerl.data.records import Prompt, prompt_id_of
 from workers.history_bundles import cut_for_workers
 
@@ -21,7 +21,7 @@ ROWS = {"prompt_id": [p.prompt_id for p in (A, A, B, C, D) for _ in range(2)],
 
 
 def _prompts_in(blob) -> list[int]:
-    fb = FlatBundle.from_bytes(blob.tobytes())
+    fb = HistoryBundle.from_bytes(blob.tobytes())
     return [int(fb.prompt(k)[0]) for k in range(len(fb))]
 
 

@@ -41,9 +41,9 @@ class FakeWorker:
         return {"pid": self.pid}
 
     def set_history(self, blob):
-        from rhymerl.histospec.flat import FlatBundle
+        from rhymerl.histospec.bundle import HistoryBundle
 
-        fb = FlatBundle.from_bytes(bytes(memoryview(blob)))
+        fb = HistoryBundle.from_bytes(bytes(memoryview(blob)))
         self.bundle = [tuple(fb.prompt(k).tolist()) for k in range(len(fb))]
         return len(blob)
 
@@ -164,7 +164,7 @@ def test_forced_migration_returns_every_sample_once_joined(ray_local):
 def test_a_migrated_request_takes_its_prompts_history_along(ray_local):
     # Rule: each worker starts with only its own prompts' bundle; before a migrated request starts
     # on its new worker, that worker's bundle gains the prompt, history and all.
-    from rhymerl.histospec.columns import HistoryColumns, HistorySlicer
+    from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
     from workers.history_bundles import WorkerHistory, cut_for_workers
     from workers.stream import stream_rollout
 

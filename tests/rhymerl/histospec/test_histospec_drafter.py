@@ -5,10 +5,11 @@ import random
 
 import pytest
 
-from rhymerl.errors import ConfigError
-from rhymerl.histospec.budget import AdditiveBudget, DoublingBudget, FixedBudget
+from rhymerl.config.run import ConfigError
+from rhymerl.histospec.drafter import AdditiveBudget, DoublingBudget, FixedBudget, budget_rule, histospec_drafter
 from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter
-from rhymerl.histospec.index import STRIDE, SuffixIndex
+from histospec_oracle import SuffixIndex
+from rhymerl.histospec.sibling_table import STRIDE
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 
@@ -134,13 +135,13 @@ def test_partial_acceptance_is_a_rejection():
 def test_default_budget_rule_is_fixed():
     # Measured (replay of a default run): with drafts capped by match length and scored, a fixed
     # budget of 16 reached a higher mean accepted length than doubling.
-    assert isinstance(SpecConfig().budget(), FixedBudget) and SpecConfig().max_budget == 16
+    assert isinstance(budget_rule(SpecConfig()), FixedBudget) and SpecConfig().max_budget == 16
 
 
 def test_spec_config_budget_respects_max_budget():
-    assert SpecConfig(budget_rule="additive", max_budget=8).budget().cap == 8
-    assert SpecConfig(budget_rule="doubling", max_budget=32).budget().high == 16
-    assert SpecConfig(budget_rule="fixed", max_budget=5).budget().initial == 5
+    assert budget_rule(SpecConfig(budget_rule="additive", max_budget=8)).cap == 8
+    assert budget_rule(SpecConfig(budget_rule="doubling", max_budget=32)).high == 16
+    assert budget_rule(SpecConfig(budget_rule="fixed", max_budget=5)).initial == 5
 
 
 @pytest.mark.parametrize("kwargs, key", [
@@ -195,7 +196,7 @@ def test_min_token_prob_stops_before_an_unlikely_branch():
     assert HistoSpecDrafter(index, min_token_prob=p5 + 0.01).propose([1, 2], 8).tokens == (3,)
     assert HistoSpecDrafter(index, min_token_prob=p5 - 0.01).propose([1, 2], 8).tokens == (3, 5, 6)
     assert HistoSpecDrafter(index).propose([1, 2], 8).tokens == (3, 5, 6)
-    assert SpecConfig(min_token_prob=p5 + 0.01).drafter(index).propose([1, 2], 8).tokens == (3,)
+    assert histospec_drafter(SpecConfig(min_token_prob=p5 + 0.01), index).propose([1, 2], 8).tokens == (3,)
     with pytest.raises(ConfigError, match="spec.min_token_prob"):
         SpecConfig(min_token_prob=1.5)
 
@@ -206,7 +207,7 @@ def test_max_spec_factor_ties_the_draft_to_the_match():
     index = SuffixIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]], None, min_match=1, max_match=2)
     assert HistoSpecDrafter(index, max_spec_factor=1.0).propose([2, 3], 8).tokens == (4, 5)
     assert HistoSpecDrafter(index, max_spec_factor=1.5).propose([2, 3], 8).tokens == (4, 5, 6)
-    assert SpecConfig(max_spec_factor=0.0).drafter(index).propose([2, 3], 8).tokens == (4, 5, 6, 7, 8)
+    assert histospec_drafter(SpecConfig(max_spec_factor=0.0), index).propose([2, 3], 8).tokens == (4, 5, 6, 7, 8)
     with pytest.raises(ConfigError, match="spec.max_spec_factor"):
         SpecConfig(max_spec_factor=-1.0)
 

@@ -5,11 +5,12 @@ import pytest
 
 from helpers.marks import needs_arctic
 from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, follow
-from rhymerl.histospec.index import HistoryBundle, PromptHistory, SuffixIndex
-from rhymerl.histospec.replay import RecordedResponse, replay
+from histospec_oracle import SuffixIndex
+from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
+from rhymerl.histospec.offline.replay import RecordedResponse, replay
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.tree import RecentTree
-from rhymerl.vllm.histospec_proposer import BatchDrafter
+from rhymerl.histospec.drafter import RecentTree
+from rhymerl.histospec.engine.drafter import BatchDrafter
 
 
 @needs_arctic
@@ -89,7 +90,7 @@ def test_batch_drafter_feeds_and_drafts_from_the_recent_tree():
     # Engine path: prompt A's request generates 1..6; a request of prompt B (no history) whose
     # response reaches [2, 3] then drafts A's continuation from the cross-prompt tree.
     a, b = (50, 51), (60, 61)
-    bundle = HistoryBundle((PromptHistory(a), PromptHistory(b)))
+    bundle = HistoryBundle.of((PromptHistory(a), PromptHistory(b)))
     spec = SpecConfig(cost_aware=False, recent_spec_factor=2.0)
     batch = BatchDrafter(bundle, spec, k=8, max_model_len=64)
     rows = np.zeros((2, 64), dtype=np.int64)
@@ -111,11 +112,10 @@ def test_replay_drafts_epoch_zero_from_an_earlier_step_of_another_prompt():
 
 
 @needs_arctic
-def test_the_step_path_drafts_what_the_list_path_drafts_and_keeps_only_drafts_that_win():
-    # Rule: the engine's path (responses grown from int32 arrays, all asking rows' drafts in one call
-    # on views of int32 or int64 token rows, contexts longer than the tree's depth) drafts
-    # what the list path drafts, after the same tokens went in either way; it keeps exactly the
-    # drafts that score above the row's own (ties go to the own draft).
+def test_the_row_path_drafts_what_the_list_path_drafts():
+    # Rule: the engine's path (responses grown from int32 arrays, drafts asked on views of int32 or
+    # int64 token rows, contexts longer than the tree's depth) drafts what the list path drafts, after
+    # the same tokens went in either way.
     rng = np.random.default_rng(3)
     a, b = RecentTree(capacity=8, depth=24), RecentTree(capacity=8, depth=24)
     base = rng.integers(0, 20, 300)
@@ -126,24 +126,15 @@ def test_the_step_path_drafts_what_the_list_path_drafts_and_keeps_only_drafts_th
         ha, hb = a.start(resp[:10].tolist()), b.start(resp[:10].tolist())
         for lo in range(10, 300, 37):
             a.extend(ha, resp[lo:lo + 37].tolist())
-            b.extend_array(hb, resp[lo:lo + 37].astype(np.int32))
+            b.extend(hb, resp[lo:lo + 37].astype(np.int32))
     ends = np.arange(5, 300, 11)
     which = ends % 2  # row 1 holds tokens the tree never saw: no draft
-    budgets = np.full(len(ends), 12)
     for dtype in (np.int32, np.int64):
         tokens = np.stack([base, base + 100]).astype(dtype)
         wants = [a.speculate(tokens[r, :e].tolist(), 12, 2.0, 0.1) for r, e in zip(which, ends)]
-        scores = np.array([w[2] for w in wants])
-        won, sizes, flat, probs = b.speculate_rows(tokens, which, ends, budgets, 2.0, 0.1, scores - 1e-6)
-        assert won == list(range(len(ends))) and any(not w[0] for w in wants) and any(w[0] for w in wants)
-        at = 0
-        for want, size in zip(wants, sizes):
-            assert (tuple(flat[at:at + size]), tuple(probs[at:at + size])) == (want[0], want[3])
-            at += size
-        assert at == len(flat) == len(probs)
-        beat = np.where(np.arange(len(ends)) % 4 == 0, scores, scores - 1e-6)  # every fourth row: a tie
-        won = b.speculate_rows(tokens, which, ends, budgets, 2.0, 0.1, beat)[0]
-        assert won == [j for j in range(len(ends)) if j % 4]
+        gots = [b.speculate_row(tokens[r, :e], 12, 2.0, 0.1) for r, e in zip(which, ends)]
+        assert any(not w[0] for w in wants) and any(w[0] for w in wants)
+        assert [(tuple(g.token_ids), tuple(g.probs), g.score) for g in gots] == [(w[0], w[3], w[2]) for w in wants]
 
 
 @needs_arctic

@@ -7,10 +7,10 @@ import pytest
 from rhymerl.config.run import ConfigError, load_config
 from rhymerl.vllm.engine import stats_from_counters
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.columns import HistoryColumns
-from rhymerl.histospec.history import bundle_for_epoch, uses_bundle
+from rhymerl.histospec.bundle import HistoryColumns
+from rhymerl.histospec.bundle import bundle_for_epoch, uses_bundle
 from rhymerl.vllm.speculation import engine_speculation
-from rhymerl.histospec.index import HistoryBundle
+from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.data.records import Prompt, prompt_id_of
 from storage.lake import Lake, LakeWriter, rows_to_table
 
@@ -59,10 +59,9 @@ def test_bundle_holds_every_prompt_and_only_their_history():
             "response_token_ids": [[1, 2], [3], [4], []], "reward": [1.0, None, 1.0, 0.0]}
     blob, info = bundle_for_epoch([a, b], hist)
     bundle = HistoryBundle.from_bytes(blob)
-    assert [p.prompt_token_ids for p in bundle.prompts] == [(10, 11), (12,)]
-    assert bundle.prompts[0].responses == ((1, 2), (3,)) and bundle.prompts[0].rewards == (1.0, 0.0)
-    assert bundle.prompts[1].responses == ()
-    assert bundle.meta == {}
+    assert [bundle.prompt(k).tolist() for k in range(len(bundle))] == [[10, 11], [12]]
+    assert [a.tolist() for a in bundle.history(0)] == [[1, 2, 3], [2, 1], [1.0, 0.0]]
+    assert len(bundle.history(1)[1]) == 0
     assert (info.prompts, info.prompts_with_history, info.responses, info.tokens) == (2, 1, 2, 3)
     with pytest.raises(ValueError, match="differ in length"):
         bundle_for_epoch([a], {"prompt_id": ["x"], "response_token_ids": [], "reward": []})

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from rhymerl.histospec.index import HistoryBundle, PromptHistory
+from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.vllm.histospec_proposer import BatchDrafter
+from rhymerl.histospec.engine.drafter import BatchDrafter
 
 PROMPT, PATTERN = (50, 51), (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 def test_a_step_counts_at_the_tokens_its_request_had_written():
-    bundle = HistoryBundle((PromptHistory(PROMPT, (PATTERN * 5,), (1.0,)),))
+    bundle = HistoryBundle.of((PromptHistory(PROMPT, (PATTERN * 5,), (1.0,)),))
     batch = BatchDrafter(bundle, SpecConfig(recent_responses=0, cost_aware=False), k=4, max_model_len=64)
     rows = np.zeros((2, 64), dtype=np.int64)
     rows[:, :4] = [*PROMPT, 1, 2]  # two samples of the prompt, 2 response tokens written
@@ -27,7 +27,7 @@ def test_a_step_counts_at_the_tokens_its_request_had_written():
 
 
 def test_a_migrated_request_counts_its_prefix_and_an_unknown_prompt_counts_its_prompt():
-    bundle = HistoryBundle((PromptHistory(PROMPT, (PATTERN * 5,), (1.0,)),))
+    bundle = HistoryBundle.of((PromptHistory(PROMPT, (PATTERN * 5,), (1.0,)),))
     batch = BatchDrafter(bundle, SpecConfig(recent_responses=0, cost_aware=False), k=4, max_model_len=256)
     rows = np.zeros((2, 256), dtype=np.int64)
     moved = [*PROMPT, *(100 + np.arange(150) % 7)]  # arrives 150 tokens in, written on another worker

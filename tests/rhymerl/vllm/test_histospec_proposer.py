@@ -6,11 +6,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rhymerl.histospec.index import HistoryBundle, PromptHistory
-from rhymerl.histospec.rows import PromptTable
+from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
+from rhymerl.histospec.engine.requests import PromptTable
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.data.records import prompt_id_of
-from rhymerl.vllm.histospec_proposer import INDEX_ENV, BatchDrafter, HistoSpecProposer
+from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.vllm.histospec_proposer import INDEX_ENV, HistoSpecProposer
 from rhymerl.vllm.speculation import drafter_settings, engine_speculation
 
 
@@ -32,7 +33,7 @@ class FakeBatch:
 
 def test_disabled_spec_drafts_nothing():
     prompt = (50, 51, 52)
-    bundle = HistoryBundle((PromptHistory(prompt, ((1, 2, 3, 4),), (0.0,)),))
+    bundle = HistoryBundle.of((PromptHistory(prompt, ((1, 2, 3, 4),), (0.0,)),))
     bd = BatchDrafter(bundle, SpecConfig(enabled=False), k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1,)])
     assert bd.propose([[1]], batch.num, batch.tokens) == [[]]
@@ -49,7 +50,7 @@ def test_prompt_table_prefers_the_longest_known_prompt():
 
 def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
     prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
-    bundle = HistoryBundle((PromptHistory(prompt, (hist,), (1.0,)),))
+    bundle = HistoryBundle.of((PromptHistory(prompt, (hist,), (1.0,)),))
     bd = BatchDrafter(bundle, SpecConfig(siblings=False, budget_rule="additive"), k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1,)])  # after prefill the row holds the prompt and one token
     assert bd.propose([[1]], batch.num, batch.tokens) == [[2, 3]]  # additive rule starts at 2
@@ -64,7 +65,7 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     # Rows are identified by content, so a request moved to another row keeps its state; an
     # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
     prompt = (50, 51, 52)
-    bundle = HistoryBundle((PromptHistory(prompt),))
+    bundle = HistoryBundle.of((PromptHistory(prompt),))
     spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8,
                       recent_responses=0)  # siblings only (the cross-prompt tree lags by < TREE_CHUNK)
     bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
@@ -84,7 +85,7 @@ def test_batch_drafter_copies_from_the_prompt_without_history():
     # prompt (after 51, the prompt's 52 53 54); without it there is nothing to draft from (the siblings'
     # rows start with the prompt's last max_match = 7 tokens only: 60..66).
     prompt = (50, 51, 52, 53, 54, 60, 61, 62, 63, 64, 65, 66)
-    bundle = HistoryBundle((PromptHistory(prompt),))
+    bundle = HistoryBundle.of((PromptHistory(prompt),))
     drafts = {}
     for lookup in (True, False):
         spec = SpecConfig(budget_rule="fixed", max_budget=3, max_spec_factor=0, recent_responses=0,
@@ -120,7 +121,7 @@ def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypat
     prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7)
     batch = FakeBatch([prompt + (1,)])
     assert proposer.propose([[1]], batch.num, batch.tokens) == [[]]  # nothing published yet
-    path.write_bytes(HistoryBundle((PromptHistory(prompt, (hist,), (0.0,)),)).to_bytes())
+    path.write_bytes(HistoryBundle.of((PromptHistory(prompt, (hist,), (0.0,)),)).to_bytes())
     batch = FakeBatch([prompt + (1,)])  # a new request after the bundle appeared
     assert proposer.propose([[1]], batch.num, batch.tokens) == [[2, 3, 4, 5]]  # k=4 caps budget 8
     batch.append(0, [2, 3, 4, 5, 6])
@@ -138,17 +139,15 @@ def test_a_new_bundle_keeps_what_the_drafter_learnt_about_the_engine(tmp_path, m
     vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                                   model_config=SimpleNamespace(max_model_len=64),
                                   additional_config=dict(engine_speculation(SpecConfig()).additional_config))
-    path.write_bytes(HistoryBundle((PromptHistory((50, 51), ((1, 2),), (0.0,)),)).to_bytes())
+    path.write_bytes(HistoryBundle.of((PromptHistory((50, 51), ((1, 2),), (0.0,)),)).to_bytes())
     proposer = HistoSpecProposer(vllm_config)
     old = proposer._batch
-    old.growth.seconds = 0.25  # the helper's CPU in the old drafter's last step, not yet counted
-    path.write_bytes(HistoryBundle((PromptHistory((60,), ((3,),), (0.0,)),)).to_bytes())
+    path.write_bytes(HistoryBundle.of((PromptHistory((60,), ((3,),), (0.0,)),)).to_bytes())
     batch = FakeBatch([(60, 3)])
     proposer.propose([[3]], batch.num, batch.tokens)
     new = proposer._batch
     assert new is not old and len(new.bundle) == 1 and new.bundle.prompt(0).tolist() == [60]
     assert new.recent is old.recent and new.cost is old.cost and new.lifetime is old.lifetime
-    assert proposer.take_stats().grow_seconds >= 0.25  # and its helper's seconds count
 
 
 def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_siblings_meanwhile(monkeypatch):
@@ -156,7 +155,7 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
     # siblings; once attached, from its history too.
     import threading
 
-    import rhymerl.histospec.builds as hp
+    import rhymerl.histospec.engine.batch as hp
 
     release = threading.Event()
     real_build = hp.FlatIndex.build
@@ -170,7 +169,7 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
     monkeypatch.setattr(hp.FlatIndex, "build", slow_build)
     prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8)
     spec = SpecConfig(budget_rule="fixed", max_budget=4, recent_responses=0, cost_aware=False)
-    bundle = HistoryBundle((PromptHistory(prompt, (hist, hist), (0.0, 0.0)),))
+    bundle = HistoryBundle.of((PromptHistory(prompt, (hist, hist), (0.0, 0.0)),))
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=64)
     batch = FakeBatch([prompt + (1, 2, 3, 9, 1), prompt + (1,)])
     out = bd.propose([[1], [1]], batch.num, batch.tokens)
@@ -188,7 +187,7 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
 def test_request_key_is_its_length_and_tail():
     # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole
     # row; all rows' keys come from one gather. Different length or tail: different key.
-    from rhymerl.histospec.requests import KEY_TAIL, row_keys
+    from rhymerl.histospec.engine.requests import KEY_TAIL, row_keys
 
     rows = np.stack([np.arange(100, dtype=np.int32)] * 3)
     rows[1, :50] = 0
@@ -204,7 +203,7 @@ def test_request_key_is_its_length_and_tail():
 def test_equal_keys_each_find_their_own_state():
     # Two requests with the same length and tail (siblings that began alike) keep two states; a
     # state not seen for STATE_GRACE_STEPS steps is freed.
-    from rhymerl.histospec.requests import RequestTable
+    from rhymerl.histospec.engine.requests import RequestTable
 
     table = RequestTable(width=4)
     x, y, z = table.alloc(), table.alloc(), table.alloc()
@@ -243,21 +242,18 @@ def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):
     return heads, hists, live
 
 
-@pytest.mark.parametrize("behind", ["on", "off"])
-def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step(behind):
+def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
     # Rule: the compiled batch path (BatchDrafter.batched) drafts exactly what the Python drafter drafts
-    # per row, step after step, with siblings, histories, the cross-prompt tree and rows moving; also
-    # when the siblings' new n-grams are filed behind the step (the kernel reads them pending, the
-    # Python drafter's queries file them first).
-    from rhymerl.histospec.suffix import has_arctic_inference
+    # per row, step after step, with siblings, histories, the cross-prompt tree and rows moving.
+    from rhymerl.histospec.spec_config import has_arctic_inference
 
     rng = np.random.default_rng(0)
     heads, hists, live = rhyming_rows(rng, prompts=3, samples=4, history=3, length=120)
     rewards = [tuple(float(x) for x in rng.random(len(h)).round(1)) for h in hists]
-    bundle = HistoryBundle(tuple(PromptHistory(p, h, w) for p, h, w in zip(heads, hists, rewards)))
+    bundle = HistoryBundle.of(tuple(PromptHistory(p, h, w) for p, h, w in zip(heads, hists, rewards)))
     for reward_weighted in (False, True):
         spec = SpecConfig(budget_rule="doubling", max_budget=8, cost_aware=False, reward_weighted=reward_weighted,
-                          recent_responses=8 if has_arctic_inference() else 0, grow_behind=behind)
+                          recent_responses=8 if has_arctic_inference() else 0)
         arms = [BatchDrafter(bundle, spec, k=8, max_model_len=200, batched=b) for b in (True, False)]
         batch = FakeBatch([heads[k] + (int(r[0]),) for k, r in live], width=200)
         order = np.arange(len(live))
@@ -283,25 +279,21 @@ def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step(behind):
         assert drafted > 0 and arms[0].stats.accepted == arms[1].stats.accepted > 0
 
 
-@pytest.mark.parametrize("behind", [False, True])
-def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowance(monkeypatch, behind):
+def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowance(monkeypatch):
     # Rule: a step adds at most its requests' new tokens plus SIDE_CATCH_UP more to the siblings
     # (TREE_CATCH_UP more to the tree); what is left waits for later steps, the siblings drafting
     # from what is indexed meanwhile; caught up, each sibling and tree response holds its whole row.
-    # The same whether a step grows the tree itself or its helper thread does (`spec.grow_behind`).
-    import rhymerl.histospec.growth as hp
-    from rhymerl.histospec.tree import TREE_CHUNK
+    import rhymerl.histospec.engine.drafter as hp
+    from rhymerl.histospec.drafter import TREE_CHUNK
 
     monkeypatch.setattr(hp, "SIDE_CATCH_UP", 8)
     monkeypatch.setattr(hp, "TREE_CATCH_UP", 6)
     prompt = (50, 51, 52)
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False,
-                      grow_behind="on" if behind else "off")
-    bd = BatchDrafter(HistoryBundle((PromptHistory(prompt),)), spec, k=4, max_model_len=64)
+    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False)
+    bd = BatchDrafter(HistoryBundle.of((PromptHistory(prompt),)), spec, k=4, max_model_len=64)
     body = tuple(range(1, 21))  # both requests arrive 20 tokens in (moved from another worker)
     batch = FakeBatch([prompt + body, prompt + body[:12] + (99,) * 8])
     out = bd.propose([[20], [99]], batch.num, batch.tokens)
-    bd.growth.finish()
     side = bd.prompts[0].index.side
     # the first request takes its sampled token plus the whole allowance (1 + 8); the second its token
     assert side.lens[:2].tolist() == [3 + 9, 3 + 1] and bd.lagging == 11 + 19 + 13 + 19
@@ -313,7 +305,6 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
             batch.append(i, [7])
         held = side.num_tokens, bd.recent.num_tokens
         bd.propose([[7], [7]], batch.num, batch.tokens)
-        bd.growth.finish()
         assert side.num_tokens - held[0] <= 2 + 8  # the step's 2 new tokens, 8 more
         # a request in step adds its last < TREE_CHUNK tokens and this step's, 6 more in all
         assert bd.recent.num_tokens - held[1] <= 2 * (TREE_CHUNK - 1 + 1) + 6
@@ -329,7 +320,7 @@ def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time():
     # Rule (spec.fail_backoff): from a request's second fully rejected draft in a row it skips
     # drafting 2, 4, 8, ... steps (capped); a draft with an accepted token resets the count.
     prompt, hist = (50, 51, 52), (1, 2) * 30  # every context ending in 1 drafts 2 1 2 1
-    bundle = HistoryBundle((PromptHistory(prompt, (hist,), (1.0,)),))
+    bundle = HistoryBundle.of((PromptHistory(prompt, (hist,), (1.0,)),))
     spec = SpecConfig(siblings=False, recent_responses=0, cost_aware=False, min_match=1, max_match=2,
                       max_spec_factor=0.0, budget_rule="fixed", max_budget=4, fail_backoff=8)
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=512)
@@ -361,7 +352,7 @@ def test_the_first_step_compiles_nothing(monkeypatch):
     prompt = (50, 51, 52)
     hist = tuple(range(150_000, 150_199))  # a real vocabulary's ids: the inline builds re-rank contexts
     spec = SpecConfig(budget_rule="fixed", max_budget=4, cost_aware=False)
-    bundle = HistoryBundle((PromptHistory(prompt, (hist, hist), (0.0, 1.0)), PromptHistory((60, 61), (hist,), (0.0,))))
+    bundle = HistoryBundle.of((PromptHistory(prompt, (hist, hist), (0.0, 1.0)), PromptHistory((60, 61), (hist,), (0.0,))))
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=256)
     compiled = []
     real = dispatcher.Dispatcher.compile

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rhymerl.histospec.index import HistoryBundle, PromptHistory
+from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.step_budget import MIN_OBSERVATIONS
-from rhymerl.vllm.histospec_proposer import BatchDrafter
+from rhymerl.histospec.engine.step_pass import MIN_OBSERVATIONS
+from rhymerl.histospec.engine.drafter import BatchDrafter
 
 LONG, SHORT = (50, 51), (60, 61)
 PATTERN = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -16,7 +16,7 @@ PATTERN = (1, 2, 3, 4, 5, 6, 7, 8)
 
 def _batch(tail_fraction: float) -> BatchDrafter:
     # Both prompts' histories repeat PATTERN; the long prompt's responses ran 40 tokens, the short one's 9.
-    bundle = HistoryBundle((PromptHistory(LONG, (PATTERN * 5,), (1.0,)), PromptHistory(SHORT, (PATTERN + (9,),), (1.0,))))
+    bundle = HistoryBundle.of((PromptHistory(LONG, (PATTERN * 5,), (1.0,)), PromptHistory(SHORT, (PATTERN + (9,),), (1.0,))))
     spec = SpecConfig(recent_responses=0, max_spec_factor=0.0, tail_fraction=tail_fraction)
     batch = BatchDrafter(bundle, spec, k=4, max_model_len=64)
     for _ in range(MIN_OBSERVATIONS):  # a compute-bound engine: every token costs as much as the step

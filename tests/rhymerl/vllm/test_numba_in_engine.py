@@ -13,7 +13,8 @@ from helpers.marks import needs_vllm
 
 # An engine worker's modules, not this test session's (which holds Flask proxies and other objects
 # that no engine process imports and that a scan of sys.modules trips over for unrelated reasons).
-SCAN = ("import vllm.triton_utils.dispatcher as d; import rhymerl.histospec.kernel; "
+SCAN = ("import vllm.triton_utils.dispatcher as d; import rhymerl.histospec.engine.kernel; "
+        "from rhymerl.vllm.histospec_proposer import tolerate_kernel_scans; tolerate_kernel_scans(); "
         "d._rebind_kernels([]); print('scanned')")
 
 

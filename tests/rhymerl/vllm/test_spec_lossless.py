@@ -36,10 +36,10 @@ import pytest
 import torch
 from helpers.lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
-from rhymerl.histospec.history import counted_by_vllm
+from rhymerl.histospec.bundle import counted_by_vllm
 from rhymerl.histospec.spec_config import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.suffix import has_arctic_inference
+from rhymerl.histospec.spec_config import has_arctic_inference
 from rhymerl.data.records import Prompt, prompt_id_of
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version
@@ -93,7 +93,7 @@ def tiny(tmp_path_factory) -> Setup:
     ~40-60% and the 2nd-4th 5-20%), 16 prompts, and a history bundle of its own samples."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rhymerl.histospec.history import bundle_for_epoch
+    from rhymerl.histospec.bundle import bundle_for_epoch
     from rhymerl.policy.build import build_tokenizer
 
     tok = build_tokenizer()

@@ -1,0 +1,350 @@
+"""An engine step's bookkeeping around the drafting call, and the trim of its drafts to what pays.
+
+`begin` finds the decoding rows' requests and counts their verified drafts; `plan` records the rows'
+new lengths and picks the rows that draft and their budgets; `finish` records the drafts for the next
+`begin` and hands them over as lists (compiled passes over all rows).
+
+Cost-aware trimming: a verification step costs about `c0 + c1 * tokens` seconds (`StepCostModel`,
+fitted online with exponential forgetting). Draft token j of request i is accepted with chance
+q[i][j] (the drafter's estimate calibrated against what the verifier accepted:
+`AcceptanceCalibration`), so `trim_drafts` keeps the tokens, in decreasing q, that raise expected
+tokens per second (a fractional knapsack); the requests forecast to finish last (`tail_rows`) keep
+their whole draft, as each of their steps costs the rollout `c0`. Trimming only shortens drafts, so
+the sampled distribution is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, NamedTuple, Sequence
+
+import numpy as np
+from numba import njit
+
+from rhymerl.histospec.engine.requests import (BUDGET, DRAFTED, KEY_MIX, N, PROMPT, RESUME, SIB, STEP, TREE,
+                                               TREE_N, RequestTable, StepLedger, account_row, count_bin, row_key,
+                                               take_keys)
+from rhymerl.histospec.spec_config import COST_MEMORY_STEPS
+from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
+
+
+class StepRows(NamedTuple):
+    """The step's decoding rows (those with sampled tokens), as `begin` found them; per row j:"""
+
+    live: np.ndarray  # its row in the engine's batch
+    ends: np.ndarray  # its length now
+    before: np.ndarray  # its length before this step's sampled tokens
+    slots: np.ndarray  # its request's slot (-1: a request seen for the first time)
+    kept: np.ndarray  # its key at `ends` (`RequestTable.keep`)
+    drafted: np.ndarray  # a continuing request's verified draft length (0 for new ones)
+    accepted: np.ndarray  # how many of them the verifier accepted
+    sib: np.ndarray  # the rows (indexes j) of continuing requests with a sibling sequence
+    due: np.ndarray  # those with a response in the cross-prompt tree and >= `tree_chunk` tokens to add
+    processed: int  # tokens the verified step processed for the continuing requests (one each + drafts)
+    new: np.ndarray  # the rows (indexes j) of requests seen for the first time (slot -1)
+
+
+def begin(req: RequestTable, ledger: StepLedger, calibration: AcceptanceCalibration, sizes: np.ndarray,
+          num_tokens: np.ndarray, tokens: np.ndarray, step: int, backoff: int, tree_chunk: int) -> StepRows:
+    """Row i of the batch sampled sizes[i] tokens (0: not decoding) and holds num_tokens[i] tokens
+    (tokens[i, :num_tokens[i]]). Finds the decoding rows' requests (taken out of `req`'s keys until
+    `keep`), counts their verified drafts in `ledger` and `calibration`, applies the fail back-off
+    (`backoff` > 0) for `step`."""
+    size = len(sizes)
+    live, ends, before, slots = (np.empty(size, np.int64) for _ in range(4))
+    drafted, accepted, sib, due, new = (np.zeros(size, np.int64) for _ in range(5))
+    kept = np.empty(size, np.uint64)
+    count, left, processed, counted, n_sib, n_due, n_new = _begin(
+        sizes, np.asarray(num_tokens, np.int64), tokens, KEY_MIX, req.keys, req.slots, req.index, req.fields, req.probs,
+        ledger.step.arrays, ledger.lifetime.arrays, POSITION_EDGE_ARRAY, calibration.drafted, calibration.accepted,
+        step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted, sib, due, new)
+    req.keys, req.slots = req.keys[:left], req.slots[:left]
+    calibration.counted(counted)
+    return StepRows(live[:count], ends[:count], before[:count], slots[:count], kept[:count], drafted[:count],
+                    accepted[:count], sib[:n_sib], due[:n_due], processed, new[:n_new])
+
+
+@njit(cache=True)
+def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, step_counts, life_counts, edges,
+           cal_drafted, cal_hits, step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted,
+           sib, due, new):
+    """`begin`'s pass: (rows decoding, stored keys left, tokens processed, calibration tokens counted,
+    rows in `sib`, rows in `due`, rows in `new`)."""
+    count = 0
+    for i in range(sizes.shape[0]):
+        if sizes[i] > 0:
+            live[count], ends[count], before[count] = i, num_tokens[i], num_tokens[i] - sizes[i]
+            count += 1
+    query = np.empty(count, np.uint64)
+    for j in range(count):
+        query[j] = row_key(tokens, live[j], before[j], mix)
+        kept[j] = row_key(tokens, live[j], ends[j], mix)
+    left = take_keys(keys, stored, index, query, slots[:count])
+    processed, counted, n_sib, n_due, n_new = 0, 0, 0, 0, 0
+    for j in range(count):
+        s = slots[j]
+        if s < 0:
+            new[n_new] = j
+            n_new += 1
+            continue
+        d, a, c = account_row(fields, probs, s, sizes[live[j]], step_counts, life_counts, edges, cal_drafted,
+                              cal_hits, step, backoff)
+        drafted[j], accepted[j] = d, a
+        processed += 1 + d
+        counted += c
+        if fields[SIB, s] >= 0:
+            sib[n_sib] = j
+            n_sib += 1
+        if fields[TREE, s] >= 0 and ends[j] - fields[TREE_N, s] >= tree_chunk:
+            due[n_due] = j
+            n_due += 1
+    return count, left, processed, counted, n_sib, n_due, n_new
+
+
+def plan(req: RequestTable, rows: StepRows, last_seen: np.ndarray, step: int, k: int,
+         max_model_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Record each row's length and `step` (its draft reset to none); note its prompt seen at `step`
+    in `last_seen`. Returns the rows that draft (indexes j: a known prompt, not backing off, room for
+    a draft) and their budgets (the request's, at most k and the room left in max_model_len)."""
+    drafting, budgets = np.empty(len(rows.slots), np.int64), np.empty(len(rows.slots), np.int64)
+    count = _plan(req.fields, rows.slots, rows.ends, step, k, max_model_len, last_seen, drafting, budgets)
+    return drafting[:count], budgets[:count]
+
+
+@njit(cache=True)
+def _plan(fields, slots, ends, step, k, max_model_len, last_seen, drafting, budgets):
+    """`plan`'s pass: how many rows draft."""
+    count = 0
+    for j in range(slots.shape[0]):
+        s = slots[j]
+        fields[N, s], fields[STEP, s], fields[DRAFTED, s] = ends[j], step, 0
+        prompt = fields[PROMPT, s]
+        if prompt >= 0:
+            last_seen[prompt] = step
+        budget = min(fields[BUDGET, s], k, max_model_len - ends[j])
+        if prompt >= 0 and budget > 0 and fields[RESUME, s] <= step:
+            drafting[count], budgets[count] = j, budget
+            count += 1
+    return count
+
+
+def finish(req: RequestTable, slots: np.ndarray, rows: np.ndarray, toks: np.ndarray, lens: np.ndarray,
+           draft_probs: np.ndarray, out: list[list[int]]) -> None:
+    """Record the drafts for the next step's `begin` (request slots[j] drafted lens[j] tokens with
+    estimates draft_probs[j], zero past its length) and hand them to the engine: out[rows[j]] =
+    toks[j, :lens[j]] as a list of ints, for the rows with a draft."""
+    flat, bounds = np.empty(int(lens.sum()), toks.dtype), np.empty(len(slots) + 1, np.int64)
+    _finish(req.fields, req.probs, slots, lens, draft_probs, toks, flat, bounds)
+    tokens, cut = flat.tolist(), bounds.tolist()  # the ints made in two calls, not a slice per row
+    for i, a, b in zip(rows.tolist(), cut, cut[1:]):
+        if b > a:
+            out[i] = tokens[a:b]
+
+
+@njit(cache=True)
+def _finish(fields, probs, slots, lens, draft_probs, toks, flat, bounds):
+    """`finish`'s pass: fields / probs recorded, the drafts packed: flat[bounds[j]:bounds[j + 1]] =
+    toks[j, :lens[j]]."""
+    width = min(draft_probs.shape[1], probs.shape[1])
+    at = 0
+    for j in range(slots.shape[0]):
+        s = slots[j]
+        fields[DRAFTED, s] = lens[j]
+        probs[s, :width] = draft_probs[j, :width]
+        probs[s, width:] = 0.0
+        bounds[j] = at
+        flat[at:at + lens[j]] = toks[j, :lens[j]]
+        at += lens[j]
+    bounds[slots.shape[0]] = at
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the passes now, not inside an engine step."""
+    req, ledger, calibration = RequestTable(1), StepLedger(1), AcceptanceCalibration()
+    for dtype in (np.int32, np.int64):
+        rows = begin(req, ledger, calibration, np.ones(1, np.int64), np.ones(1, np.int64), np.zeros((1, 1), dtype),
+                     1, 1, 1)
+        rows.slots[:] = req.alloc()
+        plan(req, rows, np.zeros(1, np.int64), 1, 1, 2)
+        finish(req, rows.slots, rows.live, np.ones((1, 1), np.int64), np.ones(1, np.int64), np.ones((1, 1)), [[]])
+        req.keep(rows.kept, rows.slots, 1, 1)
+
+
+MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
+CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
+CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
+
+
+@dataclass
+class StepCostModel:
+    """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
+
+    decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS  # weight of older steps per new one (spec.cost_memory)
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    count: int = 0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        """Add one step: `tokens` processed in `seconds`."""
+        d = self.decay
+        self.n = d * self.n + 1.0
+        self.sx = d * self.sx + tokens
+        self.sy = d * self.sy + seconds
+        self.sxx = d * self.sxx + tokens * tokens
+        self.sxy = d * self.sxy + tokens * seconds
+        self.count += 1
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(c0, c1), or None until `MIN_OBSERVATIONS` steps with some spread in tokens were seen.
+
+        c1 is kept positive and c0 non-negative: a noisy fit must never make tokens look free.
+        """
+        if self.count < MIN_OBSERVATIONS or self.n <= 0:
+            return None
+        mx, my = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mx * mx
+        if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
+            c1 = my / max(mx, 1.0)
+            return 0.0, max(c1, 1e-9)
+        c1 = max((self.sxy / self.n - mx * my) / var, 1e-9 * max(my, 1e-9))
+        return max(my - c1 * mx, 0.0), c1
+
+    def predict(self, tokens: float) -> float | None:
+        coef = self.coefficients()
+        return None if coef is None else coef[0] + coef[1] * tokens
+
+
+def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], length: int) -> list[float]:
+    """q[j] for j < length: chance a draft's token j is accepted, Laplace-smoothed ((a + 1) / (d + 2)),
+    then a running minimum (a token is accepted only after every token before it)."""
+    out, low = [], 1.0
+    for j in range(length):
+        a = accepted_at[j] if j < len(accepted_at) else 0
+        d = drafted_at[j] if j < len(drafted_at) else 0
+        low = min(low, (a + 1.0) / (d + 2.0))
+        out.append(low)
+    return out
+
+
+def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
+                q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, float],
+                whole: Collection[int] = ()) -> list[list[int]]:
+    """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
+    `base_tokens` / `expected_base`: tokens the step processes / emits without any draft; `q[i, j]`:
+    the chance draft i's token j is accepted (R x W, nonincreasing in j); `coef`: (c0, c1); `whole`:
+    rows kept whole (`tail_rows`), counted in the step before the others are chosen."""
+    c0, c1 = coef
+    q = np.asarray(q, dtype=np.float64).reshape(len(drafts), -1)
+    width = q.shape[1]
+    lengths = np.fromiter((min(len(d), width) for d in drafts), np.int64, len(drafts))
+    valid = np.arange(width)[None, :] < lengths[:, None]
+    in_tail = np.zeros(len(drafts), dtype=bool)
+    in_tail[list(whole)] = True
+    keep = np.where(in_tail, lengths, 0)
+    emitted = expected_base + float(q[in_tail[:, None] & valid].sum())
+    seconds = c0 + c1 * (base_tokens + float(keep.sum()))
+    rows, cols = np.nonzero(valid & ~in_tail[:, None])
+    p = q[rows, cols]
+    order = np.lexsort((cols, -p))  # decreasing chance, a draft's earlier token first on ties
+    p, rows = p[order], rows[order]
+    before = emitted + np.cumsum(p) - p  # tokens expected before each candidate is added
+    pays = p * (seconds + c1 * np.arange(p.size)) > c1 * before
+    taken = int(np.argmin(pays)) if not pays.all() else p.size  # every later token has p no larger
+    keep += np.bincount(rows[:taken], minlength=len(drafts))
+    return [list(d[:k]) for d, k in zip(drafts, keep.tolist())]
+
+
+def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
+    """Rows forecast to finish last: remaining length >= `fraction` x the longest (None: no forecast,
+    never in the tail; a negative remaining, a request past its forecast, counts as the longest)."""
+    known = [r for r in remaining if r is not None]
+    if fraction <= 0 or not known:
+        return set()
+    longest = max(known)
+    if any(r < 0 for r in known):
+        longest = max(longest, 0.0)
+    cut = fraction * longest
+    return {i for i, r in enumerate(remaining) if r is not None and (r < 0 or r >= cut)}
+
+
+class AcceptanceCalibration:
+    """Measured acceptance of draft tokens by the drafter's estimated probability (`Draft.probs`):
+    `record` counts verified drafts (draft i's first `accepted[i]` tokens accepted), `rows` maps
+    estimates (R x W) to calibrated chances. Bins hold `CALIBRATION_PRIOR` pseudo-tokens at their own
+    estimate and the table is kept nondecreasing (pool-adjacent-violators)."""
+
+    def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
+        self.bins = bins
+        self.prior = prior
+        self.drafted = np.zeros(bins)
+        self.accepted = np.zeros(bins)
+        self.tokens = 0  # draft tokens recorded
+        self._table: np.ndarray | None = None
+        none = np.zeros(0, np.int64)
+        _count_bins(np.zeros((0, 1)), none, none, np.zeros(1), np.zeros(1))  # compile now, not in a step
+
+    def _bin(self, p: np.ndarray) -> np.ndarray:
+        return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
+
+    def record(self, probs: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
+        """`record_rows` of drafts given as one estimate list per draft."""
+        lengths = np.fromiter(map(len, probs), np.int64, len(probs))
+        padded = np.zeros((len(probs), int(lengths.max(initial=0))))
+        for i, p in enumerate(probs):
+            padded[i, :len(p)] = p
+        self.record_rows(padded, lengths, np.asarray(accepted, np.int64))
+
+    def record_rows(self, probs: np.ndarray, lengths: np.ndarray, accepted: np.ndarray) -> None:
+        """`record` of drafts given padded: draft i's estimates are probs[i, :lengths[i]]."""
+        counted = _count_bins(np.asarray(probs, np.float64), np.asarray(lengths, np.int64),
+                              np.asarray(accepted, np.int64), self.drafted, self.accepted)
+        self.counted(counted)
+
+    def counted(self, tokens: int) -> None:
+        """Note `tokens` more draft tokens counted into `drafted` / `accepted` (by a compiled pass)."""
+        if tokens:
+            self.tokens += tokens
+            self._table = None
+
+    def table(self) -> np.ndarray:
+        """[b]: calibrated acceptance of a token whose estimate falls in bin b (nondecreasing in b)."""
+        if self._table is None:
+            centre = (np.arange(self.bins) + 0.5) / self.bins
+            self._table = np.array(_isotonic(list(zip(self.accepted + self.prior * centre,
+                                                      self.drafted + self.prior))))
+        return self._table
+
+    def rows(self, probs: np.ndarray) -> np.ndarray:
+        """Calibrated chances for estimates `probs` (R x W), made nonincreasing along each row."""
+        return np.minimum.accumulate(self.table()[self._bin(np.asarray(probs, np.float64))], axis=1)
+
+
+@njit(cache=True)
+def _count_bins(probs, lengths, accepted, drafted, hits):
+    """Add each draft token (probs[i, :lengths[i]]) to drafted[its bin], and to hits[its bin] when
+    accepted (j < accepted[i]); the tokens counted. One pass: the engine step records every row's."""
+    counted = 0
+    for i in range(probs.shape[0]):
+        for j in range(min(lengths[i], probs.shape[1])):
+            count_bin(probs[i, j], j < accepted[i], drafted, hits)
+            counted += 1
+    return counted
+
+
+def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:
+    """Nondecreasing least-squares fit of the ratios a / w (weights w), by pooling adjacent violators."""
+    blocks: list[list[float]] = []  # [sum a, sum w, count]
+    for a, w in pairs:
+        blocks.append([a, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            a2, w2, n2 = blocks.pop()
+            blocks[-1][0] += a2
+            blocks[-1][1] += w2
+            blocks[-1][2] += n2
+    out: list[float] = []
+    for a, w, n in blocks:
+        out.extend([a / w] * int(n))
+    return out
