@@ -74,9 +74,9 @@ import numpy as np
 
 from bench.rhyming import PROMPT_LEN, SAMPLES, Forward, accept, engine_rows, rhyming_group
 from rhymerl.run.heap import frozen_heap
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from rhymerl.histospec.index import FlatIndex
-from rhymerl.histospec.spec_config import SpecConfig, has_arctic_inference
+from rhymerl.config.spec import SpecConfig, has_arctic_inference
 
 # Requests per engine: item 5's 128 and 512, and 256, the point item 4's 1 ms target names.
 FULL = {"lengths": (1024, 4096, 16384), "histories": (16, 64), "requests": (128, 256, 512), "epochs": (1000, 20000)}

@@ -87,7 +87,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # imports here keep `rhymerl --help` quick (the drafter loads numpy)
 
     from rhymerl.histospec.offline.replay import replay
-    from rhymerl.histospec.spec_config import SuffixUnavailable, require_arctic_inference
+    from rhymerl.config.spec import SuffixUnavailable, require_arctic_inference
     from rhymerl.histospec.offline.tuning import (COLUMNS, SUFFIX_ARMS, default_settings, records_from_columns,
                                           replay_configs, report_rows)
     from storage.lake import Lake

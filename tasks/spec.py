@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config.run import PipeConfig
 from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.bundle import uses_bundle
 from rhymerl.data.records import Prompt

@@ -187,7 +187,7 @@ def test_module_graph_sees_the_benchmarks_the_command_line_loads():
 # Settings modules: a config class is imported by command lines, tasks and tests that never run an
 # engine, so importing one must stay cheap and side-effect free.
 SETTINGS = ("rhymerl.config.run", "rhymerl.config.options", "rhymerl.config.fields", "rhymerl.config.pipe",
-            "rhymerl.histospec.spec_config")
+            "rhymerl.config.spec")
 HEAVY = ("numba", "torch", "vllm", "ray", "prefect")
 # Run in a fresh interpreter: which HEAVY roots the import loaded, and for each the chain of modules
 # (outermost first) whose top-level code was importing when it was first asked for.

@@ -3,7 +3,7 @@
 - `options`: `option(default, help)`, a dataclass field that carries its help line.
 - `fields`: typed dataclasses from nested dicts (TOML's layout), `key=value` overrides, flat keys.
 - `run`: `RunConfig` and the component configs it composes; `load_config`.
-- `pipe`: HistoPipe's settings (`PipeConfig`, `pipe.*`).
+- `spec`: HistoSpec's settings (`SpecConfig`, `spec.*`); `pipe`: HistoPipe's (`PipeConfig`, `pipe.*`).
 - `environment`: the environment's settings that move a run from the embedded defaults to a cluster.
 - `reference`: docs/configuration.md, written from the dataclasses (`python -m rhymerl.config.reference`).
 

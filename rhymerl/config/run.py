@@ -19,7 +19,7 @@ from rhymerl.config.fields import apply_overrides, build, check
 from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
 from rhymerl.config.pipe import PipeConfig
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 
 
 @dataclass(frozen=True)

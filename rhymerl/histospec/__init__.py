@@ -1,7 +1,7 @@
 """HistoSpec: lossless speculative rollouts drafted from each prompt's own earlier responses.
 
-Drafting semantics (this package; no engine imports):
-- `spec_config`: `SpecConfig`, a run's `spec.*` settings (a leaf: no numpy, no numba).
+Drafting semantics (this package; no engine imports; its settings, `SpecConfig`, are
+`rhymerl.config.spec`):
 - `bundle`: the history as flat columns and the `HistoryBundle` a rollout worker's drafter reads.
 - `index`: a prompt's index: its history (`FlatIndex`) beside its siblings (`PromptIndex`).
 - `siblings`, `sibling_table`: the siblings' growing n-gram index and its compiled storage.

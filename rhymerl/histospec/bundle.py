@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.data.records import Prompt
 
 

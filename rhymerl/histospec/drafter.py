@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from rhymerl.histospec.index import PromptIndex
-from rhymerl.histospec.spec_config import SpecConfig, require_arctic_inference
+from rhymerl.config.spec import SpecConfig, require_arctic_inference
 
 PRIOR = 2.0  # few sightings are weak evidence: a continuation seen m times is worth at most m / (m + PRIOR)
 MAX_CANDIDATES = 32  # most recent occurrences followed per draft: bounds the cost of common n-grams

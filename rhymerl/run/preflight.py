@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rhymerl.config.run import RunConfig
 from rhymerl.data.datasets import dataset_errors
-from rhymerl.histospec.spec_config import INSTALL_HINT, has_arctic_inference
+from rhymerl.config.spec import INSTALL_HINT, has_arctic_inference
 from rhymerl.policy.check import model_problems
 
 AREAS = ("config", "model", "dataset", "lake", "tracking", "ray", "prefect", "resources")

@@ -20,7 +20,7 @@ only a rewrite of that file: no worker queries the lake. A reload keeps the cros
 step cost model and the measured acceptance (per position and per estimated probability).
 
 What happens in a step (which request a row is, the prompt's index built off the step, the
-siblings, the cross-prompt tree, the drafts and their trim) is `rhymerl.histospec.engine.drafter.
+siblings, the cross-prompt tree, the drafts and their trim) is `rhymerl.histospec.engine.step_drafter.
 BatchDrafter`, which works on plain arrays; this class only adds the engine's side: settings,
 the history file, counters.
 
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rhymerl.histospec.bundle import HistoryBundle
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.vllm.speculation import drafter_settings
 

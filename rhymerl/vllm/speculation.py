@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.spec_config import require_arctic_inference
+from rhymerl.config.spec import SpecConfig
+from rhymerl.config.spec import require_arctic_inference
 from rhymerl.vllm.spec_guard import EngineSpeculation
 
 PROPOSER_CLASS = "rhymerl.vllm.histospec_proposer.HistoSpecProposer"

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from rhymerl.histospec.spec_config import has_arctic_inference
+from rhymerl.config.spec import has_arctic_inference
 
 needs_arctic = pytest.mark.skipif(not has_arctic_inference(),
                                   reason="arctic-inference is not installed (make setup builds it)")

@@ -9,7 +9,7 @@ import numpy as np
 
 import tasks.spec
 from rhymerl.config.run import PipeConfig
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.data.records import Prompt, Sample
 from rhymerl.data.reward import RewardResult

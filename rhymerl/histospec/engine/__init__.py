@@ -1,5 +1,5 @@
 """HistoSpec's batch path inside a vLLM engine (used by `rhymerl.vllm.histospec_proposer`):
-- `drafter`: `BatchDrafter`, one engine step's work on plain arrays.
+- `step_drafter`: `BatchDrafter`, one engine step's work on plain arrays.
 - `requests`: the request table (which request a row is), the prompt table, the step's counts.
 - `step_pass`: the step's compiled bookkeeping passes and the cost-aware trim of its drafts.
 - `batch`: every row's own draft in one kernel call, the slots it reads, the history builds.

@@ -26,7 +26,7 @@ from rhymerl.histospec.engine.cpu_tricks import SAMPLE
 from rhymerl.histospec.index import FlatIndex, PromptIndex
 from rhymerl.histospec.sibling_table import STRIDE, append_many, appending_many, crowded
 from rhymerl.histospec.siblings import ROWS, SideIndex
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 
 _I32, _I64 = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")

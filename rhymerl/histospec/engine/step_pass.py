@@ -24,7 +24,7 @@ from numba import njit
 from rhymerl.histospec.engine.requests import (BUDGET, DRAFTED, KEY_MIX, N, PROMPT, RESUME, SIB, STEP, TREE,
                                                TREE_N, RequestTable, StepLedger, account_row, count_bin, row_key,
                                                take_keys)
-from rhymerl.histospec.spec_config import COST_MEMORY_STEPS
+from rhymerl.config.spec import COST_MEMORY_STEPS
 from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Collection, Hashable, Iterable, Literal, Mappi
 from rhymerl.histospec.drafter import (TREE_CHUNK, Drafter, FixedBudget, NgramDrafter, RecentTree, budget_rule,
                                        histospec_drafter, new_index, new_recent)
 from rhymerl.histospec.index import PromptIndex
-from rhymerl.histospec.spec_config import SpecConfig, require_arctic_inference
+from rhymerl.config.spec import SpecConfig, require_arctic_inference
 from rhymerl.histospec.stats import SpecStats
 
 # vLLM's defaults for `method="suffix"` (vllm/config/speculative.py, suffix_decoding_*): "stock".

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rhymerl.errors import ConfigError
 from rhymerl.histospec.offline.replay import RecordedResponse, ReplayReport, SuffixArm
-from rhymerl.histospec.spec_config import INSTALL_HINT, SpecConfig, has_arctic_inference
+from rhymerl.config.spec import INSTALL_HINT, SpecConfig, has_arctic_inference
 from rhymerl.data.records import prompt_id_of
 
 Encode = Callable[[str], list[int]]

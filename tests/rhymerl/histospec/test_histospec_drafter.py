@@ -10,7 +10,7 @@ from rhymerl.histospec.drafter import AdditiveBudget, DoublingBudget, FixedBudge
 from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter
 from histospec_oracle import SuffixIndex
 from rhymerl.histospec.sibling_table import STRIDE
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 
 

@@ -8,9 +8,9 @@ from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, follow
 from histospec_oracle import SuffixIndex
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.offline.replay import RecordedResponse, replay
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.drafter import RecentTree
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 
 @needs_arctic

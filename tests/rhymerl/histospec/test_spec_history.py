@@ -6,7 +6,7 @@ import pytest
 
 from rhymerl.config.run import ConfigError, load_config
 from rhymerl.vllm.engine import stats_from_counters
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.bundle import HistoryColumns
 from rhymerl.histospec.bundle import bundle_for_epoch, uses_bundle
 from rhymerl.vllm.speculation import engine_speculation

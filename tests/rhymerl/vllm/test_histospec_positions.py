@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
-from rhymerl.histospec.spec_config import SpecConfig
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.config.spec import SpecConfig
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 PROMPT, PATTERN = (50, 51), (1, 2, 3, 4, 5, 6, 7, 8)
 

@@ -8,9 +8,9 @@ import pytest
 
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.engine.requests import PromptTable
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.data.records import prompt_id_of
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from rhymerl.vllm.histospec_proposer import INDEX_ENV, HistoSpecProposer
 from rhymerl.vllm.speculation import drafter_settings, engine_speculation
 
@@ -245,7 +245,7 @@ def rhyming_rows(rng, prompts, samples, history, length, vocab=50, change=0.1):
 def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
     # Rule: the compiled batch path (BatchDrafter.batched) drafts exactly what the Python drafter drafts
     # per row, step after step, with siblings, histories, the cross-prompt tree and rows moving.
-    from rhymerl.histospec.spec_config import has_arctic_inference
+    from rhymerl.config.spec import has_arctic_inference
 
     rng = np.random.default_rng(0)
     heads, hists, live = rhyming_rows(rng, prompts=3, samples=4, history=3, length=120)
@@ -283,7 +283,7 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
     # Rule: a step adds at most its requests' new tokens plus SIDE_CATCH_UP more to the siblings
     # (TREE_CATCH_UP more to the tree); what is left waits for later steps, the siblings drafting
     # from what is indexed meanwhile; caught up, each sibling and tree response holds its whole row.
-    import rhymerl.histospec.engine.drafter as hp
+    import rhymerl.histospec.engine.step_drafter as hp
     from rhymerl.histospec.drafter import TREE_CHUNK
 
     monkeypatch.setattr(hp, "SIDE_CATCH_UP", 8)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.engine.step_pass import MIN_OBSERVATIONS
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 LONG, SHORT = (50, 51), (60, 61)
 PATTERN = (1, 2, 3, 4, 5, 6, 7, 8)

@@ -8,7 +8,7 @@ from rhymerl.histospec.engine.batch import BatchIndexDrafter
 from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, histospec_drafter
 from rhymerl.histospec.index import FlatIndex, PromptIndex
 from rhymerl.histospec.engine.batch import FlatSlots
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 
 
 def rhyming(rng, vocab, length, count, change):

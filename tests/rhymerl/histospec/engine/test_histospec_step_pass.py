@@ -8,10 +8,10 @@ from rhymerl.histospec.engine import step_pass
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.engine.requests import StepLedger
 from rhymerl.histospec.engine.requests import RequestTable, row_keys
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
-from rhymerl.histospec.engine.drafter import BatchDrafter
+from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 
 def _table(drafted, n, plen, probs):

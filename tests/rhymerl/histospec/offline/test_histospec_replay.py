@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.offline.replay import (RecordedResponse, accepted_prefix, build_history_index,
                                       history_for, replay, replay_group, replay_settings)
 

@@ -7,11 +7,11 @@ import pytest
 from rhymerl.config.run import ConfigError, load_config
 from rhymerl.histospec.bundle import counted_by_vllm, uses_bundle
 from rhymerl.histospec.offline.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.histospec.offline.replay import SuffixArm
-from rhymerl.histospec.spec_config import (SuffixUnavailable, has_arctic_inference,
+from rhymerl.config.spec import (SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
 from rhymerl.run.preflight import check_config
 from helpers.marks import needs_arctic

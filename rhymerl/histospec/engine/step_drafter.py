@@ -30,7 +30,7 @@ from rhymerl.histospec.engine import step_pass
 from rhymerl.histospec.engine.batch import BatchIndexDrafter, HistoryBuilds, SideSlots
 from rhymerl.histospec.engine.requests import PromptTable, RequestTable, StepLedger, group
 from rhymerl.histospec.index import PromptIndex
-from rhymerl.histospec.spec_config import SpecConfig
+from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 
 STATE_GRACE_STEPS = 4  # keep a request's state this many steps while it is not scheduled
