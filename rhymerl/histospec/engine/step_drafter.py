@@ -1,18 +1,11 @@
-"""HistoSpec's work in one engine step, on plain arrays (`BatchDrafter`): what the vLLM plug-in
-(`rhymerl.vllm.histospec_proposer`) runs after every step, testable without an engine.
+"""HistoSpec's work in one engine step on plain arrays (`BatchDrafter`), what the vLLM plug-in
+(`rhymerl.vllm.histospec_proposer`) runs after every step. Engine thread only.
 
-`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)` gets one row per running request
-(the tokens sampled for it this step, its length, its prompt + output tokens) and returns each row's
-draft. In order: (1) find each row's request (`RequestTable`); a request seen for the first time
-finds its prompt in the bundle (`PromptTable`), opens its sibling sequence and its response in the
-cross-prompt tree; (2) count what the step that ran accepted and adapt budgets (`step_pass.begin`);
-(3) grow the siblings (one compiled call for all prompts) and, every `TREE_CHUNK` tokens, the tree;
-a request that arrives with a long prefix joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP`
-tokens a step beyond the step's new ones, so no step stalls on it; (4) draft: every row's own draft
-in one kernel call (`BatchIndexDrafter`), then the tree for the rows whose own draft scores below
-`spec.recent_gate` x budget; (5) trim the drafts to what pays under the measured step cost
-(`spec.cost_aware`). A prompt's history is indexed when its first request arrives, off the step when
-large (`HistoryBuilds`). Engine thread only.
+`propose` per step: (1) find each row's request (`RequestTable`); a new one finds its prompt
+(`PromptTable`) and opens its sibling sequence and tree response; (2) count what was accepted and adapt
+budgets; (3) grow the siblings and, every `TREE_CHUNK` tokens, the tree, a long prefix catching up at
+most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step; (4) draft every row in one kernel call, then ask
+the tree for rows below `spec.recent_gate` x budget; (5) trim drafts to what pays (`spec.cost_aware`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""An engine step's bookkeeping around the drafting call, and the trim of its drafts to what pays.
+"""An engine step's compiled bookkeeping around the drafting call (`begin`: find requests and count
+verified drafts; `plan`: record lengths, pick drafting rows and budgets; `finish`: record and hand
+over the drafts), and the trim of drafts to what pays.
 
-`begin` finds the decoding rows' requests and counts their verified drafts; `plan` records the rows'
-new lengths and picks the rows that draft and their budgets; `finish` records the drafts for the next
-`begin` and hands them over as lists (compiled passes over all rows).
-
-Cost-aware trimming: a verification step costs about `c0 + c1 * tokens` seconds (`StepCostModel`,
-fitted online with exponential forgetting). Draft token j of request i is accepted with chance
-q[i][j] (the drafter's estimate calibrated against what the verifier accepted:
-`AcceptanceCalibration`), so `trim_drafts` keeps the tokens, in decreasing q, that raise expected
-tokens per second (a fractional knapsack); the requests forecast to finish last (`tail_rows`) keep
-their whole draft, as each of their steps costs the rollout `c0`. Trimming only shortens drafts, so
-the sampled distribution is untouched.
+Cost-aware trimming: a step costs about `c0 + c1 * tokens` seconds (`StepCostModel`); draft token j
+of request i is accepted with chance q[i][j] (the drafter's estimate, `AcceptanceCalibration`);
+`trim_drafts` keeps tokens, in decreasing q, while they raise expected tokens per second; rows forecast
+to finish last (`tail_rows`) keep their whole draft. Trimming only shortens drafts: the sampled
+distribution is untouched.
 """
 
 from __future__ import annotations
