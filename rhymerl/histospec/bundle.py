@@ -22,7 +22,6 @@ from rhymerl.data.records import Prompt
 @dataclass(frozen=True)
 class BundleInfo:
     """What a bundle holds (for logs, MLflow and the steps table)."""
-
     prompts: int
     prompts_with_history: int
     responses: int
@@ -37,7 +36,6 @@ class BundleInfo:
 @dataclass(frozen=True)
 class PromptHistory:
     """One prompt and its earlier responses (oldest first), one reward each: a bundle's entry."""
-
     prompt_token_ids: tuple[int, ...]
     responses: tuple[tuple[int, ...], ...] = ()
     rewards: tuple[float, ...] = ()
@@ -52,7 +50,6 @@ class PromptHistory:
 
 class HistoryBundle:
     """Prompts and their histories as flat arrays; the arrays of one prompt's history are views."""
-
     def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.prompt_lens = np.asarray(arrays["prompt_lens"], np.int64)
         self.prompt_tokens = np.asarray(arrays["prompt_tokens"])
@@ -112,7 +109,6 @@ def _npz(**arrays: np.ndarray) -> np.ndarray:
 class HistoryColumns:
     """Row i: prompt `prompt_ids[i]`'s response `tokens[offsets[i]:offsets[i + 1]]`, reward `rewards[i]`.
     A prompt's rows keep their order (oldest first) but need not be adjacent."""
-
     prompt_ids: np.ndarray  # (R,) str objects
     offsets: np.ndarray  # (R + 1,) int64
     tokens: np.ndarray  # (T,) int32
@@ -196,7 +192,6 @@ def _gather(cols: HistoryColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 class HistorySlicer:
     """Bundles for any set of prompts from one history: rows grouped by prompt once, then gathered."""
-
     def __init__(self, columns: HistoryColumns) -> None:
         self.columns = columns
         self.rows = columns.rows_by_prompt()

@@ -45,7 +45,6 @@ EMPTY = Draft(())
 
 class Drafter(Protocol):
     """Anything that proposes draft tokens for a context (prompt + response so far)."""
-
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         """At most `budget` tokens likely to follow `context`; only its tail is read."""
         ...
@@ -54,7 +53,6 @@ class Drafter(Protocol):
 class RecentTree:
     """The last `capacity` responses of every prompt on Arctic Inference's suffix tree, oldest evicted
     first; `extend` of an evicted handle is a no-op."""
-
     def __init__(self, capacity: int, depth: int = 64) -> None:
         if capacity < 1 or depth < 2:
             raise ValueError(f"RecentTree needs capacity >= 1 and depth >= 2, got {capacity}, {depth}")
@@ -117,7 +115,6 @@ def asks_tree(own_score, budget, gate: float):
 
 class HistoSpecDrafter:
     """Drafts from one prompt's index and, if given, a cross-prompt `RecentTree` (see the module)."""
-
     def __init__(self, index: PromptIndex, reward_weighted: bool = False,
                  max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
                  max_spec_factor: float = 0.0, recent: RecentTree | None = None,
@@ -221,7 +218,6 @@ def _best_group(index: PromptIndex, conts: list[list[int]], codes: list[int], lo
 
 class NgramDrafter:
     """vLLM's n-gram prompt lookup: the earliest occurrence of the longest context tail."""
-
     def __init__(self, min_match: int = 3, max_match: int = 7) -> None:
         self.min_match, self.max_match = min_match, max_match
 
@@ -244,7 +240,6 @@ class NgramDrafter:
 @dataclass(frozen=True)
 class AdditiveBudget:
     """The paper's rule: start 2, +2 after a fully accepted draft, back to 2 on a rejection."""
-
     start: int = 2
     step: int = 2
     cap: int = 32
@@ -263,7 +258,6 @@ class AdditiveBudget:
 @dataclass(frozen=True)
 class DoublingBudget:
     """The public code's rule: double after a fully accepted draft, halve on a rejection."""
-
     low: int = 2
     high: int = 16
 
@@ -280,7 +274,6 @@ class DoublingBudget:
 @dataclass(frozen=True)
 class FixedBudget:
     """Always the same budget (vLLM's n-gram method drafts a fixed k)."""
-
     k: int = 8
 
     @property

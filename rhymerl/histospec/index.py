@@ -26,7 +26,6 @@ PAD = -1  # before, between and after sequences in `text`: equals no token
 
 class FlatIndex:
     """A prompt's history sequences (read-only), ids 0..len-1 in the order given (later = more recent)."""
-
     def __init__(self, text: np.ndarray, starts: np.ndarray, sa: np.ndarray, key: np.ndarray,
                  depth: int, min_match: int, max_match: int) -> None:
         self.text, self.starts, self.sa, self.key = text, starts, sa, key
@@ -150,7 +149,6 @@ class FlatIndex:
 class PromptIndex:
     """A prompt's history (`FlatIndex`, attached when built, maybe by another thread; until then the
     siblings draft alone) beside its siblings (`SideIndex`): sequence ids 0..H-1, then H.."""
-
     def __init__(self, history_rewards: Sequence[float] = (), min_match: int = 1, max_match: int = 7,
                  prefix: Sequence[int] = (), flat: FlatIndex | None = None) -> None:
         self.side = SideIndex(min_match, max_match, prefix)

@@ -19,7 +19,6 @@ ROWS = 16  # sequences the arrays hold from the start: a GRPO group's samples
 
 class SideIndex:
     """Occurrences of every n-gram (min_match..max_match) in one prompt's growing sequences."""
-
     def __init__(self, min_match: int = 1, max_match: int = 7, prefix: Sequence[int] = ()) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, "

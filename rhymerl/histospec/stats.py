@@ -164,7 +164,6 @@ def _tail_sums(hist: list[int]) -> list[int]:
 class Tally:
     """Counts of many verification steps, computed once to add to several `SpecStats`: histograms as
     long as the longest draft + 1 (empty without a draft), position buckets if given."""
-
     steps: int
     tokens: int
     drafts: int

@@ -32,7 +32,6 @@ INLINE_TOKENS = 4096  # history tokens a step may index itself; larger histories
 
 class _Slots:
     """Typed lists of arrays, one entry per slot, each slot held for one object (keyed by its id)."""
-
     def __init__(self, kinds: Sequence[Any]) -> None:
         self.lists = tuple(typed.List.empty_list(kind) for kind in kinds)
         self._empty = tuple(np.zeros((0,) * kind.ndim, dtype=np.dtype(str(kind.dtype))) for kind in kinds)
@@ -67,7 +66,6 @@ class _Slots:
 
 class FlatSlots(_Slots):
     """The arrays of attached `FlatIndex`es (`kernel.HistoryArrays`), all indexed `max_match` deep."""
-
     def __init__(self, max_match: int) -> None:
         super().__init__((_I32, _I32, _U64, _U64, _I64, _F64))
         self.arrays = HistoryArrays(*self.lists)
@@ -96,7 +94,6 @@ class FlatSlots(_Slots):
 
 class SideSlots(_Slots):
     """The arrays of `SideIndex`es: `kernel.SiblingArrays`, and state."""
-
     def __init__(self) -> None:
         super().__init__((_I32_2D, _I64, _I64_2D, _I32_2D, _F64, _I64))
         self.arrays = SiblingArrays(*self.lists[:5])
@@ -150,7 +147,6 @@ class SideSlots(_Slots):
 
 class BatchIndexDrafter:
     """Many rows' own drafts per kernel call: exactly `HistoSpecDrafter(index).own(context, budget)`."""
-
     def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES, sides: SideSlots | None = None) -> None:
         self.spec, self.limit = spec, max_candidates
         self.params = Params(max_candidates, spec.min_match, spec.max_match, float(spec.max_spec_factor),
@@ -233,7 +229,6 @@ class HistoryBuilds:
     """Histories indexed when their prompt's first request arrives: in the step up to `INLINE_TOKENS`
     per step (all with `background=False`), else by one background thread, attached when ready. A
     build's error is raised at the next step (`count`)."""
-
     def __init__(self, spec: SpecConfig, background: bool = True) -> None:
         self.spec, self.background = spec, background
         self._pool: ThreadPoolExecutor | None = None

@@ -119,7 +119,6 @@ def back_off_row(fails, resume, s, accepted, step, cap):
 
 class _Field:
     """A `RequestTable` field: row `row` of its `fields` (a view: item assignment writes through)."""
-
     def __init__(self, row: int) -> None:
         self.row = row
 
@@ -132,7 +131,6 @@ class RequestTable:
     `drafted` / `probs` (length when last drafted for, that draft's length and estimates); `prompt`
     (bundle key, -1: unknown); `sib` / `tree` (-1: none) and `sib_n` / `tree_n` (tokens each holds);
     `forecast` / `plen`; `step` (last seen); `fails` / `resume`. Int fields are rows of `fields`."""
-
     (budget, n, drafted, prompt, sib, sib_n, tree, tree_n, forecast, plen, step, fails,
      resume) = (_Field(row) for row in range(len(INT_FIELDS)))
 
@@ -210,7 +208,6 @@ def _group(keys, mark, distinct, which):
 
 class PromptTable:
     """Which known prompt a token row starts with (longest known prompt first)."""
-
     def __init__(self, prompts: Sequence[Sequence[int]], dtype: Any = np.int32) -> None:
         self.dtype = np.dtype(dtype)
         self.by_len: dict[int, dict[bytes, int]] = {}
@@ -233,7 +230,6 @@ class PromptTable:
 class Counts:
     """`SpecStats`' counters as arrays for compiled passes: totals (as `tally_row`), the two length
     histograms, the position buckets' steps and tokens."""
-
     def __init__(self, width: int) -> None:
         self.arrays = (np.zeros(5, np.int64), np.zeros(width + 1, np.int64), np.zeros(width + 1, np.int64),
                        np.zeros(POSITION_BUCKETS, np.int64), np.zeros(POSITION_BUCKETS, np.int64))
@@ -253,7 +249,6 @@ class Counts:
 
 class StepLedger:
     """The counts of the steps since the last `flush`, for the drafter's `stats` and its `lifetime`."""
-
     def __init__(self, width: int) -> None:
         self.step, self.lifetime = Counts(width), Counts(width)
 

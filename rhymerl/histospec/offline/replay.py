@@ -34,7 +34,6 @@ class SuffixArm:
     """A replayed suffix cache's scope and knobs (vLLM's stock by default). "global": one cache for the
     run, keeping the newest `max_cached_requests` responses (`cache_steps > 0`: that many steps' plus the
     one in flight); "prompt": a fresh cache per group holding HistoSpec's history and the siblings."""
-
     scope: Literal["global", "prompt"] = "global"
     max_cached_requests: int = STOCK_CACHED_REQUESTS  # -1: unlimited
     cache_steps: float = 0.0  # > 0: size the global cache to this many steps' responses
@@ -61,7 +60,6 @@ class SuffixArm:
 @dataclass(frozen=True)
 class RecordedResponse:
     """One response from the lake, as replay needs it."""
-
     prompt_id: str
     epoch: int
     token_ids: tuple[int, ...]
@@ -73,7 +71,6 @@ class RecordedResponse:
 @dataclass
 class ReplayReport:
     """Acceptance per epoch for one setting."""
-
     config: SpecConfig
     per_epoch: dict[int, SpecStats] = field(default_factory=dict)
 

@@ -127,7 +127,6 @@ def report_rows(reports: Mapping[str, ReplayReport]) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class RecoveredPrompts:
     """Token ids by prompt id, for the prompts whose ids could be recovered exactly."""
-
     token_ids: dict[str, tuple[int, ...]]
     missing: int  # prompts whose text did not encode to their recorded id (or had no text)
     source: str  # the tokenizer used, in words; or, with none, why (`no_tokenizer`)
