@@ -126,9 +126,8 @@ class HistoSpecDrafter:
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
             return EMPTY
-        own = self.own(context, budget)
-        best = own
-        if self.recent is not None and asks_tree(own.score, budget, self.recent_gate):
+        best = self.own(context, budget)
+        if self.recent is not None and asks_tree(best.score, budget, self.recent_gate):
             other = Draft(*self.recent.speculate(context, budget, self.recent_spec_factor, self.min_token_prob))
             if other.score > best.score:
                 best = other
@@ -197,8 +196,7 @@ def follow(index: PromptIndex, codes: Sequence[int], budget: int, reward_weighte
 
 def _best_group(index: PromptIndex, conts: list[list[int]], codes: list[int], lo: int, hi: int,
                 depth: int, reward_weighted: bool) -> tuple[int, int]:
-    """The [lo, hi) run of `conts` sharing the best token at `depth` (see the module; rewards summed
-    oldest first)."""
+    """The [lo, hi) run of `conts` sharing the best token at `depth` (module rules; rewards summed oldest first)."""
     best_key, best = None, (lo, hi)
     j = lo
     while j < hi:

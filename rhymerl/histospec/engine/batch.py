@@ -226,9 +226,8 @@ def _entry_point(kernel: Any, args: tuple) -> Any:
 
 
 class HistoryBuilds:
-    """Histories indexed when their prompt's first request arrives: in the step up to `INLINE_TOKENS`
-    per step (all with `background=False`), else by one background thread, attached when ready. A
-    build's error is raised at the next step (`count`)."""
+    """Histories indexed on their prompt's first request: in the step up to `INLINE_TOKENS` a step (all
+    with `background=False`), else by a background thread; a build's error is raised at the next step."""
     def __init__(self, spec: SpecConfig, background: bool = True) -> None:
         self.spec, self.background = spec, background
         self._pool: ThreadPoolExecutor | None = None

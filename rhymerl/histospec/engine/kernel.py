@@ -17,12 +17,9 @@ from rhymerl.histospec.index import PAD
 from rhymerl.histospec.sibling_table import STRIDE, sibling_match
 
 
-# The kernel's packed arguments (namedtuples numba reads by field):
-# the attached histories' arrays by slot (numba typed lists of `FlatIndex` text, sa, key, its sampled keys,
-# sequence starts, rewards); the siblings' by slot (`SideIndex` tok, lens, table, links, rewards); per row
-# (int64 arrays) its history slot (-1: none), siblings slot (-1: none), the shift of its siblings' codes past
-# the history's, its row in the token matrix, its context length, its budget; the drafting rules; the
-# outputs: tokens (R x W), lengths (0: no draft), match lengths, scores, probabilities (R x W).
+# The kernel's packed arguments (namedtuples numba reads by field): per slot, the histories' and siblings'
+# arrays (numba typed lists); per row (int64), its history / siblings slot (-1: none), its siblings' code
+# shift, token row, context length and budget; the drafting rules; the outputs (lengths 0: no draft).
 HistoryArrays = namedtuple("HistoryArrays", "texts sas keys samples starts rewards")
 SiblingArrays = namedtuple("SiblingArrays", "tok lens table links rewards")
 Rows = namedtuple("Rows", "slots sides shifts row_ids nums budgets")
@@ -141,8 +138,7 @@ def _best_token(toks, alive, n, codes, rewards, reward_weighted):
 
 @njit(cache=True)
 def _column(text, stext, pos, own, alive, n, depth, toks):
-    """How many of alive[:n] go on at `depth`, kept in place (ascending: the history's first), their
-    tokens into toks."""
+    """How many of alive[:n] go on at `depth` (kept in place, ascending), their tokens into toks."""
     kept, i = 0, 0
     while i < n and alive[i] < own:
         tok = text[pos[alive[i]] + depth]

@@ -111,8 +111,7 @@ def _keep(new_keys, new_slots, keys, slots, last_step, step, grace, out_keys, ou
 
 @njit(cache=True)
 def back_off_row(fails, resume, s, accepted, step, cap):
-    """After its second fully rejected draft in a row, slot s skips drafting until `step` +
-    min(2^(fails - 1), `cap`)."""
+    """From a 2nd fully rejected draft in a row, slot s skips drafting until `step` + min(2^(fails - 1), cap)."""
     fails[s] = fails[s] + 1 if accepted == 0 else 0
     resume[s] = step + min(1 << min(fails[s] - 1, 30), cap) if fails[s] >= 2 else 0
 

@@ -108,8 +108,7 @@ def accepted_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:
 
 
 def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecStats) -> int:
-    """One verification at `pos`, counted in `stats`: the draft tokens accepted (at most those left but
-    one: the model's token comes after them)."""
+    """One verification at `pos`, counted in `stats`: draft tokens accepted (<= tokens left - 1: the model's last)."""
     accepted = min(accepted_prefix(draft, response[pos:]), len(response) - pos - 1)
     stats.record(len(draft), accepted)
     return accepted
@@ -241,8 +240,7 @@ def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: 
                   only_epochs: Collection[int] | None = None,
                   on_prompt: Callable[[], None] | None = None) -> ReplayReport:
     """Replay through Arctic Inference's `SuffixDecodingCache` as vLLM's `suffix` method drafts (<=
-    `config.max_budget` tokens, `arm`'s knobs and scope; "prompt" preloads `history_for`). Tokens join
-    the cache as emitted, so siblings see each other."""
+    `config.max_budget` tokens, `arm`'s knobs and scope); tokens join as emitted, so siblings see each other."""
     records = list(records)
     report = ReplayReport(config)
     batches: dict[tuple, list[RecordedResponse]] = defaultdict(list)
