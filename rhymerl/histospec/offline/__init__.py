@@ -1,2 +1,1 @@
-"""HistoSpec without an engine: `replay` (acceptance on recorded responses, the suffix arm) and
-`tuning` (settings and overrides for `rhymerl spec replay`, prompt recovery)."""
+"""HistoSpec without an engine: `replay` (recorded responses, the suffix arm), `tuning` (`rhymerl spec replay`)."""
