@@ -1,11 +1,9 @@
 """A run's history as flat columns, and the history bundle a rollout worker's drafter reads.
 
-The run's history goes DuckDB -> Arrow -> `HistoryColumns` -> bundle bytes -> Ray -> the worker's
-file -> `HistoryBundle` in the engine, without a Python object per token: a bundle for a set of
-prompts is a numpy gather of their rows (`HistorySlicer`). Every prompt asked for is in the bundle,
-with or without history: the drafter recognises only bundled prompts, and sibling drafts need that
-from the first epoch on. Bytes: an .npz of `prompt_lens`, `prompt_tokens`, `num_responses`,
-`response_lens`, `response_tokens` (int32) and `rewards` (float64).
+The history travels DuckDB -> Arrow -> `HistoryColumns` -> bundle bytes -> `HistoryBundle` with no
+Python object per token. Every prompt asked for is in the bundle, with or without history: the
+drafter recognises only bundled prompts. Bytes: an .npz of `prompt_lens`, `prompt_tokens`,
+`num_responses`, `response_lens`, `response_tokens` (int32) and `rewards` (float64).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from rhymerl.data.records import Prompt
 @dataclass(frozen=True)
 class BundleInfo:
     """What a bundle holds (for logs, MLflow and the steps table)."""
-
     prompts: int
     prompts_with_history: int
     responses: int
@@ -39,7 +36,6 @@ class BundleInfo:
 @dataclass(frozen=True)
 class PromptHistory:
     """One prompt and its earlier responses (oldest first), one reward each: a bundle's entry."""
-
     prompt_token_ids: tuple[int, ...]
     responses: tuple[tuple[int, ...], ...] = ()
     rewards: tuple[float, ...] = ()
@@ -54,7 +50,6 @@ class PromptHistory:
 
 class HistoryBundle:
     """Prompts and their histories as flat arrays; the arrays of one prompt's history are views."""
-
     def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.prompt_lens = np.asarray(arrays["prompt_lens"], np.int64)
         self.prompt_tokens = np.asarray(arrays["prompt_tokens"])
@@ -112,10 +107,8 @@ def _npz(**arrays: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class HistoryColumns:
-    """Response rows of a history, flat: row i is prompt `prompt_ids[i]`'s response
-    `tokens[offsets[i]:offsets[i + 1]]` with reward `rewards[i]`. Rows of one prompt keep their
-    order (oldest first) but need not be adjacent."""
-
+    """Row i: prompt `prompt_ids[i]`'s response `tokens[offsets[i]:offsets[i + 1]]`, reward `rewards[i]`.
+    A prompt's rows keep their order (oldest first) but need not be adjacent."""
     prompt_ids: np.ndarray  # (R,) str objects
     offsets: np.ndarray  # (R + 1,) int64
     tokens: np.ndarray  # (T,) int32
@@ -134,8 +127,7 @@ class HistoryColumns:
 
     @classmethod
     def from_arrow(cls, table: Any) -> "HistoryColumns":
-        """From an Arrow table with `prompt_id`, `response_token_ids` (list of ints) and `reward`;
-        the token buffer is the list column's values (no copy for one int32 chunk)."""
+        """From an Arrow table with `prompt_id`, `response_token_ids` and `reward` (zero-copy if one int32 chunk)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -178,8 +170,7 @@ class HistoryColumns:
         return {str(uniq[codes[g[0]]]): g for g in np.split(order, cuts)}
 
     def merged(self, warm: "HistoryColumns") -> "HistoryColumns":
-        """These rows, plus `warm`'s rows of prompts that have none here (a prompt's own history
-        comes from the current policy, so it always wins over a warm start's)."""
+        """These rows, plus `warm`'s rows of prompts that have none here (own history wins)."""
         rows = np.flatnonzero(~np.isin(warm.prompt_ids.astype(str), self.prompt_ids.astype(str)))
         tokens, lens = _gather(warm, rows)
         return HistoryColumns(np.concatenate((self.prompt_ids, warm.prompt_ids[rows])),
@@ -200,18 +191,15 @@ def _gather(cols: HistoryColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 class HistorySlicer:
-    """Bundles for any set of prompts from one history: the rows are grouped by prompt once, and
-    each bundle is then a gather of its prompts' rows."""
-
+    """Bundles for any set of prompts from one history: rows grouped by prompt once, then gathered."""
     def __init__(self, columns: HistoryColumns) -> None:
         self.columns = columns
         self.rows = columns.rows_by_prompt()
         self._prompt_tokens: dict[str, np.ndarray] = {}
 
     def bundle(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, BundleInfo]:
-        """`prompts` (each once, in this order) with their history as `HistoryBundle` bytes in a
-        uint8 array (Ray hands numpy arrays over zero-copy), and what it holds. Empty responses are
-        left out."""
+        """`prompts` (each once, in order) with their history as `HistoryBundle` bytes in a uint8 array
+        (zero-copy through Ray), and what it holds. Empty responses are left out."""
         t0 = time.perf_counter()
         none = np.empty(0, dtype=np.int64)
         rows = [self.rows.get(p.prompt_id, none) for p in prompts]
@@ -242,8 +230,7 @@ def total_info(infos: Sequence[BundleInfo]) -> BundleInfo:
 
 
 def bundle_for_epoch(prompts: Sequence[Prompt], history: Mapping[str, Sequence[Any]]) -> tuple[bytes, BundleInfo]:
-    """Serialised bundle for `prompts` from Python history columns `prompt_id`, `response_token_ids`
-    and `reward` (rows of other prompts ignored), and what it holds (tests and benchmarks)."""
+    """`HistorySlicer.bundle` from Python columns `prompt_id`, `response_token_ids`, `reward`."""
     blob, info = HistorySlicer(HistoryColumns.from_lists(history)).bundle(prompts)
     return blob.tobytes(), info
 
@@ -254,6 +241,5 @@ def uses_bundle(spec: SpecConfig) -> bool:
 
 
 def counted_by_vllm(spec: SpecConfig) -> bool:
-    """True when the engine's acceptance counters come from vLLM's metrics (its own drafters), so the
-    engine needs `EngineSettings.log_stats`; HistoSpec counts for itself."""
+    """Whether acceptance counts come from vLLM's metrics (its own drafters: needs `log_stats`)."""
     return spec.enabled and spec.method in ("ngram", "suffix")

@@ -1,18 +1,14 @@
-"""The reference drafter: `propose(context, budget) -> Draft` from a prompt's index (`HistoSpecDrafter`,
-its oracle in every test of the engine's batch path), vLLM's n-gram lookup for comparison
-(`NgramDrafter`), the cross-prompt tree of recent responses (`RecentTree`), the per-request budget
-rules (`BUDGET_RULES`), and the functions that build these from a run's `SpecConfig`.
+"""The reference drafter (`HistoSpecDrafter`, the oracle of the engine's batch path), vLLM's n-gram
+lookup for comparison (`NgramDrafter`), the cross-prompt tree (`RecentTree`), the budget rules
+(`BUDGET_RULES`), and their builders from a `SpecConfig`.
 
-From the prompt's index (`PromptIndex`: its earlier responses, the prompt itself with
-`prompt_lookup`, and its siblings) the drafter takes the longest tail of the context that occurred
-before (min_match..max_match tokens) and follows the continuations of its `MAX_CANDIDATES` most
-recent occurrences: where they agree the draft copies them; where they branch it takes the branch
-with the most occurrences (reward-weighted: the highest reward sum), ties to the most recent. A
-token's estimated probability is m / (m + PRIOR) for the m continuations followed, times the chosen
-branches' shares; the draft's score is their sum (its expected accepted length). The draft stops
-before a token below `min_token_prob` and within `max_spec_factor` x the match length. A request whose
-own draft scores below `recent_gate` x its budget also asks the cross-prompt tree, and the
-higher-scoring draft wins (the prompt's own on a tie).
+The drafter takes the longest context tail (min_match..max_match tokens) found in the prompt's index
+and follows its `MAX_CANDIDATES` most recent occurrences: copied where they agree; at a branch, the
+branch with most occurrences (reward-weighted: highest reward sum), ties to the most recent. A token's
+estimate is m / (m + PRIOR) for m continuations followed, times the chosen branches' shares; the
+score (expected accepted length) is their sum. The draft stops below `min_token_prob` and within
+`max_spec_factor` x the match. An own draft scoring below `recent_gate` x budget also asks the tree;
+the higher score wins (the own draft on a tie).
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ _NO_FACTOR = 1e9  # max_spec_factor 0 means "no cap": the library wants a number
 @dataclass(frozen=True)
 class Draft:
     """Proposed next tokens for one request."""
-
     tokens: tuple[int, ...]
     match_len: int = 0  # length of the matched context tail (0: no match, empty draft)
     score: float = 0.0  # sum of the tokens' estimated probabilities (the expected accepted length)
@@ -50,17 +45,14 @@ EMPTY = Draft(())
 
 class Drafter(Protocol):
     """Anything that proposes draft tokens for a context (prompt + response so far)."""
-
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         """At most `budget` tokens likely to follow `context`; only its tail is read."""
         ...
 
 
 class RecentTree:
-    """The last `capacity` responses of every prompt on Arctic Inference's suffix tree, growing as
-    generated, oldest evicted first. `start()` opens a response and returns its handle; `extend`
-    appends to it while it is held (a no-op once evicted)."""
-
+    """The last `capacity` responses of every prompt on Arctic Inference's suffix tree, oldest evicted
+    first; `extend` of an evicted handle is a no-op."""
     def __init__(self, capacity: int, depth: int = 64) -> None:
         if capacity < 1 or depth < 2:
             raise ValueError(f"RecentTree needs capacity >= 1 and depth >= 2, got {capacity}, {depth}")
@@ -94,9 +86,8 @@ class RecentTree:
 
     def speculate(self, context: Sequence[int], budget: int, max_spec_factor: float,
                   min_token_prob: float) -> tuple[tuple[int, ...], int, float, tuple[float, ...]]:
-        """(tokens, match length, score, per-token probabilities) of the tree's best draft after
-        `context` (its last `depth` tokens): every match length tried, at most `budget` tokens and
-        `max_spec_factor` x the match (0: no cap), stopping below `min_token_prob`; the best score wins."""
+        """(tokens, match length, score, probs) of the tree's best-scoring draft after `context`'s last
+        `depth` tokens: <= `budget` and `max_spec_factor` x the match (0: no cap), >= `min_token_prob`."""
         context = [int(t) for t in context[-self.depth:]]
         if budget <= 0 or not context:
             return (), 0, 0.0, ()
@@ -108,9 +99,6 @@ class RecentTree:
         return self.tree.speculate_ndarray(context[-self.depth:], budget, max_spec_factor or _NO_FACTOR, 0.0,
                                            min_token_prob, False)
 
-    def memory_bytes(self) -> int:
-        return int(self.tree.estimate_memory())
-
     @property
     def num_tokens(self) -> int:
         """Tokens held (responses not yet evicted)."""
@@ -121,14 +109,12 @@ class RecentTree:
 
 
 def asks_tree(own_score, budget, gate: float):
-    """Whether a request whose own draft scores `own_score` asks the cross-prompt tree: it expects
-    fewer than gate x budget accepted tokens. Scalars, or numpy arrays of a batch's rows."""
+    """Whether an own draft scoring `own_score` (< gate x budget) asks the tree; scalars or arrays."""
     return own_score < gate * budget
 
 
 class HistoSpecDrafter:
     """Drafts from one prompt's index and, if given, a cross-prompt `RecentTree` (see the module)."""
-
     def __init__(self, index: PromptIndex, reward_weighted: bool = False,
                  max_candidates: int = MAX_CANDIDATES, min_token_prob: float = 0.0,
                  max_spec_factor: float = 0.0, recent: RecentTree | None = None,
@@ -140,9 +126,8 @@ class HistoSpecDrafter:
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         if budget <= 0:
             return EMPTY
-        own = self.own(context, budget)
-        best = own
-        if self.recent is not None and asks_tree(own.score, budget, self.recent_gate):
+        best = self.own(context, budget)
+        if self.recent is not None and asks_tree(best.score, budget, self.recent_gate):
             other = Draft(*self.recent.speculate(context, budget, self.recent_spec_factor, self.min_token_prob))
             if other.score > best.score:
                 best = other
@@ -163,9 +148,8 @@ class HistoSpecDrafter:
 
 def follow(index: PromptIndex, codes: Sequence[int], budget: int, reward_weighted: bool,
            min_token_prob: float = 0.0) -> tuple[list[int], list[float]]:
-    """Walk the continuations at `codes` for up to `budget` tokens, branching to the best group; the
-    tokens and each one's estimated probability. Sorted continuations make a group that agrees on a
-    stretch agree at its first and last members: Python work is spent only where they branch."""
+    """The tokens and estimates of the walk down the continuations at `codes` (<= `budget`), taking the
+    best group at branches. Sorted, a group agrees on a stretch iff its first and last members do."""
     conts, kept = [], []
     for code, cont in zip(codes, index.gather(codes, budget)):
         if cont:
@@ -212,8 +196,7 @@ def follow(index: PromptIndex, codes: Sequence[int], budget: int, reward_weighte
 
 def _best_group(index: PromptIndex, conts: list[list[int]], codes: list[int], lo: int, hi: int,
                 depth: int, reward_weighted: bool) -> tuple[int, int]:
-    """The [lo, hi) run of `conts` sharing the best token at `depth`: most occurrences (reward-weighted:
-    highest reward sum, summed oldest first, then most occurrences), ties to the most recent."""
+    """The [lo, hi) run of `conts` sharing the best token at `depth` (module rules; rewards summed oldest first)."""
     best_key, best = None, (lo, hi)
     j = lo
     while j < hi:
@@ -232,9 +215,7 @@ def _best_group(index: PromptIndex, conts: list[list[int]], codes: list[int], lo
 
 
 class NgramDrafter:
-    """Prompt lookup within the context itself (vLLM's n-gram method), for offline comparison: the
-    earliest earlier occurrence of the longest tail (min_match..max_match tokens)."""
-
+    """vLLM's n-gram prompt lookup: the earliest occurrence of the longest context tail."""
     def __init__(self, min_match: int = 3, max_match: int = 7) -> None:
         self.min_match, self.max_match = min_match, max_match
 
@@ -257,7 +238,6 @@ class NgramDrafter:
 @dataclass(frozen=True)
 class AdditiveBudget:
     """The paper's rule: start 2, +2 after a fully accepted draft, back to 2 on a rejection."""
-
     start: int = 2
     step: int = 2
     cap: int = 32
@@ -276,7 +256,6 @@ class AdditiveBudget:
 @dataclass(frozen=True)
 class DoublingBudget:
     """The public code's rule: double after a fully accepted draft, halve on a rejection."""
-
     low: int = 2
     high: int = 16
 
@@ -293,7 +272,6 @@ class DoublingBudget:
 @dataclass(frozen=True)
 class FixedBudget:
     """Always the same budget (vLLM's n-gram method drafts a fixed k)."""
-
     k: int = 8
 
     @property
@@ -320,9 +298,8 @@ def budget_rule(spec: SpecConfig) -> BudgetRule:
 
 def indexed_history(spec: SpecConfig, prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
                     rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The sequences a prompt's index is built over, flat (tokens, lengths, rewards): its history
-    responses, oldest first, and with `prompt_lookup` the prompt itself before them, reward 0 (the
-    oldest sequence loses ties). The engine's drafter and replay both build through here."""
+    """The flat (tokens, lengths, rewards) a prompt's index is built over: its history, oldest first,
+    after the prompt itself (reward 0) with `prompt_lookup`. Engine and replay both build through here."""
     if not (spec.prompt_lookup and len(prompt)):
         return tokens, lengths, rewards
     return (np.concatenate((prompt.astype(tokens.dtype, copy=False), tokens)),

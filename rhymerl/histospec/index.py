@@ -1,19 +1,15 @@
 """A prompt's index: its history as a reversed-context suffix array (`FlatIndex`, read-only) beside
 its siblings as they grow (`rhymerl.histospec.siblings.SideIndex`), queried as one (`PromptIndex`).
 
-The drafter asks: after the longest tail of this context (min_match..max_match tokens) that occurred
-before, which positions continue it, most recent first? `FlatIndex` sorts every continuation position
-g of the history by the tokens before it, read backwards (t[g-1], ..., t[g-D'], D' = max(2,
-max_match)), ties in position order: the positions whose last n tokens equal the context's last n
-form one contiguous run for every n <= D', so one sorted array answers every match length, and a run
-matched max_match deep lists its occurrences in position order (most recent last). Memory beyond the
-tokens: 4 bytes of position (`sa`) and 8 of search key (`key`: the two tokens before it, packed).
+`FlatIndex` sorts every continuation position g of the history by the tokens before it, read
+backwards (D' = max(2, max_match) deep), ties in position order: the positions matching a context's
+last n tokens form one contiguous run for every n <= D', listed most recent last.
 
 Layout: `text` holds every sequence (prefix + response), each preceded by D `PAD`s (D: max_match
 rounded up to a power of two, >= 2) and the whole followed by D more; a pad equals no token, so a
-match never crosses a sequence start and a continuation read from `text` ends at the next pad.
-Occurrence codes: a history occurrence's is its position in `text` (< STRIDE; higher = more recent);
-a sibling's (H + sibling id) * STRIDE + position, H the history's sequences.
+match never crosses a sequence start and a continuation ends at the next pad. Occurrence codes: a
+history occurrence's is its position in `text` (< STRIDE; higher = more recent); a sibling's
+(H + sibling id) * STRIDE + position, H the history's sequences.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ PAD = -1  # before, between and after sequences in `text`: equals no token
 
 class FlatIndex:
     """A prompt's history sequences (read-only), ids 0..len-1 in the order given (later = more recent)."""
-
     def __init__(self, text: np.ndarray, starts: np.ndarray, sa: np.ndarray, key: np.ndarray,
                  depth: int, min_match: int, max_match: int) -> None:
         self.text, self.starts, self.sa, self.key = text, starts, sa, key
@@ -41,8 +36,7 @@ class FlatIndex:
     @classmethod
     def build(cls, tokens: np.ndarray, lengths: Sequence[int], prefix: Sequence[int] = (), *,
               min_match: int = 1, max_match: int = 7) -> "FlatIndex":
-        """The index of responses given flat (`tokens`, one after another, `lengths` each), each after
-        `prefix`'s last max_match tokens. Tokens are ids >= 0 below 2**31 - 1."""
+        """The index of flat responses (`lengths` each), each after `prefix`'s last max_match tokens."""
         depth = 1 << max(1, (max_match - 1).bit_length())
         prefix = np.asarray(prefix, dtype=np.int64)[len(prefix) - min(len(prefix), max_match):]
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -79,8 +73,8 @@ class FlatIndex:
         return cls(text, starts, sa, key, depth, min_match, max_match)
 
     def match_range(self, context: Sequence[int]) -> tuple[int, int, int]:
-        """(n, lo, hi): the longest tail of `context` of n tokens (min_match <= n <= max_match) that
-        occurred with a token after it, its occurrences being `sa[lo:hi]`; (0, 0, 0) when none did."""
+        """(n, lo, hi): the longest context tail (min_match..max_match) followed by a token before, at
+        `sa[lo:hi]`; (0, 0, 0): none."""
         q = [int(t) for t in context[-self.max_match:]][::-1]  # q[j]: the token j + 1 back
         key = self._key
         if len(q) < self.min_match or not len(key):
@@ -117,8 +111,7 @@ class FlatIndex:
         return n, lo, hi
 
     def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
-        """(n, codes) of the `limit` most recent occurrences of the longest matched tail, oldest
-        first; (0, []) when none."""
+        """(n, codes) of the `limit` most recent occurrences of the longest tail, oldest first."""
         n, lo, hi = self.match_range(context)
         if not n:
             return 0, []
@@ -154,11 +147,8 @@ class FlatIndex:
 
 
 class PromptIndex:
-    """A prompt's history (`FlatIndex`, attached when built, possibly by another thread) beside its
-    siblings (`SideIndex`): sequence ids 0..H-1 are the history's, H.. the siblings'. Until `attach`
-    drafts come from the siblings alone. A match is the longest tail found in either part; its
-    occurrences are the history's (oldest first) then the siblings' (in the order they arrived)."""
-
+    """A prompt's history (`FlatIndex`, attached when built, maybe by another thread; until then the
+    siblings draft alone) beside its siblings (`SideIndex`): sequence ids 0..H-1, then H.."""
     def __init__(self, history_rewards: Sequence[float] = (), min_match: int = 1, max_match: int = 7,
                  prefix: Sequence[int] = (), flat: FlatIndex | None = None) -> None:
         self.side = SideIndex(min_match, max_match, prefix)
@@ -203,9 +193,8 @@ class PromptIndex:
             self.side.set_reward(seq_id - self.base, reward)
 
     def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
-        """(n, codes): the longest tail of `context` (min_match..max_match tokens) that occurred with
-        a token after it in either part, and the `limit` most recent of its occurrences, oldest first;
-        (0, []) when none did. Siblings' occurrences may sit at a sequence's end."""
+        """(n, codes): the longest tail found in either part, and its `limit` most recent occurrences
+        (the history's, then the siblings', which may sit at a sequence's end), oldest first; (0, [])."""
         tail = context[-self.max_match:]
         n_side = self.side.longest(tail) if self.side.occurrences and len(tail) else 0
         flat = self.flat

@@ -1,13 +1,11 @@
-"""The compiled storage and queries under `SideIndex` (`rhymerl.histospec.siblings`), shared by its
-Python methods and the engine's drafting kernel (`rhymerl.histospec.engine.kernel`).
+"""The compiled storage and queries under `SideIndex`, shared by its methods and the engine's kernel.
 
-Layout (one prompt's siblings): `tok[seq, pos]` the tokens (int32 rows; `lens[seq]` written), a
-position's local code is pos * rows + seq (rows: a power of two), so wider rows keep every code;
-`table` is open addressing (linear probing, at most half full), each slot (key bits, newest
-occurrence's local code; -1: free); `links[code, n - lo]` the local code of the n-gram's occurrence
-before the one ending at `code` (-1: none), so a key's occurrences are a chain, newest first.
-An n-gram's key is a 64-bit polynomial hash of its tokens (+1), folded from its last token back;
-codes handed out are seq * STRIDE + position. A collision can only cost a draft the verifier rejects.
+Layout (one prompt's siblings): `tok[seq, pos]` the tokens (`lens[seq]` written); a position's local
+code is pos * rows + seq (rows: a power of two, so wider rows keep every code); `table` is open
+addressing (linear probing, at most half full) of (key bits, newest occurrence's local code; -1: free);
+`links[code, n - lo]` the previous occurrence of the n-gram ending at `code` (-1: none), a chain
+newest first. Keys are 64-bit polynomial hashes: a collision can only cost a rejected draft. Codes
+handed out are seq * STRIDE + position.
 """
 
 from __future__ import annotations
@@ -78,8 +76,7 @@ def copy_rows(tok, lens, nseq, new_tok):
 
 @njit(cache=True)
 def relayout(links, table, lens, nseq, old_rows, new_links, rows):
-    """Move every sequence's links from codes position * old_rows + seq to position * rows + seq,
-    rewriting the codes they and the table's heads hold the same way."""
+    """Re-code links and table heads from position * old_rows + seq to position * rows + seq."""
     for seq in range(nseq):
         for pos in range(lens[seq] + 1):
             src, dst = pos * old_rows + seq, pos * rows + seq
@@ -94,8 +91,7 @@ def relayout(links, table, lens, nseq, old_rows, new_links, rows):
 
 @njit(cache=True)
 def end_keys(tok, seq, end, lo, hi, out):
-    """out[n - lo] = the key of the n tokens of sequence `seq` before position `end`, for n = lo..top,
-    top = min(hi, end) (returned)."""
+    """top = min(hi, end), returned; out[n - lo]: key of the n tokens of `seq` before `end`, n = lo..top."""
     key, top = _U_SEED, min(hi, end)
     for n in range(1, top + 1):
         key = key * _U_MUL + np.uint64(tok[seq, end - n] + 1)
@@ -106,8 +102,7 @@ def end_keys(tok, seq, end, lo, hi, out):
 
 @njit(cache=True)
 def index_ends(tok, table, links, state, seq, first_end, last_end, lo, hi):
-    """File every n-gram (lo <= n <= hi) of sequence `seq` ending just before positions
-    first_end..last_end."""
+    """File every n-gram (lo..hi) of sequence `seq` ending just before positions first_end..last_end."""
     rows, keys = tok.shape[0], np.empty(hi - lo + 1, np.uint64)
     for end in range(first_end, last_end + 1):
         for level in range(end_keys(tok, seq, end, lo, hi, keys) - lo + 1):
@@ -116,8 +111,7 @@ def index_ends(tok, table, links, state, seq, first_end, last_end, lo, hi):
 
 @njit(cache=True)
 def append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, ends, lo, hi):
-    """Append rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] for every j, in order, filing
-    their n-grams (room ensured by the caller)."""
+    """Append rows[row_ids[j], starts[j]:ends[j]] to sequence seqs[j] in order, filing n-grams (room given)."""
     for j in range(seqs.shape[0]):
         seq, a, b = seqs[j], starts[j], ends[j]
         start = lens[seq]
@@ -129,8 +123,7 @@ def append_rows(tok, lens, table, links, state, seqs, rows, row_ids, starts, end
 
 @njit(cache=True)
 def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row_ids, starts, ends, lo, hi):
-    """`append_rows` across many indexes (typed lists of their arrays): row j goes to sequence seqs[j]
-    of index sides[j] (rows grouped by index)."""
+    """`append_rows` across indexes (typed lists): row j to seqs[j] of sides[j], rows grouped by index."""
     b = 0
     while b < seqs.shape[0]:
         k, e = sides[b], b + 1
@@ -143,15 +136,13 @@ def append_many(s_tok, s_lens, s_table, s_links, s_state, sides, seqs, rows, row
 
 @njit(cache=True)
 def table_full(slots, nkeys, tokens, levels):
-    """Whether a table of `slots` holding `nkeys` keys would be more than half full after `tokens`
-    more tokens, if each filed `levels` new keys (fuller tables make probes long)."""
+    """Whether `slots` holding `nkeys` keys would pass half full after `tokens` x `levels` new keys."""
     return 2 * (nkeys + tokens * levels) > slots
 
 
 @njit(cache=True)
 def crowded(s_tok, s_table, s_state, at, longest, total, levels, out):
-    """out[j]: whether index at[j] must grow before taking `total[at[j]]` more tokens, its longest
-    sequence then `longest[at[j]]` long (a row that long, or a table too full)."""
+    """out[j]: whether index at[j] must grow (rows or table) for `total` more tokens and `longest`."""
     for j in range(at.shape[0]):
         k = at[j]
         out[j] = (longest[k] >= s_tok[k].shape[1]
@@ -160,10 +151,9 @@ def crowded(s_tok, s_table, s_state, at, longest, total, levels, out):
 
 @njit(cache=True)
 def appending_many(s_lens, s_state, sides, seqs, starts, ends, longest, total):
-    """Before appending ends[j] - starts[j] tokens to sequence seqs[j] of index sides[j] for every j:
-    longest[k], the longest sequence of index k after it, and total[k], the tokens it takes (the
-    caller zeroes both). -1 if a sequence id is unknown, else 1 when the rows come grouped by index
-    in ascending order (as `append_many` wants them), 0 when not."""
+    """Before appending ends[j] - starts[j] tokens to sequence seqs[j] of index sides[j]: longest[k] and
+    total[k] (zeroed by the caller), index k's longest sequence after and tokens taken. -1: an unknown
+    sequence id; 1: rows grouped by index in ascending order (as `append_many` wants); else 0."""
     ordered, k = 1, -1
     lens, state = s_lens[0], s_state[0]
     for j in range(seqs.shape[0]):
@@ -198,8 +188,7 @@ def _log2(rows):
 
 @njit(cache=True)
 def longest(lens, table, links, rows, keys, nq, lo, floor):
-    """The longest n (floor..nq, floor >= lo) whose key keys[n - 1] occurred with a token after it
-    (an occurrence at its sequence's end continues nothing); 0 if none."""
+    """The longest n (floor..nq, floor >= lo) whose key keys[n - 1] occurred with a token after; 0: none."""
     shift, mask = _log2(rows), rows - 1
     for n in range(nq, floor - 1, -1):
         o = find(table, keys[n - 1])
@@ -212,8 +201,7 @@ def longest(lens, table, links, rows, keys, nq, lo, floor):
 
 @njit(cache=True)
 def recent(table, links, rows, key, level, limit, out):
-    """The `limit` most recent occurrences of `key` (an n-gram of `level` + lo tokens) as codes,
-    oldest first, in out[:c]; c."""
+    """c: out[:c] holds the `limit` most recent codes of `key` (level + lo tokens), oldest first."""
     shift, mask = _log2(rows), rows - 1
     o, count = find(table, key), 0
     while o != -1 and count < limit:
@@ -227,9 +215,8 @@ def recent(table, links, rows, key, level, limit, out):
 
 @njit(cache=True)
 def sibling_match(lens, table, links, rows, q, nq, n_flat, lo, limit, keys, codes):
-    """For a row whose tail, reversed, is q[:nq] and whose history matched its last n_flat tokens:
-    (n, count), n the match length (the longer of the history's and the siblings'; 0: none) and the
-    siblings' `limit` most recent occurrences of its last n tokens in codes[:count], oldest first."""
+    """(n, count) for a row with reversed tail q[:nq] and history match n_flat: n the longer match (0:
+    none), codes[:count] the siblings' `limit` most recent occurrences of it, oldest first."""
     tail_keys(q, nq, keys)
     n = n_flat
     if n != nq:  # the history matched the whole tail: no sibling match is longer

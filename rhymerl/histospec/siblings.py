@@ -1,11 +1,7 @@
-"""The siblings' part of a prompt's index (`SideIndex`): the current step's samples of the prompt,
-growing every engine step, in arrays that a compiled step grows and reads
-(`rhymerl.histospec.sibling_table` gives the layout).
-
-It holds every n-gram of min_match..max_match tokens with where it ended, and answers: the longest
-tail of a context that occurred with a token after it, and that tail's most recent occurrences.
-Sequence ids count from 0 in insertion order (later = more recent); each sequence starts with
-`prefix` (the prompt's last tokens, at most max_match).
+"""The siblings' part of a prompt's index (`SideIndex`): this step's samples of the prompt, growing
+every engine step (layout: `rhymerl.histospec.sibling_table`). It answers the longest context tail
+that occurred with a token after it, and that tail's most recent occurrences. Sequence ids count
+from 0 in insertion order; each sequence starts with `prefix` (the prompt's last tokens, <= max_match).
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ ROWS = 16  # sequences the arrays hold from the start: a GRPO group's samples
 
 class SideIndex:
     """Occurrences of every n-gram (min_match..max_match) in one prompt's growing sequences."""
-
     def __init__(self, min_match: int = 1, max_match: int = 7, prefix: Sequence[int] = ()) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, "
@@ -61,8 +56,7 @@ class SideIndex:
 
     def extend_rows(self, seq_ids: np.ndarray, tokens: np.ndarray, row_ids: np.ndarray, starts: np.ndarray,
                     ends: np.ndarray) -> None:
-        """Append tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j], for every j in order
-        (distinct ids)."""
+        """Append tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j] (distinct), in order."""
         seq_ids, starts, ends = (np.asarray(a, np.int64) for a in (seq_ids, starts, ends))
         if not len(seq_ids):
             return
@@ -120,8 +114,7 @@ class SideIndex:
         return keys, len(q)
 
     def longest(self, tail: Sequence[int]) -> int:
-        """The longest n (min_match..max_match) such that the last n tokens of `tail` occurred with a
-        token after them; 0 when none did."""
+        """The longest n (min_match..max_match) whose tail of `tail` occurred with a token after; 0: none."""
         if not self.state[NOCC]:
             return 0
         keys, nq = self._keys(tail)
@@ -129,8 +122,7 @@ class SideIndex:
                            self.min_match))
 
     def recent(self, tail: Sequence[int], n: int, limit: int) -> list[int]:
-        """The `limit` most recent occurrence codes of the last n tokens of `tail`, oldest first
-        (some may sit at a sequence's end)."""
+        """The `limit` most recent occurrence codes of `tail`'s last n tokens, oldest first."""
         if not self.state[NOCC] or n <= 0:
             return []
         keys, nq = self._keys(tail)

@@ -1,5 +1,4 @@
-"""Acceptance counters of speculative decoding (`SpecStats`), defined once for replay, the vLLM
-drafter and every report (mean accepted length counts the bonus token)."""
+"""Acceptance counters of speculative decoding (`SpecStats`), defined once for every reader."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-# Edges of the response-position buckets (tokens a request had written before a verification step):
-# [0, 100), [100, 300), [300, 1000), [1000, inf). Positions past 1,000 occur only in long responses,
-# so the last bucket says how fast a rollout's tail generates.
+# Response-position buckets (tokens written before a verification step): the last one shows the rollout's tail.
 POSITION_EDGES = (100, 300, 1000)
 POSITION_EDGE_ARRAY = np.asarray(POSITION_EDGES, np.int64)  # once, not per engine step
 POSITION_BUCKETS = len(POSITION_EDGES) + 1
@@ -25,13 +22,8 @@ def position_labels() -> list[str]:
 
 @dataclass
 class SpecStats:
-    """Acceptance counters, defined once for replay, the vLLM drafter and every report.
-
-    A step is one verification (decode) step of one request: it emits the accepted draft tokens
-    plus one token from the model (the bonus or the correction), with or without a draft.
-    Per-position counts are kept as histograms of draft and accepted lengths (O(1) per step).
-    """
-
+    """Counters of verification steps; a step (one request's) emits its accepted draft tokens plus one
+    model token (bonus or correction), with or without a draft."""
     steps: int = 0
     tokens: int = 0  # tokens emitted: accepted + 1 per step
     drafts: int = 0  # steps that carried a non-empty draft
@@ -42,8 +34,7 @@ class SpecStats:
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes, and the prompt's own sequence)
-    # Per response-position bucket (POSITION_EDGES): verification steps, and tokens they emitted.
-    # Only callers that know positions fill these (the engine's drafter); replay leaves them at 0.
+    # Per POSITION_EDGES bucket: steps and tokens emitted (only the engine's drafter fills these).
     pos_steps: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
     pos_tokens: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
 
@@ -70,9 +61,8 @@ class SpecStats:
             self.add(Tally.of(drafted, accepted))
 
     def record_positions(self, positions: np.ndarray, accepted: np.ndarray) -> None:
-        """Count steps by response position: step j came after `positions[j]` response tokens and
-        accepted `accepted[j]` draft tokens (so emitted accepted + 1). Adds to the bucket counters
-        only; `record_many` counts the same steps in the totals."""
+        """Bucket counts only (not the totals): step j came after `positions[j]` response tokens and
+        accepted `accepted[j]` draft tokens."""
         if not len(positions):
             return
         bucket = np.searchsorted(POSITION_EDGE_ARRAY, np.asarray(positions), side="right")
@@ -133,9 +123,8 @@ class SpecStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     def as_metrics(self, prefix: str = "spec/") -> dict[str, float]:
-        """Flat metric names and values for MLflow and the lake: draft positions as
-        `acceptance_pos{j}`; response-position buckets (only when recorded) as `steps_pos{lo}_{hi}`
-        and `tokens_pos{lo}_{hi}` (`position_labels`; tokens / steps: tokens per verification)."""
+        """Flat metrics for MLflow and the lake: `acceptance_pos{j}` per draft position, and
+        `steps_{label}` / `tokens_{label}` per position bucket when recorded (`position_labels`)."""
         out = {
             f"{prefix}steps": float(self.steps), f"{prefix}tokens": float(self.tokens),
             f"{prefix}drafts": float(self.drafts), f"{prefix}drafted": float(self.drafted),
@@ -173,10 +162,8 @@ def _tail_sums(hist: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Tally:
-    """The counts of many verification steps (an engine step's requests), computed once to add to
-    several `SpecStats` (`SpecStats.add`): totals, draft / accepted length histograms (lists as long
-    as the longest draft + 1, empty without a draft) and, given positions, the position buckets."""
-
+    """Counts of many verification steps, computed once to add to several `SpecStats`: histograms as
+    long as the longest draft + 1 (empty without a draft), position buckets if given."""
     steps: int
     tokens: int
     drafts: int
@@ -189,8 +176,7 @@ class Tally:
 
     @classmethod
     def of(cls, drafted: Sequence[int], accepted: Sequence[int], positions: Sequence[int] | None = None) -> "Tally":
-        """Count steps j that verified drafted[j] tokens and accepted the first accepted[j], after
-        positions[j] response tokens (if given). One compiled pass: an engine step tallies every row."""
+        """Steps j verified drafted[j] tokens, accepted the first accepted[j], after positions[j]."""
         d, a = np.asarray(drafted, np.int64), np.asarray(accepted, np.int64)
         if d.shape != a.shape:
             raise ValueError(f"got {len(d)} draft lengths and {len(a)} accepted counts")
@@ -210,8 +196,7 @@ class Tally:
 
 @njit(cache=True)
 def _tally(d, a, pos, given, edges, hist, acc, steps, tokens, totals):
-    """`Tally.of`'s counts into hist / acc / steps / tokens / totals; False if some a[j] is outside
-    0..d[j] (nothing is counted then)."""
+    """`Tally.of`'s counts; False (nothing counted) if some a[j] is outside 0..d[j]."""
     for j in range(d.shape[0]):
         if a[j] < 0 or a[j] > d[j]:
             return False
@@ -224,8 +209,7 @@ def _tally(d, a, pos, given, edges, hist, acc, steps, tokens, totals):
 
 @njit(cache=True)
 def tally_row(totals, hist, acc, d, a):
-    """Count one verification of a d-token draft with a accepted (as `record`) into totals (steps,
-    tokens, drafts, drafted, accepted) and the draft / accepted length histograms."""
+    """`record` of a d-token draft with a accepted, into totals (steps, tokens, drafts, drafted, accepted)."""
     totals[0] += 1
     totals[1] += a + 1
     totals[3] += d
@@ -238,8 +222,7 @@ def tally_row(totals, hist, acc, d, a):
 
 @njit(cache=True)
 def tally_position(edges, steps, tokens, position, a):
-    """Count one verification after `position` response tokens that accepted a draft tokens (so
-    emitted a + 1) in its position bucket (as `record_positions`)."""
+    """`record_positions` of one step after `position` response tokens that accepted a tokens."""
     b = np.searchsorted(edges, position, side="right")
     steps[b] += 1
     tokens[b] += a + 1

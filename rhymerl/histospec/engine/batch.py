@@ -1,12 +1,7 @@
-"""The prompts' own drafts for a whole engine batch in one kernel call (`BatchIndexDrafter`), the
-slots through which the kernel reads every prompt's arrays (`FlatSlots`, `SideSlots`), and the
-histories being indexed for the engine's prompts (`HistoryBuilds`). Engine thread only, but for the
-background builds themselves.
-
-A compiled call cannot take a Python list of arrays, but it can take numba typed lists of them: an
-index gets a slot the first time a row reads it (its arrays referenced, not copied); a `SideIndex`
-whose arrays were reallocated (`SideIndex.generation`) has its entries replaced; `retain` frees the
-slots of indexes the caller dropped.
+"""Every row's own draft in one kernel call (`BatchIndexDrafter`), the slots through which the kernel
+reads each prompt's arrays (`FlatSlots`, `SideSlots`: numba typed lists; an index gets a slot when a
+row first reads it, a reallocated `SideIndex` has it replaced, `retain` frees dropped ones), and the
+background indexing of prompts' histories (`HistoryBuilds`). Engine thread only, but for the builds.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ INLINE_TOKENS = 4096  # history tokens a step may index itself; larger histories
 
 class _Slots:
     """Typed lists of arrays, one entry per slot, each slot held for one object (keyed by its id)."""
-
     def __init__(self, kinds: Sequence[Any]) -> None:
         self.lists = tuple(typed.List.empty_list(kind) for kind in kinds)
         self._empty = tuple(np.zeros((0,) * kind.ndim, dtype=np.dtype(str(kind.dtype))) for kind in kinds)
@@ -71,9 +65,7 @@ class _Slots:
 
 
 class FlatSlots(_Slots):
-    """The arrays of attached `FlatIndex`es (`kernel.HistoryArrays`), all indexed `max_match` deep,
-    the depth the kernel reads a run as in position order."""
-
+    """The arrays of attached `FlatIndex`es (`kernel.HistoryArrays`), all indexed `max_match` deep."""
     def __init__(self, max_match: int) -> None:
         super().__init__((_I32, _I32, _U64, _U64, _I64, _F64))
         self.arrays = HistoryArrays(*self.lists)
@@ -101,9 +93,7 @@ class FlatSlots(_Slots):
 
 
 class SideSlots(_Slots):
-    """The arrays of `SideIndex`es (siblings): tok, lens, table, links, rewards (`kernel.SiblingArrays`)
-    and state."""
-
+    """The arrays of `SideIndex`es: `kernel.SiblingArrays`, and state."""
     def __init__(self) -> None:
         super().__init__((_I32_2D, _I64, _I64_2D, _I32_2D, _F64, _I64))
         self.arrays = SiblingArrays(*self.lists[:5])
@@ -127,9 +117,8 @@ class SideSlots(_Slots):
 
     def extend_rows(self, sides: Sequence[SideIndex], which: np.ndarray, seq_ids: np.ndarray, tokens: np.ndarray,
                     row_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        """`SideIndex.extend_rows` for many indexes in one compiled call: row j appends
-        tokens[row_ids[j], starts[j]:ends[j]] to sequence seq_ids[j] of sides[which[j]] (distinct
-        sequences; each index's rows in order; one min_match..max_match for all)."""
+        """`SideIndex.extend_rows` for many indexes (one min_match..max_match) in one compiled call:
+        row j to seq_ids[j] (distinct) of sides[which[j]]."""
         if not len(seq_ids):
             return
         at = np.fromiter((self.slot(side) for side in sides), np.int64, len(sides))
@@ -157,9 +146,7 @@ class SideSlots(_Slots):
 
 
 class BatchIndexDrafter:
-    """Drafts from the prompts' own indexes (history + siblings) for many rows per kernel call: row r
-    gets exactly `HistoSpecDrafter(index).own(context, budget)` of its context."""
-
+    """Many rows' own drafts per kernel call: exactly `HistoSpecDrafter(index).own(context, budget)`."""
     def __init__(self, spec: SpecConfig, max_candidates: int = MAX_CANDIDATES, sides: SideSlots | None = None) -> None:
         self.spec, self.limit = spec, max_candidates
         self.params = Params(max_candidates, spec.min_match, spec.max_match, float(spec.max_spec_factor),
@@ -193,8 +180,7 @@ class BatchIndexDrafter:
 
     def draft_groups(self, indexes: Sequence[PromptIndex], which: np.ndarray, row_ids: Sequence[int],
                      nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> Drafts:
-        """Row r drafts from indexes[which[r]] (distinct indexes: looked up once per prompt); R x W
-        outputs, W the largest budget (no probability written past a row's length)."""
+        """Row r drafts from indexes[which[r]] (distinct); R x W outputs, W the largest budget."""
         count, which = len(which), np.asarray(which, np.int64)
         slots = np.fromiter((self.slots.slot(ix) for ix in indexes), np.int64, len(indexes))[which]
         sides = np.fromiter((self.sides.slot(ix.side) if ix.side.occurrences else -1 for ix in indexes), np.int64,
@@ -235,17 +221,13 @@ class BatchIndexDrafter:
 
 
 def _entry_point(kernel: Any, args: tuple) -> Any:
-    """The compiled function `kernel` runs for `args`' types, called without the dispatcher: finding
-    the overload for a namedtuple of typed lists costs the dispatcher ~100 us a call."""
+    """The compiled function `kernel` runs for `args`' types, bypassing the dispatcher's slow lookup."""
     return kernel.overloads[tuple(numba.typeof(a) for a in args)].entry_point
 
 
 class HistoryBuilds:
-    """Prompts' histories being indexed when their first request arrives: a small one (at most
-    `INLINE_TOKENS` per step in all, or all with `background=False`) in the step, a larger one by one
-    background thread (numpy releases the GIL while it sorts), attached to its `PromptIndex` when
-    ready, so a step never waits for a build. A build's error is raised at the next step (`count`)."""
-
+    """Histories indexed on their prompt's first request: in the step up to `INLINE_TOKENS` a step (all
+    with `background=False`), else by a background thread; a build's error is raised at the next step."""
     def __init__(self, spec: SpecConfig, background: bool = True) -> None:
         self.spec, self.background = spec, background
         self._pool: ThreadPoolExecutor | None = None
@@ -261,8 +243,7 @@ class HistoryBuilds:
 
     def submit(self, index: PromptIndex, tokens: np.ndarray, lengths: np.ndarray, rewards: np.ndarray,
                prefix: np.ndarray) -> None:
-        """Index a prompt's history (responses flat in `tokens`, after the prompt `prefix`) and attach
-        it to `index`: now if small, else in the background."""
+        """Index a prompt's flat history after `prefix` and attach it to `index` (now if small)."""
         if not self.background or len(tokens) <= self._inline_left:
             self._inline_left -= len(tokens)
             self._build(index, tokens, lengths, rewards, prefix)

@@ -1,12 +1,10 @@
-"""The CPU tricks the drafting kernel keeps, each measured to save drafting time: they hide memory
-latency, as a step's histories are mostly out of the caches after the engine's forward pass.
+"""The CPU tricks the drafting kernel keeps: they hide memory latency (a step's histories are mostly
+out of the caches after the forward pass).
 
-- `prefetch`: LLVM's software prefetch (a hint that never faults), for the lines of a matched run's
-  contexts and of each candidate continuation's end, asked for before the loads that need them.
-- sampled keys: a history's sorted search keys sampled every SAMPLE entries (`first_at_least`
-  bisects the small sample, shared by a step's rows, before one block of keys).
-- `pair_lowers`: the first bisection of up to LOCKSTEP rows of one prompt advanced a level at a time
-  together, so their loads are in flight at once.
+- `prefetch`: LLVM's software prefetch (never faults) of a matched run's contexts and each
+  candidate continuation's end, before the loads that need them.
+- sampled keys: sorted search keys sampled every SAMPLE entries (`first_at_least` bisects the sample).
+- `pair_lowers`: the first bisection of up to LOCKSTEP rows advanced together, loads in flight at once.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ PREFETCH_RUN = 128  # a matched run up to this long has its contexts' lines aske
 
 @intrinsic
 def prefetch(typingctx, arr, idx):
-    """Ask for the cache line of arr[idx] now, for reading soon (LLVM's `prefetch`: a hint, which
-    never faults, so idx may lie past the array's end)."""
+    """Prefetch the cache line of arr[idx] for reading (never faults: idx may lie past the end)."""
 
     def codegen(context, builder, signature, args):
         i8p = ir.IntType(8).as_pointer()
@@ -52,17 +49,14 @@ def lower(key, lo, hi, v):
 
 @njit(cache=True)
 def first_at_least(key, sample, v):
-    """bisect_left(key, v), the sampled keys (sample[j] = key[j * SAMPLE]) searched first: the
-    bisection's first levels read a small array the rows of a step share (in cache) instead of
-    one cache line each deep in a history's keys."""
+    """bisect_left(key, v), searching the shared, cached sample (sample[j] = key[j * SAMPLE]) first."""
     lo, hi = _block(lower(sample, 0, sample.shape[0], v), key.shape[0])
     return lower(key, lo, hi, v)
 
 
 @njit(cache=True)
 def _block(j, size):
-    """The keys to search after the samples' bisection put the value at j: those after sample j - 1
-    (it is below the value) up to sample j (not below it); none when j == 0 (key[0] is not below)."""
+    """The key block between samples j - 1 and j, where the sample bisection put the value (j == 0: none)."""
     if j == 0:
         return 0, 0
     return (j - 1) * SAMPLE + 1, min(size, j * SAMPLE)
@@ -70,8 +64,7 @@ def _block(j, size):
 
 @njit(cache=True)
 def _lockstep_lower(arr, vals, lo, hi, a, b):
-    """lo[i] = bisect_left(arr, vals[i], lo[i], hi[i]) for each i in [a, b), the bisections
-    advanced a level at a time together (their loads independent, so in flight at once)."""
+    """lo[i] = bisect_left(arr, vals[i], lo[i], hi[i]) for i in [a, b), advanced a level at a time together."""
     active = True
     while active:
         active = False
@@ -87,9 +80,8 @@ def _lockstep_lower(arr, vals, lo, hi, a, b):
 
 @njit(cache=True)
 def pair_lowers(keys, samples, slots, rows, row_ids, nums, pair_lo, scratch, group):
-    """pair_lo[r] = bisect_left of row r's last pair's key (its tokens rows[row_ids[r], :nums[r]]) in
-    its slot's keys; -1 where it has no history (slot -1, no keys) or fewer than 2 tokens. Runs of
-    rows with the same slot are searched `group` at a time, in lockstep. scratch: 3 x R int64."""
+    """pair_lo[r] = bisect_left of row r's last pair's key in its slot's keys (-1: no history or < 2
+    tokens); same-slot rows searched `group` at a time in lockstep. scratch: 3 x R int64."""
     vals, lo, hi = scratch[0].view(np.uint64), scratch[1], scratch[2]
     count, r = slots.shape[0], 0
     while r < count:

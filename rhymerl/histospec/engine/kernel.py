@@ -1,10 +1,7 @@
 """The engine's drafting kernel (numba): every row of a batch drafted in one call, bit for bit as
-`HistoSpecDrafter.own` drafts it (same draft, match length and score, floats added in the same order;
-the Python drafter is the reference the tests compare against).
-
-For each row: the longest matched tail in its prompt's history (`match`) and siblings
-(`sibling_table.sibling_match`), the `limit` most recent occurrences of it (the history's, then the
-siblings'), and the walk down their continuations (`follow`). R rows, W the widest budget.
+`HistoSpecDrafter.own` drafts it (the reference the tests compare against). Per row: the longest
+matched tail in history (`match`) and siblings, the `limit` most recent occurrences, and the walk
+down their continuations (`follow`). R rows, W the widest budget.
 """
 
 from __future__ import annotations
@@ -20,12 +17,9 @@ from rhymerl.histospec.index import PAD
 from rhymerl.histospec.sibling_table import STRIDE, sibling_match
 
 
-# The kernel's packed arguments (namedtuples numba reads by field):
-# the attached histories' arrays by slot (numba typed lists of `FlatIndex` text, sa, key, its sampled keys,
-# sequence starts, rewards); the siblings' by slot (`SideIndex` tok, lens, table, links, rewards); per row
-# (int64 arrays) its history slot (-1: none), siblings slot (-1: none), the shift of its siblings' codes past
-# the history's, its row in the token matrix, its context length, its budget; the drafting rules; the
-# outputs: tokens (R x W), lengths (0: no draft), match lengths, scores, probabilities (R x W).
+# The kernel's packed arguments (namedtuples numba reads by field): per slot, the histories' and siblings'
+# arrays (numba typed lists); per row (int64), its history / siblings slot (-1: none), its siblings' code
+# shift, token row, context length and budget; the drafting rules; the outputs (lengths 0: no draft).
 HistoryArrays = namedtuple("HistoryArrays", "texts sas keys samples starts rewards")
 SiblingArrays = namedtuple("SiblingArrays", "tok lens table links rewards")
 Rows = namedtuple("Rows", "slots sides shifts row_ids nums budgets")
@@ -46,8 +40,7 @@ def _first_at_least_from(key, lo, v):
 
 @njit(cache=True)
 def _first_at_least_back(key, hi, v):
-    """bisect_left(key, v, 0, hi) when key[hi:] >= v: galloping back from hi (what lies before hi
-    and is >= v is one token's run, usually short and on the lines the pair's search just read)."""
+    """bisect_left(key, v, 0, hi) when key[hi:] >= v, galloping back from hi (the run is usually short)."""
     step, lo = 1, hi - 1
     while lo >= 0 and key[lo] >= v:
         hi = lo
@@ -115,9 +108,8 @@ def match(text, sa, key, sample, q, nq, min_match, pair_lo):
 
 @njit(cache=True)
 def _best_token(toks, alive, n, codes, rewards, reward_weighted):
-    """`drafter._best_group` over the continuations alive[:n], reading toks[:n] at this depth: (the
-    best group's token, its size). Rewards are summed in the order of `alive` (ascending codes, as
-    the Python drafter sums them); groups never tie, as no two occurrences share a code."""
+    """`drafter._best_group` over alive[:n] with tokens toks[:n] at this depth: (token, group size).
+    Rewards summed in ascending codes, as the Python drafter; no ties (codes are distinct)."""
     best, bc, br, bl = -1, 0, 0.0, -1
     for i in range(n):
         tok = toks[i]
@@ -146,9 +138,7 @@ def _best_token(toks, alive, n, codes, rewards, reward_weighted):
 
 @njit(cache=True)
 def _column(text, stext, pos, own, alive, n, depth, toks):
-    """Keep in alive[:n] the continuations that go on at `depth` and put their tokens there in
-    toks; how many are kept. (`alive` stays ascending, so the history's come first: two loops, no
-    test of which array a continuation is in per token.)"""
+    """How many of alive[:n] go on at `depth` (kept in place, ascending), their tokens into toks."""
     kept, i = 0, 0
     while i < n and alive[i] < own:
         tok = text[pos[alive[i]] + depth]
@@ -168,15 +158,10 @@ def _column(text, stext, pos, own, alive, n, depth, toks):
 @njit(cache=True)
 def follow(text, stext, pos, own, m, codes, rewards, budget, reward_weighted, min_token_prob, prior,
            out, out_prob, r, alive, toks):
-    """`drafter.follow` over m continuations, the first `own` read from the history's text at
-    pos[:own], the rest from the siblings' tokens copied to `stext` at pos[own:m] (each ends at a
-    PAD, an empty one at once; codes ascending, rewards each): writes the draft to out[r] and its
-    tokens' probabilities to out_prob[r]; (its length, its score, the probabilities summed one by
-    one as `sum` does in Python). `alive`, `toks`: room for m. 0 < budget.
-
-    Column by column where the Python drafter sorts: at each depth the continuations still followed
-    all read one token or split into groups, of which the best is kept. The same draft (a group's
-    choice depends on its members, not on their order), read where the continuations lie."""
+    """`drafter.follow` over m continuations (codes ascending): the first `own` in the history's text
+    at pos[:own], the rest in `stext` at pos[own:m], each PAD-ended. Writes out[r] / out_prob[r];
+    (length, score summed as Python's `sum`). `alive`, `toks`: room for m. 0 < budget. Column by
+    column instead of sorting: the same draft, as a group's choice depends on its members only."""
     for a in range(m):
         alive[a] = a
     for a in range(own):
@@ -245,9 +230,8 @@ def _sift(heap, k, v):
 
 @njit(cache=True)
 def _top_into(sa, lo, hi, k, near, ascending):
-    """near[:k] = the k largest entries of sa[lo:hi] (its most recent occurrences; distinct), in no
-    particular order unless `ascending` (0 < k <= hi - lo): one pass keeping the k largest so far in
-    a min-heap, nothing allocated."""
+    """near[:k] = the k largest (most recent) entries of sa[lo:hi], ascending only if `ascending`
+    (0 < k <= hi - lo), by a min-heap in one pass."""
     for j in range(k):
         v, b = sa[lo + j], j
         while b > 0 and near[(b - 1) >> 1] > v:  # heapify by sifting up
@@ -277,11 +261,9 @@ def _seq_of(starts, code):
 
 @njit(cache=True)
 def draft_rows(hist, sib, tokens, rows, params, out):
-    """Draft every row r from its context tokens[rows.row_ids[r], :rows.nums[r]], at most
-    rows.budgets[r] tokens, from the `params.limit` most recent occurrences of the longest tail: the
-    history's candidates first (if it matched as long as the siblings), then the siblings' (their
-    `limit` most recent, after the history's `limit` minus as many). Rows of one prompt are expected
-    together: their arrays are taken once per run of rows (each take costs reference counts)."""
+    """Draft row r from tokens[rows.row_ids[r], :rows.nums[r]], <= rows.budgets[r] tokens, from the
+    `params.limit` most recent occurrences of the longest tail (the history's first if it matched as
+    long, then the siblings'). A prompt's rows should be adjacent: its arrays are taken once per run."""
     count, limit, lo_match, width = rows.slots.shape[0], params.limit, params.min_match, out.tokens.shape[1]
     q, keys, found, pos, codes, rewards, alive, toks, near = (
         np.empty(params.max_match, np.int64), np.empty(params.max_match, np.uint64), np.empty(limit, np.int64),
@@ -359,8 +341,7 @@ def _history_candidates(sa, start, seq_rew, nf, lo, hi, k, params, pos, codes, r
 @njit(cache=True)
 def _sibling_candidates(seq_lens, seq_tok, sib_rew, found, found_n, cap, shift, weighted, m, pos, codes, rewards,
                         stext):
-    """The siblings' occurrences found[:found_n] that continue, each copied to `stext` (at most `cap`
-    tokens, PAD-ended), appended to pos / codes / rewards from m on; the new m."""
+    """The new m: found[:found_n] that continue appended to pos / codes / rewards, copied to `stext`."""
     w = 0
     for c in range(found_n):
         seq, at = found[c] // STRIDE, found[c] % STRIDE

@@ -1,13 +1,11 @@
-"""Per-request drafting state of an engine's running requests, in arrays (`RequestTable`), which
+"""Per-request drafting state of the engine's running requests in arrays (`RequestTable`), the
 prompt a row starts with (`PromptTable`), and the counts a verified step adds (`StepLedger`).
 
-vLLM's drafter interface gives rows, not request ids, and moves requests between rows as others
-finish. A request is found again by its key: its length and its last `KEY_TAIL` tokens at the step
-it was last drafted for (next step, its first `num_tokens - len(sampled)` tokens are exactly those,
-wherever its row now is), hashed to one uint64 per row. Two requests with the same length and tail
-may swap states: that can cost draft quality, never correctness. Engine thread only.
+vLLM's drafter interface gives rows, not request ids, and moves requests between rows. A request is
+found again by its key: a uint64 hash of its length and last `KEY_TAIL` tokens at the step it was last
+drafted for. Two requests with equal keys may swap states: that can cost draft quality, never
+correctness. Engine thread only.
 """
-
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ KEY_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=n
 
 
 def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The keys of the requests in `rows` holding `ends` tokens: a uint64 hash of (length, last
-    KEY_TAIL tokens; positions before 0 read token 0), for all rows in one compiled call."""
+    """The keys (`row_key`) of the requests in `rows` holding `ends` tokens, in one compiled call."""
     rows, ends = np.asarray(rows, np.int64), np.asarray(ends, np.int64)
     out = np.zeros(len(rows), dtype=np.uint64)
     if len(rows):
@@ -55,9 +52,8 @@ def row_key(tokens, row, end, mix):
 
 @njit(cache=True)
 def take_keys(keys, slots, index, query, found):
-    """`RequestTable.find`'s pass: each query key takes the first stored entry with that key not
-    yet taken (probe order is insertion order: equal keys pair in order), found[j] its slot (-1:
-    none); the entries left are moved to the front of keys / slots and indexed again. How many."""
+    """`RequestTable.find`'s pass: found[j], the slot of the first untaken entry keyed query[j] (-1:
+    none; equal keys pair in insertion order); the entries left, moved to the front and re-indexed."""
     taken = np.zeros(keys.shape[0], np.bool_)
     mask = index.shape[0] - 1
     for j in range(query.shape[0]):
@@ -80,15 +76,13 @@ def take_keys(keys, slots, index, query, found):
 
 @njit(cache=True)
 def _home(key, mask):
-    """A key's first slot in the index: its top bits after one more multiply (keys are hashes
-    already; this spreads them over an index of any size)."""
+    """A key's first slot in the index: its top bits after one more multiply."""
     return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
 
 
 @njit(cache=True)
 def _index(keys, index):
-    """index[h]: the position in `keys` of the key filed at slot h (linear probing from its home;
-    -1: free). The index has more than twice as many slots as keys."""
+    """index[h]: the position in `keys` filed at slot h (linear probing; -1: free; > 2x slots as keys)."""
     index[:] = -1
     mask = index.shape[0] - 1
     for i in range(keys.shape[0]):
@@ -100,8 +94,7 @@ def _index(keys, index):
 
 @njit(cache=True)
 def _keep(new_keys, new_slots, keys, slots, last_step, step, grace, out_keys, out_slots, dead, index):
-    """`RequestTable.keep`'s pass: the step's entries, then the stored ones seen within `grace` steps,
-    into out_* (filed in `index`); the others' slots into `dead`. (entries kept, slots dead)."""
+    """`RequestTable.keep`'s pass: (kept, dead), the entries kept in out_* and the slots freed in `dead`."""
     n = new_keys.shape[0]
     out_keys[:n], out_slots[:n] = new_keys, new_slots
     kept, gone = n, 0
@@ -118,15 +111,13 @@ def _keep(new_keys, new_slots, keys, slots, last_step, step, grace, out_keys, ou
 
 @njit(cache=True)
 def back_off_row(fails, resume, s, accepted, step, cap):
-    """Slot s's draft, verified at `step`, had `accepted` tokens accepted: from its second fully
-    rejected draft in a row it skips drafting until `step` + 2^(fails - 1), at most + `cap`."""
+    """From a 2nd fully rejected draft in a row, slot s skips drafting until `step` + min(2^(fails - 1), cap)."""
     fails[s] = fails[s] + 1 if accepted == 0 else 0
     resume[s] = step + min(1 << min(fails[s] - 1, 30), cap) if fails[s] >= 2 else 0
 
 
 class _Field:
     """A `RequestTable` field: row `row` of its `fields` (a view: item assignment writes through)."""
-
     def __init__(self, row: int) -> None:
         self.row = row
 
@@ -135,13 +126,10 @@ class _Field:
 
 
 class RequestTable:
-    """The drafting state of every request the engine ran lately, one slot per request. Fields by
-    slot: `budget`; `n` / `drafted` (its length when last drafted for, that draft's length); `probs`
-    (that draft's estimates); `prompt` (its bundle key, -1: unknown); `sib` / `sib_n` and `tree` /
-    `tree_n` (its sibling sequence and tree handle, -1: none, and how many of its tokens each holds);
-    `forecast` / `plen` (its prompt's longest earlier response, its prompt's length); `step` (last
-    seen); `fails` / `resume` (`spec.fail_backoff`). The int fields are rows of one array, `fields`."""
-
+    """The drafting state of every request the engine ran lately, one slot each: `budget`; `n` /
+    `drafted` / `probs` (length when last drafted for, that draft's length and estimates); `prompt`
+    (bundle key, -1: unknown); `sib` / `tree` (-1: none) and `sib_n` / `tree_n` (tokens each holds);
+    `forecast` / `plen`; `step` (last seen); `fails` / `resume`. Int fields are rows of `fields`."""
     (budget, n, drafted, prompt, sib, sib_n, tree, tree_n, forecast, plen, step, fails,
      resume) = (_Field(row) for row in range(len(INT_FIELDS)))
 
@@ -172,16 +160,14 @@ class RequestTable:
         return slot
 
     def find(self, keys: np.ndarray) -> np.ndarray:
-        """The slots stored under `keys` (-1: not found), each stored entry matched at most once and
-        then taken out of the table (`keep` stores the step's keys again)."""
+        """The slots stored under `keys` (-1: not found), each entry taken out once matched."""
         found = np.empty(len(keys), np.int64)
         left = take_keys(self.keys, self.slots, self.index, np.asarray(keys, np.uint64), found)
         self.keys, self.slots = self.keys[:left], self.slots[:left]
         return found
 
     def keep(self, keys: np.ndarray, slots: np.ndarray, step: int, grace: int) -> None:
-        """Store this step's requests under their new keys; entries not seen this step stay for
-        `grace` steps after they were last seen (a request vLLM paused), then their slots are freed."""
+        """Store this step's requests under their new keys; unseen entries stay `grace` steps, then are freed."""
         size = len(keys) + len(self.keys)
         out_keys, out_slots = np.empty(size, np.uint64), np.empty(size, np.int64)
         dead = np.empty(len(self.keys), np.int64)
@@ -198,8 +184,7 @@ class RequestTable:
 
 
 def group(keys: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct, which) with keys == distinct[which], distinct in first-seen order. keys: ints in
-    0..len(mark) - 1; mark: int64 scratch, -1 everywhere (left so)."""
+    """(distinct, which), keys == distinct[which], first-seen order; mark: all -1 scratch (left so)."""
     keys = np.asarray(keys, np.int64)
     distinct, which = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
     return distinct[:_group(keys, mark, distinct, which)], which
@@ -222,7 +207,6 @@ def _group(keys, mark, distinct, which):
 
 class PromptTable:
     """Which known prompt a token row starts with (longest known prompt first)."""
-
     def __init__(self, prompts: Sequence[Sequence[int]], dtype: Any = np.int32) -> None:
         self.dtype = np.dtype(dtype)
         self.by_len: dict[int, dict[bytes, int]] = {}
@@ -243,10 +227,8 @@ class PromptTable:
 
 
 class Counts:
-    """`SpecStats`' counters as arrays, added to in compiled passes (`arrays`: totals (steps, tokens,
-    drafts, drafted, accepted), draft / accepted length histograms (`width` + 1 lengths), and the
-    position buckets' steps and tokens)."""
-
+    """`SpecStats`' counters as arrays for compiled passes: totals (as `tally_row`), the two length
+    histograms, the position buckets' steps and tokens."""
     def __init__(self, width: int) -> None:
         self.arrays = (np.zeros(5, np.int64), np.zeros(width + 1, np.int64), np.zeros(width + 1, np.int64),
                        np.zeros(POSITION_BUCKETS, np.int64), np.zeros(POSITION_BUCKETS, np.int64))
@@ -266,7 +248,6 @@ class Counts:
 
 class StepLedger:
     """The counts of the steps since the last `flush`, for the drafter's `stats` and its `lifetime`."""
-
     def __init__(self, width: int) -> None:
         self.step, self.lifetime = Counts(width), Counts(width)
 
@@ -278,9 +259,8 @@ class StepLedger:
 
 @njit(cache=True)
 def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_drafted, cal_hits, step, backoff):
-    """Request slot s sampled `size` tokens (>= 1) in the step verified at `step` (so its draft had
-    size - 1 tokens accepted): counted in both `Counts.arrays`, the calibration's bins and the fail
-    back-off; (drafted, accepted, draft tokens added to the calibration)."""
+    """Count slot s's verified draft (`size` >= 1 tokens sampled) in both `Counts`, the calibration
+    and the back-off; (drafted, accepted, tokens calibrated)."""
     d = fields[DRAFTED, s]
     a = min(size - 1, d)
     tally_row(step_counts[0], step_counts[1], step_counts[2], d, a)

@@ -1,18 +1,11 @@
-"""HistoSpec's work in one engine step, on plain arrays (`BatchDrafter`): what the vLLM plug-in
-(`rhymerl.vllm.histospec_proposer`) runs after every step, testable without an engine.
+"""HistoSpec's work in one engine step on plain arrays (`BatchDrafter`), what the vLLM plug-in
+(`rhymerl.vllm.histospec_proposer`) runs after every step. Engine thread only.
 
-`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)` gets one row per running request
-(the tokens sampled for it this step, its length, its prompt + output tokens) and returns each row's
-draft. In order: (1) find each row's request (`RequestTable`); a request seen for the first time
-finds its prompt in the bundle (`PromptTable`), opens its sibling sequence and its response in the
-cross-prompt tree; (2) count what the step that ran accepted and adapt budgets (`step_pass.begin`);
-(3) grow the siblings (one compiled call for all prompts) and, every `TREE_CHUNK` tokens, the tree;
-a request that arrives with a long prefix joins them at most `SIDE_CATCH_UP` / `TREE_CATCH_UP`
-tokens a step beyond the step's new ones, so no step stalls on it; (4) draft: every row's own draft
-in one kernel call (`BatchIndexDrafter`), then the tree for the rows whose own draft scores below
-`spec.recent_gate` x budget; (5) trim the drafts to what pays under the measured step cost
-(`spec.cost_aware`). A prompt's history is indexed when its first request arrives, off the step when
-large (`HistoryBuilds`). Engine thread only.
+`propose` per step: (1) find each row's request (`RequestTable`); a new one finds its prompt
+(`PromptTable`) and opens its sibling sequence and tree response; (2) count what was accepted and adapt
+budgets; (3) grow the siblings and, every `TREE_CHUNK` tokens, the tree, a long prefix catching up at
+most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step; (4) draft every row in one kernel call, then ask
+the tree for rows below `spec.recent_gate` x budget; (5) trim drafts to what pays (`spec.cost_aware`).
 """
 
 from __future__ import annotations
@@ -42,7 +35,6 @@ TREE_CATCH_UP = 512  # the same for the cross-prompt tree
 @dataclass
 class _Prompt:
     """A bundle prompt's index, built on first use."""
-
     index: PromptIndex
     drafter: HistoSpecDrafter
     plen: int
@@ -53,7 +45,6 @@ class _Prompt:
 @dataclass
 class BatchDrafter:
     """The engine-agnostic batch logic behind the proposer."""
-
     bundle: HistoryBundle
     spec: SpecConfig
     k: int  # vLLM's num_speculative_tokens: no draft may be longer
@@ -147,9 +138,8 @@ class BatchDrafter:
         self._lifetime = lifetime
 
     def catch_up(self, due: np.ndarray, steady: np.ndarray, kind: str) -> np.ndarray:
-        """Tokens each row adds this step to the siblings (kind "side") or the tree ("tree"): what it
-        is due, up to what it would add had it never fallen behind (`steady`); the rows still behind
-        share the step's allowance beyond that, first rows first (the rest counted in `lagging`)."""
+        """Tokens each row adds this step to `kind` ("side" or "tree"): its due up to `steady`, plus a
+        share of the step's allowance, first rows first (the rest counted in `lagging`)."""
         base = np.minimum(due, steady)
         behind = due - base
         if not behind.any():
@@ -169,8 +159,7 @@ class BatchDrafter:
         return rows.processed
 
     def _grow(self, step_rows: step_pass.StepRows, tokens: np.ndarray) -> None:
-        """Add continuing requests' new tokens to their prompts' siblings (one call for all) and,
-        every TREE_CHUNK tokens, to the cross-prompt tree, within the step's catch-up allowances."""
+        """Add continuing requests' new tokens to the siblings and, every TREE_CHUNK, to the tree."""
         req, sib, due = self.requests, step_rows.sib, step_rows.due
         slots, rows, starts, ends = step_rows.slots, step_rows.live, step_rows.before, step_rows.ends
         if len(sib):
@@ -196,8 +185,7 @@ class BatchDrafter:
 
     def _drafts(self, rows: np.ndarray, slots: np.ndarray, ends: np.ndarray, budgets: np.ndarray,
                 tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The planned rows' drafts as (tokens, lengths, estimated probabilities), R x (largest budget):
-        `HistoSpecDrafter.propose` of each row's context."""
+        """(tokens, lengths, probs) of the planned rows, as `HistoSpecDrafter.propose` of each context."""
         keys = self.requests.prompt[slots]
         if self.own is None:
             return self._drafts_by_row([self.prompts[k] for k in keys.tolist()], rows, ends, budgets, tokens)
@@ -210,8 +198,7 @@ class BatchDrafter:
 
     def _ask_tree(self, scores: np.ndarray, tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray,
                   budgets: np.ndarray, toks: np.ndarray, lens: np.ndarray, probs: np.ndarray) -> None:
-        """The cross-prompt tree's drafts in place of the rows' own where they score higher, for the
-        rows whose own draft scores below `spec.recent_gate` x budget (`HistoSpecDrafter.propose`)."""
+        """The tree's draft in place of the own where it scores higher, for rows that ask (`asks_tree`)."""
         spec = self.spec
         asks = np.flatnonzero(asks_tree(scores, budgets, spec.recent_gate) & (ends > 0))
         for j, i, n, b in zip(asks.tolist(), rows[asks].tolist(), ends[asks].tolist(), budgets[asks].tolist()):
@@ -264,9 +251,8 @@ class BatchDrafter:
             req.drafted[slot] = len(draft)
 
     def _start(self, tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """Slots for requests seen for the first time (row rows[j] of `tokens`, ends[j] tokens long,
-        sizes[j] of them sampled this step): their prompts found, their sibling sequences and tree
-        responses opened with as much of each as the step's allowances let in."""
+        """Slots for new requests (rows, ends[j] tokens, sizes[j] sampled), prompts found, sibling
+        sequences and tree responses opened within the step's allowances."""
         req = self.requests
         slots = np.fromiter((req.alloc() for _ in range(len(rows))), np.int64, len(rows))
         req.budget[slots] = self.rule.initial
@@ -301,8 +287,7 @@ class BatchDrafter:
 
     def _join_tree(self, prompts: list[_Prompt], slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray,
                    plen: np.ndarray, due: np.ndarray, sizes: np.ndarray) -> None:
-        """Open the responses of new requests in the cross-prompt tree: each prompt's first
-        `spec.recent_per_group` requests (all with 0), within the step's allowance."""
+        """Open new requests in the tree: each prompt's first `spec.recent_per_group` (0: all)."""
         per_group, joins = self.spec.recent_per_group, []
         for j, prompt in enumerate(prompts):
             if not per_group or prompt.in_tree < per_group:
@@ -317,8 +302,7 @@ class BatchDrafter:
             req.tree[slot], req.tree_n[slot] = self.recent.start(tokens[i, a:b].tolist()), b
 
     def _open(self, k: int) -> _Prompt:
-        """Prompt k's entry: its index with siblings only, the history attached now (small) or by
-        the background thread (large)."""
+        """Prompt k's entry, its history submitted to `builds`."""
         prefix = self.bundle.prompt(k)
         tokens, lengths, rewards = self.bundle.history(k)
         forecast = int(lengths.max()) if len(lengths) else 0

@@ -1,16 +1,12 @@
-"""An engine step's bookkeeping around the drafting call, and the trim of its drafts to what pays.
+"""An engine step's compiled bookkeeping around the drafting call (`begin`: find requests and count
+verified drafts; `plan`: record lengths, pick drafting rows and budgets; `finish`: record and hand
+over the drafts), and the trim of drafts to what pays.
 
-`begin` finds the decoding rows' requests and counts their verified drafts; `plan` records the rows'
-new lengths and picks the rows that draft and their budgets; `finish` records the drafts for the next
-`begin` and hands them over as lists (compiled passes over all rows).
-
-Cost-aware trimming: a verification step costs about `c0 + c1 * tokens` seconds (`StepCostModel`,
-fitted online with exponential forgetting). Draft token j of request i is accepted with chance
-q[i][j] (the drafter's estimate calibrated against what the verifier accepted:
-`AcceptanceCalibration`), so `trim_drafts` keeps the tokens, in decreasing q, that raise expected
-tokens per second (a fractional knapsack); the requests forecast to finish last (`tail_rows`) keep
-their whole draft, as each of their steps costs the rollout `c0`. Trimming only shortens drafts, so
-the sampled distribution is untouched.
+Cost-aware trimming: a step costs about `c0 + c1 * tokens` seconds (`StepCostModel`); draft token j
+of request i is accepted with chance q[i][j] (the drafter's estimate, `AcceptanceCalibration`);
+`trim_drafts` keeps tokens, in decreasing q, while they raise expected tokens per second; rows forecast
+to finish last (`tail_rows`) keep their whole draft. Trimming only shortens drafts: the sampled
+distribution is untouched.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
 
 class StepRows(NamedTuple):
     """The step's decoding rows (those with sampled tokens), as `begin` found them; per row j:"""
-
     live: np.ndarray  # its row in the engine's batch
     ends: np.ndarray  # its length now
     before: np.ndarray  # its length before this step's sampled tokens
@@ -46,10 +41,8 @@ class StepRows(NamedTuple):
 
 def begin(req: RequestTable, ledger: StepLedger, calibration: AcceptanceCalibration, sizes: np.ndarray,
           num_tokens: np.ndarray, tokens: np.ndarray, step: int, backoff: int, tree_chunk: int) -> StepRows:
-    """Row i of the batch sampled sizes[i] tokens (0: not decoding) and holds num_tokens[i] tokens
-    (tokens[i, :num_tokens[i]]). Finds the decoding rows' requests (taken out of `req`'s keys until
-    `keep`), counts their verified drafts in `ledger` and `calibration`, applies the fail back-off
-    (`backoff` > 0) for `step`."""
+    """Row i sampled sizes[i] tokens (0: not decoding) and holds num_tokens[i]. Finds the decoding rows'
+    requests (out of `req` until `keep`), counts their drafts in `ledger` and `calibration`, backs off."""
     size = len(sizes)
     live, ends, before, slots = (np.empty(size, np.int64) for _ in range(4))
     drafted, accepted, sib, due, new = (np.zeros(size, np.int64) for _ in range(5))
@@ -68,8 +61,7 @@ def begin(req: RequestTable, ledger: StepLedger, calibration: AcceptanceCalibrat
 def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, step_counts, life_counts, edges,
            cal_drafted, cal_hits, step, backoff, tree_chunk, live, ends, before, slots, kept, drafted, accepted,
            sib, due, new):
-    """`begin`'s pass: (rows decoding, stored keys left, tokens processed, calibration tokens counted,
-    rows in `sib`, rows in `due`, rows in `new`)."""
+    """`begin`'s pass: (decoding, keys left, processed, calibrated, n_sib, n_due, n_new)."""
     count = 0
     for i in range(sizes.shape[0]):
         if sizes[i] > 0:
@@ -103,9 +95,8 @@ def _begin(sizes, num_tokens, tokens, mix, keys, stored, index, fields, probs, s
 
 def plan(req: RequestTable, rows: StepRows, last_seen: np.ndarray, step: int, k: int,
          max_model_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Record each row's length and `step` (its draft reset to none); note its prompt seen at `step`
-    in `last_seen`. Returns the rows that draft (indexes j: a known prompt, not backing off, room for
-    a draft) and their budgets (the request's, at most k and the room left in max_model_len)."""
+    """Record each row's length and `step` (draft reset) and `last_seen`; the rows j that draft (known
+    prompt, not backing off, room left) and their budgets (<= k and the room in max_model_len)."""
     drafting, budgets = np.empty(len(rows.slots), np.int64), np.empty(len(rows.slots), np.int64)
     count = _plan(req.fields, rows.slots, rows.ends, step, k, max_model_len, last_seen, drafting, budgets)
     return drafting[:count], budgets[:count]
@@ -130,9 +121,7 @@ def _plan(fields, slots, ends, step, k, max_model_len, last_seen, drafting, budg
 
 def finish(req: RequestTable, slots: np.ndarray, rows: np.ndarray, toks: np.ndarray, lens: np.ndarray,
            draft_probs: np.ndarray, out: list[list[int]]) -> None:
-    """Record the drafts for the next step's `begin` (request slots[j] drafted lens[j] tokens with
-    estimates draft_probs[j], zero past its length) and hand them to the engine: out[rows[j]] =
-    toks[j, :lens[j]] as a list of ints, for the rows with a draft."""
+    """Record the drafts for the next `begin` and hand them over: out[rows[j]] = toks[j, :lens[j]]."""
     flat, bounds = np.empty(int(lens.sum()), toks.dtype), np.empty(len(slots) + 1, np.int64)
     _finish(req.fields, req.probs, slots, lens, draft_probs, toks, flat, bounds)
     tokens, cut = flat.tolist(), bounds.tolist()  # the ints made in two calls, not a slice per row
@@ -143,8 +132,7 @@ def finish(req: RequestTable, slots: np.ndarray, rows: np.ndarray, toks: np.ndar
 
 @njit(cache=True)
 def _finish(fields, probs, slots, lens, draft_probs, toks, flat, bounds):
-    """`finish`'s pass: fields / probs recorded, the drafts packed: flat[bounds[j]:bounds[j + 1]] =
-    toks[j, :lens[j]]."""
+    """`finish`'s pass: fields recorded, flat[bounds[j]:bounds[j + 1]] = toks[j, :lens[j]]."""
     width = min(draft_probs.shape[1], probs.shape[1])
     at = 0
     for j in range(slots.shape[0]):
@@ -178,7 +166,6 @@ CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a ne
 @dataclass
 class StepCostModel:
     """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
-
     decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS  # weight of older steps per new one (spec.cost_memory)
     n: float = 0.0
     sx: float = 0.0
@@ -198,10 +185,7 @@ class StepCostModel:
         self.count += 1
 
     def coefficients(self) -> tuple[float, float] | None:
-        """(c0, c1), or None until `MIN_OBSERVATIONS` steps with some spread in tokens were seen.
-
-        c1 is kept positive and c0 non-negative: a noisy fit must never make tokens look free.
-        """
+        """(c0, c1), None before `MIN_OBSERVATIONS` steps; c1 > 0, c0 >= 0: tokens never look free."""
         if self.count < MIN_OBSERVATIONS or self.n <= 0:
             return None
         mx, my = self.sx / self.n, self.sy / self.n
@@ -218,8 +202,7 @@ class StepCostModel:
 
 
 def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], length: int) -> list[float]:
-    """q[j] for j < length: chance a draft's token j is accepted, Laplace-smoothed ((a + 1) / (d + 2)),
-    then a running minimum (a token is accepted only after every token before it)."""
+    """q[j < length]: running minimum of (a + 1) / (d + 2), draft token j's chance to be accepted."""
     out, low = [], 1.0
     for j in range(length):
         a = accepted_at[j] if j < len(accepted_at) else 0
@@ -232,10 +215,8 @@ def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], l
 def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
                 q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, float],
                 whole: Collection[int] = ()) -> list[list[int]]:
-    """Prefixes of `drafts` that maximise expected emitted tokens per second of the step.
-    `base_tokens` / `expected_base`: tokens the step processes / emits without any draft; `q[i, j]`:
-    the chance draft i's token j is accepted (R x W, nonincreasing in j); `coef`: (c0, c1); `whole`:
-    rows kept whole (`tail_rows`), counted in the step before the others are chosen."""
+    """Prefixes of `drafts` maximising expected tokens per second. `base_tokens` / `expected_base`:
+    tokens processed / emitted without drafts; q: R x W, nonincreasing in j; `whole`: rows kept whole."""
     c0, c1 = coef
     q = np.asarray(q, dtype=np.float64).reshape(len(drafts), -1)
     width = q.shape[1]
@@ -258,8 +239,7 @@ def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_ba
 
 
 def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
-    """Rows forecast to finish last: remaining length >= `fraction` x the longest (None: no forecast,
-    never in the tail; a negative remaining, a request past its forecast, counts as the longest)."""
+    """Rows with remaining >= `fraction` x the longest (None: never; negative: past forecast, always)."""
     known = [r for r in remaining if r is not None]
     if fraction <= 0 or not known:
         return set()
@@ -271,11 +251,8 @@ def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
 
 
 class AcceptanceCalibration:
-    """Measured acceptance of draft tokens by the drafter's estimated probability (`Draft.probs`):
-    `record` counts verified drafts (draft i's first `accepted[i]` tokens accepted), `rows` maps
-    estimates (R x W) to calibrated chances. Bins hold `CALIBRATION_PRIOR` pseudo-tokens at their own
-    estimate and the table is kept nondecreasing (pool-adjacent-violators)."""
-
+    """Measured acceptance by estimate (`Draft.probs`): `record` counts verified drafts, `rows` maps
+    estimates to calibrated chances. Bins start with `prior` pseudo-tokens; the table is nondecreasing."""
     def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
         self.bins = bins
         self.prior = prior
@@ -324,8 +301,7 @@ class AcceptanceCalibration:
 
 @njit(cache=True)
 def _count_bins(probs, lengths, accepted, drafted, hits):
-    """Add each draft token (probs[i, :lengths[i]]) to drafted[its bin], and to hits[its bin] when
-    accepted (j < accepted[i]); the tokens counted. One pass: the engine step records every row's."""
+    """Count each draft token probs[i, :lengths[i]] in its bin (hits when j < accepted[i]); how many."""
     counted = 0
     for i in range(probs.shape[0]):
         for j in range(min(lengths[i], probs.shape[1])):

@@ -1,21 +1,11 @@
 """Offline replay: the acceptance a drafter would have reached on recorded responses, without a model.
 
-Each recorded response is regenerated step by step; its recorded next tokens act as the model's
-choices. A step drafts from the context, accepts the longest prefix of the draft that equals the
-recorded continuation, and emits it plus one more recorded token (the bonus or correction). With
-lossless speculative sampling this is exact in distribution: a draft token is accepted with the
-probability the policy gives it, the same chance a sample equals it.
-
-A prompt's group (its responses of one epoch) replays in lockstep, as the engine runs it: every round
-first drafts for all unfinished responses, then verifies them and, with `siblings`, appends the
-emitted tokens to the shared index. The history is the prompt's responses from the last
-`history_epochs` epochs that saw it (and, with `prompt_lookup`, the prompt itself, oldest). A
-response's last token is always the model's own, so at most `len - 1` of its draft tokens are
-accepted. A response replays after its prompt when the prompt is known: its first token is the
-prefill step's, emitted before any draft and not counted (`prefilled`).
-
-`replay_suffix` replays vLLM's suffix decoding (Arctic Inference's `SuffixDecodingCache`) the same way
-in the cache scopes of `SuffixArm`, the comparison arm.
+Recorded next tokens act as the model's choices: a step accepts the longest draft prefix equal to the
+recorded continuation, plus one recorded token (bonus or correction); with lossless speculative
+sampling this is exact in distribution. A prompt's group replays in lockstep as the engine runs it
+(draft all, then verify and, with `siblings`, grow the shared index). A response's first token is the
+prefill's, not counted (`prefilled`); its last is the model's own, so at most `len - 1` draft tokens
+are accepted. `replay_suffix` replays Arctic Inference's suffix decoding the same way (`SuffixArm`).
 """
 
 from __future__ import annotations
@@ -41,11 +31,9 @@ STOCK_MIN_TOKEN_PROB = 0.1
 
 @dataclass(frozen=True)
 class SuffixArm:
-    """Which responses a replayed suffix cache holds, and its drafting knobs (vLLM's stock by default).
-    scope "global": one cache for the run, fed every response in generation order, the newest
-    `max_cached_requests` kept (or, with `cache_steps > 0`, that many steps' responses plus the step in
-    flight); scope "prompt": a fresh cache per group holding HistoSpec's history, plus the siblings."""
-
+    """A replayed suffix cache's scope and knobs (vLLM's stock by default). "global": one cache for the
+    run, keeping the newest `max_cached_requests` responses (`cache_steps > 0`: that many steps' plus the
+    one in flight); "prompt": a fresh cache per group holding HistoSpec's history and the siblings."""
     scope: Literal["global", "prompt"] = "global"
     max_cached_requests: int = STOCK_CACHED_REQUESTS  # -1: unlimited
     cache_steps: float = 0.0  # > 0: size the global cache to this many steps' responses
@@ -72,7 +60,6 @@ class SuffixArm:
 @dataclass(frozen=True)
 class RecordedResponse:
     """One response from the lake, as replay needs it."""
-
     prompt_id: str
     epoch: int
     token_ids: tuple[int, ...]
@@ -84,7 +71,6 @@ class RecordedResponse:
 @dataclass
 class ReplayReport:
     """Acceptance per epoch for one setting."""
-
     config: SpecConfig
     per_epoch: dict[int, SpecStats] = field(default_factory=dict)
 
@@ -107,8 +93,7 @@ class ReplayReport:
 
 
 def prefilled(prompt: Sequence[int], response: Sequence[int]) -> int:
-    """Tokens of `response` emitted before its first draft: with a known prompt, the first, which the
-    engine samples in the prompt's prefill step (never drafted for, not counted); else none."""
+    """Tokens of `response` emitted before its first draft: 1 with a known prompt (the prefill's), else 0."""
     return 1 if len(prompt) and len(response) else 0
 
 
@@ -123,9 +108,7 @@ def accepted_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:
 
 
 def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecStats) -> int:
-    """One replayed verification at `pos`: the draft tokens the recorded response accepts (the
-    step's one model token, bonus or correction, always comes after them, so at most the tokens
-    left but one), counted in `stats`."""
+    """One verification at `pos`, counted in `stats`: draft tokens accepted (<= tokens left - 1: the model's last)."""
     accepted = min(accepted_prefix(draft, response[pos:]), len(response) - pos - 1)
     stats.record(len(draft), accepted)
     return accepted
@@ -133,8 +116,7 @@ def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecS
 
 def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
                         rewards: Sequence[float] | None, config: SpecConfig) -> PromptIndex:
-    """The prompt's index over its history responses (oldest first), prompt tail as prefix; with
-    `config.prompt_lookup` the prompt itself is its oldest sequence (`drafter.indexed_history`)."""
+    """The prompt's index over its history (oldest first; `drafter.indexed_history`), prompt as prefix."""
     return new_index(config, history, rewards, prefix=prompt)
 
 
@@ -144,9 +126,8 @@ Group = tuple[Sequence[int], Sequence[Sequence[int]], "PromptIndex | None"]  # p
 def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], config: SpecConfig,
                  index: PromptIndex | None = None, stats: SpecStats | None = None,
                  recent: RecentTree | None = None) -> SpecStats:
-    """Replay one prompt's group in lockstep and return its counters. `index`: the prompt's history
-    index (HistoSpec only; None: none), grown with the siblings (a fresh one per group); `recent`: the
-    cross-prompt tree, fed the group's tokens as they are emitted."""
+    """One prompt's group in lockstep; its counters. `index` (HistoSpec only; fresh per group) grows with
+    the siblings; `recent`, the cross-prompt tree, is fed the tokens as emitted."""
     return replay_batch([(prompt, responses, index)], config, stats, recent)
 
 
@@ -214,10 +195,9 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
            on_prompt: Callable[[], None] | None = None, arm: SuffixArm | None = None) -> ReplayReport:
     """Replay every (prompt, epoch) group of `records` under `config`; acceptance per epoch.
 
-    Training steps replay in generation order (epoch, step), each step's groups in one lockstep batch,
-    so the cross-prompt tree holds what one engine serving every request would. Epochs outside
-    `only_epochs` are not reported but still serve as history and feed the tree. `on_prompt` is
-    called once per prompt (progress bars); `arm`: the suffix cache's scope (method "suffix")."""
+    Steps replay in generation order, each step's groups in one lockstep batch (the tree sees what one
+    engine would). Epochs outside `only_epochs` are not reported but serve as history and feed the
+    tree. `on_prompt` is called once per prompt; `arm`: the suffix cache's scope (method "suffix")."""
     if config.method == "suffix":
         return replay_suffix(records, config, arm or SuffixArm(), only_epochs, on_prompt)
     records = list(records)
@@ -259,11 +239,8 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
 def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: SuffixArm,
                   only_epochs: Collection[int] | None = None,
                   on_prompt: Callable[[], None] | None = None) -> ReplayReport:
-    """Replay the responses through Arctic Inference's `SuffixDecodingCache` as vLLM's `suffix` method
-    drafts (the better of the request's own tree and the cache's, at most `config.max_budget` tokens,
-    `arm`'s knobs), in `arm.scope`: one cache for the run, each step's requests in one lockstep batch;
-    or a fresh cache per group preloaded with the prompt's history (`history_for`). A request's tokens
-    join the cache as they are emitted, so siblings see each other."""
+    """Replay through Arctic Inference's `SuffixDecodingCache` as vLLM's `suffix` method drafts (<=
+    `config.max_budget` tokens, `arm`'s knobs and scope); tokens join as emitted, so siblings see each other."""
     records = list(records)
     report = ReplayReport(config)
     batches: dict[tuple, list[RecordedResponse]] = defaultdict(list)
@@ -304,8 +281,7 @@ def replay_suffix(records: Iterable[RecordedResponse], config: SpecConfig, arm: 
 
 def replay_suffix_batch(cache, requests: Sequence[tuple[Hashable, Sequence[int], Sequence[int]]],
                         config: SpecConfig, arm: SuffixArm, stats: SpecStats) -> SpecStats:
-    """Replay (request id, prompt, response) triples in lockstep through `cache`, a `SuffixDecodingCache`:
-    each round drafts for every unfinished request, then verifies them and adds the emitted tokens."""
+    """Replay (request id, prompt, response) triples in lockstep through `cache` (a `SuffixDecodingCache`)."""
     ids = [rid for rid, _, _ in requests]
     prompts = [[int(t) for t in prompt] for _, prompt, _ in requests]
     responses = [resp for _, _, resp in requests]

@@ -1,14 +1,7 @@
-"""Offline tuning: named drafter settings, `key=value` overrides, the rows a replay reports, and the
-prompts a run's responses answered, recovered as token ids from the lake (`recover_prompts`).
-
-`rhymerl spec replay` replays one run's recorded responses (see `replay`) under several settings at
-once; this module holds what it needs that is not I/O. A setting is a name in `SETTINGS` mapped to
-the `SpecConfig` fields it changes from the defaults; overrides then apply on top to every setting.
-A suffix setting also names what its cache holds (`SUFFIX_ARMS`).
-
-The lake keeps each response's rendered prompt text and `prompt_id = prompt_id_of(token ids)`, not
-the ids: the text is encoded again with the run's tokenizer, and an id is kept only when its hash
-equals the recorded `prompt_id`, so a recovered prompt is exactly what the engine saw.
+"""Offline tuning for `rhymerl spec replay`, minus its I/O: named settings (`SETTINGS`: the
+`SpecConfig` fields each changes; `SUFFIX_ARMS` for suffix settings), `key=value` overrides applied to
+every setting, the rows a replay reports, and `recover_prompts`: prompt token ids re-encoded from the
+lake's text, kept only where `prompt_id_of(ids)` equals the recorded `prompt_id`.
 """
 
 from __future__ import annotations
@@ -41,10 +34,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "suffix-prompt": {"method": "suffix"},
     "suffix-step": {"method": "suffix"},
 }
-# What each suffix setting's cache holds (`SuffixArm`): the stock global cache
-# (10,000 responses), one cache per prompt holding HistoSpec's information, and a global cache holding
-# the last training step's responses besides the step in flight (what a per-engine cache keeps when an
-# epoch outgrows it).
+# Each suffix setting's cache (`SuffixArm`): the stock global one, one per prompt, the last step's responses.
 SUFFIX_ARMS: dict[str, SuffixArm] = {
     "suffix": SuffixArm(),
     "suffix-prompt": SuffixArm(scope="prompt"),
@@ -61,10 +51,8 @@ def replay_keys() -> list[str]:
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`key=value` pairs (an optional `spec.` prefix; values parse as TOML, else a string) as fields.
-
-    Raises ConfigError naming the key for an unknown key or a value of the wrong type.
-    """
+    """`key=value` pairs (optional `spec.` prefix; values TOML, else a string) as fields. Raises
+    ConfigError naming the key for an unknown key or a value of the wrong type."""
     keys, defaults = replay_keys(), SpecConfig()
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -86,9 +74,8 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def default_settings() -> tuple[list[str], str]:
-    """The settings a replay runs when none are named, and a note ("" if none) on what was left out:
-    every setting, less those that draft through Arctic Inference's trees (the suffix arms and
-    HistoSpec's cross-prompt tree) when arctic-inference is not installed."""
+    """Every setting, less those needing Arctic Inference's trees when it is not installed, and a note
+    ("" if none) on what was left out."""
     if has_arctic_inference():
         return list(SETTINGS), ""
     needs = [n for n in SETTINGS if SpecConfig(**SETTINGS[n]).needs_arctic_inference]
@@ -112,14 +99,9 @@ def replay_configs(names: Sequence[str] | None = None,
 
 def records_from_columns(columns: Mapping[str, Sequence[Any]],
                          prompts: Mapping[str, tuple[int, ...]] | None = None) -> list[RecordedResponse]:
-    """Recorded responses from lake columns `prompt_id`, `epoch`, `response_token_ids`, `reward`
-    and, if present, `step`.
-
-    Rows stay in the given order (a group's samples replay in that order); a NULL reward counts
-    as 0 and NULL tokens as an empty response. `prompts` (prompt_id -> token ids, see
-    `recover_prompts`): the prompts to replay with; a response whose prompt is not there
-    replays without one, its drafting starting from its own first tokens.
-    """
+    """Recorded responses from lake columns `prompt_id`, `epoch`, `response_token_ids`, `reward` and,
+    if present, `step`, in the given order (NULL reward: 0; NULL tokens: empty). `prompts`
+    (`recover_prompts`): a response whose prompt is not there replays without one."""
     steps = columns.get("step") or [0] * len(columns["prompt_id"])
     prompts = prompts or {}
     return [RecordedResponse(str(pid), int(epoch), tuple(int(t) for t in tokens or ()),
@@ -145,7 +127,6 @@ def report_rows(reports: Mapping[str, ReplayReport]) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class RecoveredPrompts:
     """Token ids by prompt id, for the prompts whose ids could be recovered exactly."""
-
     token_ids: dict[str, tuple[int, ...]]
     missing: int  # prompts whose text did not encode to their recorded id (or had no text)
     source: str  # the tokenizer used, in words; or, with none, why (`no_tokenizer`)
@@ -164,9 +145,8 @@ class RecoveredPrompts:
 
 
 def run_tokenizer(config_json: str | None) -> tuple[Encode, str] | str:
-    """The encoder a run tokenized its prompts with (from its recorded config) and its name, or
-    why there is none: the run's `model.path` if it is readable here (a relative path from the
-    current folder), else the built-in byte-level tokenizer (every built-in task's)."""
+    """(encoder, name) a run tokenized its prompts with, or why none: its `model.path` if readable here
+    (relative to the current folder), else the built-in byte-level tokenizer."""
     try:
         config = json.loads(config_json or "{}")
         model_path = str(((config or {}).get("model") or {}).get("path") or "")
@@ -189,8 +169,7 @@ def run_tokenizer(config_json: str | None) -> tuple[Encode, str] | str:
 
 
 def recover_prompts(texts: Mapping[str, str | None], encode: Encode, source: str) -> RecoveredPrompts:
-    """Encode each prompt id's text (`texts`: prompt_id -> rendered prompt) and keep the ids whose
-    hash is the prompt id (`rhymerl.data.records.prompt_id_of`, as `rhymerl.data.datasets.render_prompts` made it)."""
+    """Encode each `texts` prompt (prompt_id -> rendered text); keep ids whose `prompt_id_of` matches."""
     found: dict[str, tuple[int, ...]] = {}
     for pid, text in texts.items():
         ids = tuple(int(t) for t in encode(text)) if text else ()
