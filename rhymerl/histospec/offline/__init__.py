@@ -1,1 +1,2 @@
-"""HistoSpec without an engine: `replay` (recorded responses, the suffix arm), `tuning` (`rhymerl spec replay`)."""
+"""HistoSpec without an engine: `replay` (acceptance on recorded responses, and the `suffix`
+comparison arm), `tuning` (named settings, overrides and prompt recovery for `rhymerl spec replay`)."""
