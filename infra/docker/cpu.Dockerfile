@@ -20,10 +20,12 @@ COPY rhymerl ./rhymerl
 COPY storage ./storage
 COPY tasks ./tasks
 COPY flows ./flows
+COPY workers ./workers
+COPY cli ./cli
 COPY bench ./bench
 COPY configs ./configs
 COPY prefect.yaml ./prefect.yaml
-COPY infra/docker/join-ray.sh ./infra/docker/join-ray.sh
+COPY infra ./infra
 RUN pip install ".[cpu]"
 RUN pip uninstall -y torchvision torchaudio torchcodec triton
 RUN python -c "import torch, vllm, prefect, ray, duckdb, mlflow; print('stack ok: torch', torch.__version__, 'vllm', vllm.__version__)"

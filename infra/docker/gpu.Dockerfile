@@ -22,11 +22,13 @@ COPY rhymerl ./rhymerl
 COPY storage ./storage
 COPY tasks ./tasks
 COPY flows ./flows
+COPY workers ./workers
+COPY cli ./cli
 COPY bench ./bench
 COPY configs ./configs
 COPY prefect.yaml ./prefect.yaml
 COPY scripts ./scripts
-COPY infra/docker/join-ray.sh ./infra/docker/join-ray.sh
+COPY infra ./infra
 RUN pip install ".[gpu]"
 RUN python -c "import torch, vllm, ray; print('stack ok: torch', torch.__version__, 'cuda', torch.version.cuda, 'vllm', vllm.__version__)"
 CMD ["rhymerl", "--help"]

@@ -9,7 +9,6 @@
 - `gantt`: a PNG of a step's per-worker timeline.
 - `validate`: the simulator checked against a measured run (fit on some steps, replay the others).
 - `train_overlap`: streamed training on a trainer with its own devices, estimated from a simulated step.
-- `settings`: `PipeConfig`, a run's `pipe.*` settings (a leaf: composed into `RunConfig`).
 
 Everything here is pure (plain records in, dataclasses out); the lake query lives in `storage/`.
 Imports nothing: import the module you need.
