@@ -24,8 +24,7 @@ import statistics
 import sys
 import time
 
-from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
-from rhymerl.histospec.bundle import bundle_for_epoch
+from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer, bundle_for_epoch
 from rhymerl.data.records import Prompt
 from storage.lake import Lake
 from workers.history_bundles import cut_for_workers

@@ -53,9 +53,8 @@ from rhymerl.config.run import DataConfig
 from rhymerl.data.datasets import BUILTIN_DATASETS
 from rhymerl.errors import ConfigError
 from rhymerl.histospec.bundle import bundle_for_epoch, counted_by_vllm, uses_bundle
-from rhymerl.config.spec import SpecConfig
+from rhymerl.config.spec import INSTALL_HINT, SpecConfig, has_arctic_inference
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.config.spec import INSTALL_HINT, has_arctic_inference
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.vllm.histospec_proposer import INDEX_ENV
 from rhymerl.vllm.spec_guard import shutdown_llm

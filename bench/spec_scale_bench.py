@@ -20,8 +20,7 @@ Arms, side by side in one process (the machine is shared and noisy; compare with
   cache first holds every prompt's history responses and the requests' prefixes (skipped where that
   exceeds `SUFFIX_TOKENS`, the trees' bytes being several hundred per token).
 
-Per (L, H), one prompt's index: bytes per indexed token beyond the tokens themselves (old: Python heap
-by tracemalloc minus 4 B/token; new: array bytes; arctic: the library's `estimate_memory`, all of it),
+Per (L, H), one prompt's index: bytes per indexed token beyond the tokens themselves (new: array bytes; arctic: the library's `estimate_memory`, all of it),
 build tokens/s (wall, best of 3 below 1M tokens) and the build's peak memory (tracemalloc; arctic:
 its estimate). Per (L, H, R), an engine step at 8K-token contexts (L/2 below 16K) with the prompt's
 index only (no siblings, no cross-prompt tree, no trim: those are the same in every arm; `--spec engine`
@@ -31,16 +30,12 @@ trimming off):
   builds in the background, and with `--spec engine` until the requests' 8K-token prefixes have
   caught up into the siblings and the tree, a bounded number of tokens a step, so new's timed steps
   run at a longer context, `timed_context` in the JSON; a forward pass of 10 ms between steps, as
-  below, which the helper's growth overlaps; old and arctic build in the step: R / 16 x one
-  prompt's build time);
+  below; arctic builds in the step: R / 16 x one prompt's build time);
 - drafter ms per step and us per request (median of steps, CPU time of the drafting thread: what a
   step costs the engine's thread, whatever else runs on this shared machine; the sampled-token lists
   the engine hands the drafter are built before the clock starts; new's wall time beside
-  it, step_wall_ms in the JSON, and its helper thread's CPU per step, grow_behind_ms: with the
-  engine's defaults the helper asks the cross-prompt tree within the step, so the drafting
-  thread's CPU time leaves that out and the wall time is the step's; old and arctic
-  draft from 2 prompts' indexes, as building all of them would take minutes and costs nothing per
-  draft). new, new_py and suffix steps accept what a model sampling the row's own tokens would: a
+  it, step_wall_ms in the JSON; arctic drafts from 2 prompts' indexes, as building all of them
+  would take minutes and costs nothing per draft). new, new_py and suffix steps accept what a model sampling the row's own tokens would: a
   draft's longest prefix equal to the row's next tokens, then one token (`acceptance_rate` in the
   JSON), and 10 ms pass between timed steps (the engine's forward pass; every arm). Steps that
   accepted nothing would let `spec.fail_backoff` pause most rows and understate the cost. The
@@ -78,7 +73,7 @@ from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from rhymerl.histospec.index import FlatIndex
 from rhymerl.config.spec import SpecConfig, has_arctic_inference
 
-# Requests per engine: item 5's 128 and 512, and 256, the point item 4's 1 ms target names.
+# Requests per engine: 128, 256 (where the 1 ms target is set) and 512.
 FULL = {"lengths": (1024, 4096, 16384), "histories": (16, 64), "requests": (128, 256, 512), "epochs": (1000, 20000)}
 QUICK = {"lengths": (96,), "histories": (4,), "requests": (32,), "epochs": (10,)}
 SPEC = SpecConfig(siblings=False, recent_responses=0, cost_aware=False)  # the prompt's index alone
@@ -193,7 +188,7 @@ def _draft_new(bundle, rows, n0, requests: int, steps: int, spec: SpecConfig, ba
     t0 = time.perf_counter()
     stall, building_steps = step()[0], 1
     while (drafter.building or drafter.lagging) and num.max() < room:
-        forward.wait()  # the forward pass: the helper's growth overlaps it, as in the engine
+        forward.wait()  # the forward pass, as in the engine
         stall = max(stall, step()[0])
         building_steps += 1
     drafter.wait_for_builds()
@@ -260,8 +255,7 @@ def _draft_suffix(groups, rows, n0: int, requests: int, steps: int, history: int
 
 
 def _draft_other(arm: str, indexes, rows, n0: int, requests: int, steps: int, forward: Forward) -> float:
-    """Median seconds per step of the old drafter's per-request work (whole-row key, draft) or the
-    library's speculate for R requests: request i is row i % 32, a live sample of prompt (i % 32) // 16,
+    """Median seconds per step of the library's speculate for R requests: request i is row i % 32, a live sample of prompt (i % 32) // 16,
     and drafts from that prompt's index."""
     drafters = indexes
     times = []
@@ -281,7 +275,7 @@ def epoch_point(length: int, history: int, prompts: int, new_bpt: float) -> dict
     """What a worker holds for an epoch's history when every worker gets every prompt's."""
     tokens = prompts * history * length
     return {"length": length, "history": history, "epoch_prompts": prompts, "history_tokens": tokens,
-            "worker_bytes_before": tokens * 36, "worker_bytes_now": tokens * 4,
+            "worker_bytes_all_tuples": tokens * 36, "worker_bytes_own_arrays": tokens * 4,
             "index_bytes_if_all_indexed": tokens * (4 + new_bpt)}
 
 
@@ -289,8 +283,8 @@ def run(grid: dict, seed: int, arms: list[str], steps: int, spec: str = "prompt"
         forward: Forward = Forward()) -> dict:
     rng = np.random.default_rng(seed)
     built = [a for a in arms if a not in UNBUILT]
-    # Drafting first: the old arm's builds leave hundreds of MB of freed dicts behind, and a step
-    # drafted in that heap reads slower; an engine never builds them.
+    # Drafting first: the builds leave freed memory behind, and a step drafted in that heap reads
+    # slower; an engine never builds several prompts' indexes side by side.
     drafts = [draft_point(rng, L, H, R, arms, steps, ENGINE_SPEC if spec == "engine" else SPEC, forward)
               for L in grid["lengths"] for H in grid["histories"] for R in grid["requests"]]
     builds = [build_point(rng, L, H, built) for L in grid["lengths"] for H in grid["histories"]]
@@ -327,10 +321,11 @@ def table(result: dict) -> str:
         lines += ["", "| L | H | R | sibling tokens (new) | MB | B/token |", "|---|---|---|---|---|---|"]
         lines += [f"| {d['length']} | {d['history']} | {d['requests']} | {d['new']['sibling_tokens']} | "
                   f"{d['new']['sibling_bytes'] / 2**20:.0f} | {d['new']['sibling_bytes_per_token']:.0f} |" for d in sib]
-    lines += ["", "| L | H | P | history tokens | per worker before (tuples) | now (arrays) | indexed (new) |",
+    lines += ["", "| L | H | P | history tokens | per worker, every prompt as tuples | own prompts as arrays | indexed (new) |",
               "|---|---|---|---|---|---|---|"]
     for e in result["epochs"]:
-        gb = [e[k] / 2**30 for k in ("worker_bytes_before", "worker_bytes_now", "index_bytes_if_all_indexed")]
+        keys = ("worker_bytes_all_tuples", "worker_bytes_own_arrays", "index_bytes_if_all_indexed")
+        gb = [e[k] / 2**30 for k in keys]
         lines.append(f"| {e['length']} | {e['history']} | {e['epoch_prompts']} | {e['history_tokens']:.3g} | "
                      f"{gb[0]:.1f} GB | {gb[1]:.1f} GB | {gb[2]:.1f} GB |")
     return "\n".join(lines)

@@ -66,7 +66,8 @@ def _bad_input(exc: Exception, debug: bool) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rhymerl.config.run import ConfigError, config_to_dict, load_config
+    from rhymerl.config.run import config_to_dict, load_config
+    from rhymerl.errors import ConfigError
     from storage.lake import LakeError
 
     overrides = list(args.set or [])

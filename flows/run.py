@@ -17,12 +17,13 @@ from prefect.utilities.annotations import quote
 
 from flows.step import RunState, run_step
 from rhymerl.config.run import RunConfig, config_from_dict
+from rhymerl.data.records import new_run_id
 from rhymerl.run.heap import freeze_startup_heap
 from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.run.rollout import epoch_order, step_batches
 from rhymerl.run.report import epoch_summary, format_summary
 from tasks.report import log_epoch_task, plot_task
-from tasks.setup import (RunContext, finish_run_task, init_ray, new_run_id, prepare_model_task, prepare_prompts_task,
+from tasks.setup import (RunContext, finish_run_task, init_ray, prepare_model_task, prepare_prompts_task,
                          quiet_subflow, start_actors_task, start_tracking_task)
 from tasks.background import Background
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost

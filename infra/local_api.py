@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from infra.servers import Child, ServerError, api_argv, free_port, wait_http
 
-RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; 2 s waits were pure loss
+RETRY_AFTER_S = 0.05  # a SQLite write lock is held for milliseconds; a 2 s wait would be pure loss
 # The server replays a request that met SQLITE_BUSY itself, after these waits, before the client
 # sees a 503: with Retry-After alone the client's 5 retries span 0.25 s, which a busy server can
 # outlast (the task run then fails). ~1.6 s per client attempt, ~10 s in all.

@@ -12,7 +12,8 @@
 - `histopipe/`: length forecasts and rollout placement.
 - `vllm/`: the vLLM adapter, the one package that imports vLLM.
 
-Package `__init__` modules import nothing, so importing a config class never loads an engine.
+Package `__init__` modules import nothing of the project, so importing a config class never loads an
+engine (`histospec/__init__` only keeps numba's on-disk cache in step with its sources).
 """
 
 __version__ = "0.1.0"

@@ -67,10 +67,6 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _series(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
-    return [math.nan if r.get(key) is None else float(r[key]) for r in rows]
-
-
 def plot_epochs(rows: Sequence[dict[str, Any]], run_id: str) -> bytes:
     """Four panels over epochs: reward and accuracy, length percentiles, rhyme, rank stability."""
     fig = Figure(figsize=(9, 6), tight_layout=True)

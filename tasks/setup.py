@@ -27,7 +27,7 @@ from rhymerl.histospec.bundle import counted_by_vllm
 from rhymerl.policy.build import ensure_builtin_model, validate_model_dir
 from rhymerl.policy.long_build import build_settings_for
 from rhymerl.vllm.speculation import engine_speculation
-from rhymerl.data.records import Prompt, new_run_id  # noqa: F401 (flows.run takes it from here)
+from rhymerl.data.records import Prompt
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from workers.actors import RolloutWorker, missing_resources, placement_for

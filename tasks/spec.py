@@ -23,11 +23,10 @@ import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rhymerl.config.run import PipeConfig
-from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
+from rhymerl.config.pipe import PipeConfig
+from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer, uses_bundle
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.bundle import uses_bundle
 from rhymerl.data.records import Prompt
 from storage.lake import Lake
 from tasks.plan import Plan, plan_task

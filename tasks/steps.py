@@ -7,8 +7,6 @@ actor handles and a step must never be skipped because it looks like an earlier 
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
 
 import ray

@@ -1,7 +1,8 @@
 """A run's speculative-rollout settings (`SpecConfig`, the `spec.*` keys of a run's config).
 
-A leaf: plain validated fields, no drafting code (the drafters, indexes and budgets that read them
-are in `rhymerl.histospec.drafter`), so importing it imports neither numpy nor numba.
+A leaf: plain validated fields, no drafting code (the drafters and budgets that read them are in
+`rhymerl.histospec.drafter`, the indexes in `rhymerl.histospec.index`), so importing it imports
+neither numpy nor numba.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 - `builtin`: the built-in verifiable problems (sums of named small numbers, worked line by line).
 - `long`: the built-in long-tail problems (a counted addition chain).
 - `reward`: the GSM8K rule, pure functions from response text to a score.
+Not yet wired into a run (their settings are not in `RunConfig` yet):
 - `rewards`, `reward_builtins`: reward functions as plug-ins (`FILE.py:NAME`, `MODULE:NAME`, built-ins
   `gsm8k` and `math`) and their weighted sum.
 - `sources`: dataset rows from local files, lists, globs, `save_to_disk` folders and S3.

@@ -126,7 +126,7 @@ def make_renderer(chat_template: str = "auto", system_prompt: str = "",
     return ChatRenderer(mode="file", template=text, system_prompt=system_prompt, template_name=str(path))
 
 
-def render_prompts(renderer: ChatRenderer, tokenizer: Any, cells: Sequence[Any],
+def render_cells(renderer: ChatRenderer, tokenizer: Any, cells: Sequence[Any],
                    names: Sequence[str]) -> list[str]:
     """The prompt text of each cell; `names[i]` names cell i in errors (e.g. "row 12 of data.jsonl")."""
     return [renderer.render(tokenizer, cell, name) for cell, name in zip(cells, names, strict=True)]

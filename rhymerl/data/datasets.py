@@ -47,7 +47,7 @@ def load_problems(cfg: DataConfig) -> list[Problem]:
     `.jsonl` or `.parquet` file (see the module docstring for the format).
     """
     if cfg.dataset == "builtin":
-        from rhymerl.data.builtin import builtin_problems  # lazy: optional sibling module
+        from rhymerl.data.builtin import builtin_problems
 
         return builtin_problems(num=cfg.num_prompts, seed=cfg.seed)
     if cfg.dataset == "builtin-long":

@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from rhymerl.histospec.siblings import STRIDE, SideIndex
+from rhymerl.histospec.sibling_table import STRIDE
+from rhymerl.histospec.siblings import SideIndex
 
 PAD = -1  # before, between and after sequences in `text`: equals no token
 

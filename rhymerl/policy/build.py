@@ -325,7 +325,7 @@ def build_model(out_dir: Path, spec: BuildSettings = BuildSettings(), progress: 
             pad_token_id=tokenizer.pad_token_id)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        # transformers 5 no longer writes this file; older loaders and some tools still read it.
+        # transformers 5 does not write this file; older loaders and some tools still read it.
         (tmp / "special_tokens_map.json").write_text(json.dumps(
             {"eos_token": EOS, "pad_token": PAD, "unk_token": UNK}, indent=2) + "\n")
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")

@@ -41,7 +41,7 @@ def check_schedule(schedule: str, warmup_steps: int, total_steps: int | None = N
         raise ConfigError(f"train.warmup_steps = {warmup_steps!r} must be an integer >= 0 (0: no warmup)")
     if total_steps is not None and schedule != "constant" and total_steps < 1:
         raise ConfigError(f"train.lr_schedule = {schedule!r} decays over the run's optimizer steps, but the run "
-                          f"has {total_steps}; give it at least one step (train.epochs, data.num_prompts) or "
+                          f"has {total_steps}; give it at least one step (epochs, data.num_prompts) or "
                           "use 'constant'")
 
 

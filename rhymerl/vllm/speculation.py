@@ -14,8 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rhymerl.config.spec import SpecConfig
-from rhymerl.config.spec import require_arctic_inference
+from rhymerl.config.spec import SpecConfig, require_arctic_inference
 from rhymerl.vllm.spec_guard import EngineSpeculation
 
 PROPOSER_CLASS = "rhymerl.vllm.histospec_proposer.HistoSpecProposer"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cli.main import main
-from rhymerl.config.run import ConfigError
+from rhymerl.errors import ConfigError
 from helpers.marks import needs_arctic
 from rhymerl.histospec.offline.tuning import default_settings, parse_overrides, replay_configs
 from rhymerl.policy.build import build_tokenizer

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 
 import tasks.spec
-from rhymerl.config.run import PipeConfig
+from rhymerl.config.pipe import PipeConfig
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.data.records import Prompt, Sample

@@ -4,9 +4,7 @@ with the stream driver's fakes in test_stream_driver.py)."""
 
 from __future__ import annotations
 
-from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
-from rhymerl.histospec.bundle import HistoryBundle
-from rhymerl.histospec.bundle import bundle_for_epoch
+from rhymerl.histospec.bundle import HistoryBundle, HistoryColumns, HistorySlicer, bundle_for_epoch
 from rhymerl.data.records import Prompt, prompt_id_of
 from workers.history_bundles import cut_for_workers
 

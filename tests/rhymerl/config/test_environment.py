@@ -7,7 +7,8 @@ import pytest
 
 from cli.main import main
 from helpers.infra import settings_table
-from rhymerl.config.run import ConfigError, load_config, resolve_config
+from rhymerl.config.run import load_config, resolve_config
+from rhymerl.errors import ConfigError
 from rhymerl.config.environment import ALL_ENV, CONFIG_ENV, env_layer, env_sources, merge
 
 ROOT = Path(__file__).resolve().parents[2]

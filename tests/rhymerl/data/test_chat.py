@@ -3,7 +3,7 @@
 import pytest
 
 from rhymerl.data.chat import (DEFAULT_CHAT_TEMPLATE, check_render, install_default_chat_template,
-                               make_renderer, render_prompts, validate_messages)
+                               make_renderer, render_cells, validate_messages)
 from rhymerl.errors import ConfigError
 from rhymerl.policy.build import build_tokenizer
 
@@ -58,7 +58,7 @@ def test_a_jinja_file_template(tok, tmp_path):
     renderer = make_renderer("t.jinja", base_dir=tmp_path)
     assert renderer.render(tok, MESSAGES, "r") == "[user] What is 1+1?\n[assistant] "
     names = ["row 0 of d.jsonl", "row 1 of d.jsonl"]
-    assert render_prompts(renderer, tok, ["a", MESSAGES], names) == ["a", "[user] What is 1+1?\n[assistant] "]
+    assert render_cells(renderer, tok, ["a", MESSAGES], names) == ["a", "[user] What is 1+1?\n[assistant] "]
 
 
 def test_the_message_rule():

@@ -1,5 +1,5 @@
-"""History as flat columns (`rhymerl/histospec/columns.py`): Arrow in without a Python object per
-token, bundles for any set of prompts equal to the old whole-epoch builder's."""
+"""History as flat columns (`rhymerl/histospec/bundle.py`): Arrow in without a Python object per
+token, bundles for any set of prompts equal to the whole-epoch builder's."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
-from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
-from rhymerl.histospec.bundle import bundle_for_epoch
+from rhymerl.histospec.bundle import HistoryBundle, HistoryColumns, HistorySlicer, PromptHistory, bundle_for_epoch
 from rhymerl.data.records import Prompt, prompt_id_of
 
 

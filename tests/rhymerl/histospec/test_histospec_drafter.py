@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from rhymerl.config.run import ConfigError
-from rhymerl.histospec.drafter import AdditiveBudget, DoublingBudget, FixedBudget, budget_rule, histospec_drafter
-from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, NgramDrafter
-from histospec_oracle import SuffixIndex
+from rhymerl.errors import ConfigError
+from rhymerl.histospec.drafter import (AdditiveBudget, DoublingBudget, FixedBudget, HistoSpecDrafter,
+                                       NgramDrafter, PRIOR, budget_rule, histospec_drafter)
+from helpers.histospec_oracle import SuffixIndex
 from rhymerl.histospec.sibling_table import STRIDE
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rhymerl.histospec.drafter import HistoSpecDrafter
-from histospec_oracle import SuffixIndex
+from helpers.histospec_oracle import SuffixIndex
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.index import FlatIndex, PromptIndex
 from rhymerl.histospec.sibling_table import STRIDE

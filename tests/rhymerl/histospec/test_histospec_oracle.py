@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from histospec_oracle import SuffixIndex
+from helpers.histospec_oracle import SuffixIndex
 from rhymerl.histospec.sibling_table import STRIDE
 
 

@@ -1,10 +1,9 @@
-"""rhymerl/histospec/side.py: the siblings' array table answers as the dict `SuffixIndex` does."""
+"""rhymerl/histospec/siblings.py and sibling_table.py: the siblings' array table answers as the dict `SuffixIndex` does."""
 
 import numpy as np
 import pytest
 
-from histospec_oracle import SuffixIndex, _tail_keys
-from rhymerl.histospec.sibling_table import NKEYS, NOCC, STRIDE
+from helpers.histospec_oracle import SuffixIndex, _tail_keys
 from rhymerl.histospec.siblings import ROWS, SideIndex
 
 

@@ -4,12 +4,11 @@ import numpy as np
 import pytest
 
 from helpers.marks import needs_arctic
-from rhymerl.histospec.drafter import PRIOR, HistoSpecDrafter, follow
-from histospec_oracle import SuffixIndex
+from rhymerl.histospec.drafter import HistoSpecDrafter, PRIOR, RecentTree, follow
+from helpers.histospec_oracle import SuffixIndex
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.offline.replay import RecordedResponse, replay
 from rhymerl.config.spec import SpecConfig
-from rhymerl.histospec.drafter import RecentTree
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 

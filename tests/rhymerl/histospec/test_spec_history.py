@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rhymerl.config.run import ConfigError, load_config
+from rhymerl.config.run import load_config
+
+from rhymerl.errors import ConfigError
 from rhymerl.vllm.engine import stats_from_counters
 from rhymerl.config.spec import SpecConfig
-from rhymerl.histospec.bundle import HistoryColumns
-from rhymerl.histospec.bundle import bundle_for_epoch, uses_bundle
+from rhymerl.histospec.bundle import HistoryBundle, HistoryColumns, bundle_for_epoch, uses_bundle
 from rhymerl.vllm.speculation import engine_speculation
-from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.data.records import Prompt, prompt_id_of
 from storage.lake import Lake, LakeWriter, rows_to_table
 

@@ -3,8 +3,6 @@ applies them, and why the trainer's log-probs must be of that distribution."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 

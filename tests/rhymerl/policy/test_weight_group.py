@@ -2,7 +2,7 @@
 
 The engine side here is a plain process holding a Hugging Face Qwen2, loading each received tensor
 into its parameter in place; the vLLM worker extension's receiver is tested with an engine in
-tests/rhymerl/vllm/test_weight_group_engine.py (slow).
+tests/rhymerl/vllm/test_engine_weight_sync.py (slow).
 """
 
 from __future__ import annotations

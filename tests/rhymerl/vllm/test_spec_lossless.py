@@ -37,9 +37,8 @@ import torch
 from helpers.lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
 
 from rhymerl.histospec.bundle import counted_by_vllm
-from rhymerl.config.spec import SpecConfig
+from rhymerl.config.spec import SpecConfig, has_arctic_inference
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.config.spec import has_arctic_inference
 from rhymerl.data.records import Prompt, prompt_id_of
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
 from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version

@@ -4,10 +4,9 @@ engine step (`HistoSpecDrafter.own`, the oracle): same drafts, match lengths and
 import numpy as np
 import pytest
 
-from rhymerl.histospec.engine.batch import BatchIndexDrafter
+from rhymerl.histospec.engine.batch import BatchIndexDrafter, FlatSlots
 from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, histospec_drafter
 from rhymerl.histospec.index import FlatIndex, PromptIndex
-from rhymerl.histospec.engine.batch import FlatSlots
 from rhymerl.config.spec import SpecConfig
 
 

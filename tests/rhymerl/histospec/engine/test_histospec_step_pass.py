@@ -6,8 +6,7 @@ import numpy as np
 
 from rhymerl.histospec.engine import step_pass
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
-from rhymerl.histospec.engine.requests import StepLedger
-from rhymerl.histospec.engine.requests import RequestTable, row_keys
+from rhymerl.histospec.engine.requests import RequestTable, StepLedger, row_keys
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.engine.step_pass import AcceptanceCalibration

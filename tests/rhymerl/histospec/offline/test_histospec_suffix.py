@@ -4,13 +4,15 @@ import sys
 
 import pytest
 
-from rhymerl.config.run import ConfigError, load_config
+from rhymerl.config.run import load_config
+
+from rhymerl.errors import ConfigError
 from rhymerl.histospec.bundle import counted_by_vllm, uses_bundle
-from rhymerl.histospec.offline.replay import RecordedResponse, replay, replay_suffix_batch, responses_per_step
+from rhymerl.histospec.offline.replay import (RecordedResponse, SuffixArm, replay, replay_suffix_batch,
+                                              responses_per_step)
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.vllm.speculation import engine_speculation
-from rhymerl.histospec.offline.replay import SuffixArm
 from rhymerl.config.spec import (SuffixUnavailable, has_arctic_inference,
                                       require_arctic_inference)
 from rhymerl.run.preflight import check_config

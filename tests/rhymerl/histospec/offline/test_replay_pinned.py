@@ -9,6 +9,7 @@ import random
 import pytest
 
 from cli.main import main
+from helpers.marks import needs_arctic
 from rhymerl.policy.build import build_tokenizer
 from rhymerl.data.records import prompt_id_of
 from storage.lake import LakeWriter, rows_to_table
@@ -60,14 +61,6 @@ def _figures(capsys: pytest.CaptureFixture, lake: str, *argv: str) -> dict[tuple
             for r in json.loads(out)}
 
 
-def _has_arctic() -> bool:
-    try:
-        from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # (setting, epoch) -> (steps, tokens, drafted, accepted, tokens per verification, acceptance), measured
 # on the drafter before it was restructured
 WITHOUT_TREE: dict[tuple[str, str], tuple] = {
@@ -111,7 +104,7 @@ def test_replay_without_the_tree_is_pinned(lake: str, capsys: pytest.CaptureFixt
     assert got == WITHOUT_TREE
 
 
-@pytest.mark.skipif(not _has_arctic(), reason="arctic-inference is not installed (make setup builds it)")
+@needs_arctic
 def test_replay_with_the_tree_and_suffix_arms_is_pinned(lake: str, capsys: pytest.CaptureFixture) -> None:
     # Rule: the default HistoSpec (with the cross-prompt tree) and the suffix arms draft exactly as before.
     got = _figures(capsys, lake, "--settings", "histospec", "suffix", "suffix-step")

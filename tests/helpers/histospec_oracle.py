@@ -13,9 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rhymerl.histospec.sibling_table import MUL as _MUL
-from rhymerl.histospec.sibling_table import SEED as _SEED
-from rhymerl.histospec.sibling_table import STRIDE
+from rhymerl.histospec.sibling_table import MUL as _MUL, SEED as _SEED, STRIDE
 
 _MASK = (1 << 64) - 1
 
