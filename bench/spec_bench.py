@@ -49,7 +49,7 @@ from pathlib import Path
 
 import psutil
 
-from rhymerl.config.run import DataConfig
+from rhymerl.config.task import DataConfig
 from rhymerl.data.datasets import BUILTIN_DATASETS
 from rhymerl.errors import ConfigError
 from rhymerl.histospec.bundle import bundle_for_epoch, counted_by_vllm, uses_bundle

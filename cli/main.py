@@ -115,8 +115,9 @@ def _train(cfg, args: argparse.Namespace) -> int:
     from workers.guard import WorkerLost
 
     if not args.verbose:  # after Prefect's import: its logging setup replaces the root's handlers
-        logging.getLogger().addHandler(RunConsole(out, cfg.epochs * cfg.steps_per_epoch, cfg.steps_per_epoch,
-                                                  os.environ))
+        # an estimate until the run's start line gives the real count (skipped prompts, num_prompts = 0)
+        per_epoch = cfg.steps_per_epoch(cfg.data.num_prompts or cfg.rollout.prompts_per_step)
+        logging.getLogger().addHandler(RunConsole(out, cfg.epochs * per_epoch, per_epoch, os.environ))
     see = "see above" if args.verbose else f"the log: {log_file}"
     t0 = time.perf_counter()
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
@@ -24,10 +25,20 @@ def check(cond: bool, key: str, msg: str) -> None:
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`, converting only lossless cases (int -> float)."""
     origin = get_origin(tp)
+    if origin in (types.UnionType, typing.Union):  # e.g. str | tuple[str, ...]: the first that fits
+        for option_tp in get_args(tp):
+            try:
+                return _coerce(value, option_tp, key)
+            except ConfigError:
+                continue
+        check(False, key, f"got {value!r}; expected {' or '.join(_describe(a) for a in get_args(tp))}")
     if origin is Literal:
         allowed = get_args(tp)
         check(value in allowed, key, f"got {value!r}; allowed values: {', '.join(map(repr, allowed))}")
         return value
+    if origin is tuple and len(get_args(tp)) == 2 and get_args(tp)[1] is Ellipsis:  # tuple[X, ...]
+        check(isinstance(value, (list, tuple)), key, f"expected a list, got {value!r}")
+        return tuple(_coerce(v, get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         args = get_args(tp)
         check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
@@ -48,6 +59,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         check(isinstance(value, str), key, f"expected a string, got {value!r}")
         return value
     raise ConfigError(f"config key '{key}': unsupported type {tp}")
+
+
+def _describe(tp: Any) -> str:
+    if get_origin(tp) is tuple:
+        return f"a list ({_describe(get_args(tp)[0])} each)"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(tp, str(tp))
 
 
 def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,10 @@ def type_name(tp: Any) -> str:
     """A short name for a field's annotation: int, float, bool, str, [float, float]."""
     if get_origin(tp) is Literal:
         return type(get_args(tp)[0]).__name__
+    if get_origin(tp) in (types.UnionType, typing.Union):
+        return " | ".join(type_name(a) for a in get_args(tp))
+    if get_origin(tp) is tuple and len(get_args(tp)) == 2 and get_args(tp)[1] is Ellipsis:
+        return f"[{type_name(get_args(tp)[0])}, ...]"
     if get_origin(tp) is tuple:
         return "[" + ", ".join(type_name(a) for a in get_args(tp)) + "]"
     return tp.__name__

@@ -20,6 +20,7 @@ from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
 from rhymerl.config.pipe import PipeConfig
 from rhymerl.config.spec import SpecConfig
+from rhymerl.config.task import DataConfig, EvalConfig, RewardConfig
 
 
 @dataclass(frozen=True)
@@ -39,25 +40,6 @@ class ModelConfig:
         check(self.max_model_len >= 16, "model.max_model_len", "must be >= 16")
         check(not self.init_from_run or re.fullmatch(r"[A-Za-z0-9._-]+", self.init_from_run) is not None,
               "model.init_from_run", f"{self.init_from_run!r} is not a run id (letters, digits, '.', '_', '-')")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Training prompts: the built-in task or a GSM8K-format file (JSONL or Parquet)."""
-
-    dataset: str = option("builtin", '"builtin" (the built-in task), "builtin-long" (its long-tail variant: '
-                          'configs/long-tail.toml) or a GSM8K-format .jsonl / .parquet: question, answer '
-                          'ending in "#### <number>"')
-    num_prompts: int = option(128, "prompts per epoch: the first N after a seeded shuffle", ">= 1")
-    prompt_template: str = option("{question}\n", "how a question becomes a prompt", "must contain {question}")
-    seed: int = option(0, "seed of the shuffle that picks the prompts")
-    on_long_prompt: Literal["skip", "error"] = option(
-        "skip", "a prompt longer than model.max_model_len - rollout.max_tokens: skip it (warned, counted) or stop")
-
-    def __post_init__(self) -> None:
-        check(self.num_prompts >= 1, "data.num_prompts", "must be >= 1")
-        check("{question}" in self.prompt_template, "data.prompt_template",
-              "must contain the placeholder {question}")
 
 
 @dataclass(frozen=True)
@@ -99,7 +81,11 @@ class RolloutConfig:
 class TrainConfig:
     """GRPO trainer hyperparameters."""
 
-    lr: float = option(3e-4, "AdamW learning rate", "> 0")
+    lr: float = option(3e-4, "AdamW learning rate (the peak, with a schedule)", "> 0")
+    lr_schedule: Literal["constant", "linear", "cosine"] = option(
+        "constant", "the learning rate over the run's optimizer steps after warm-up: constant, or decayed to 0 "
+        "linearly or along a half cosine")
+    warmup_steps: int = option(0, "optimizer steps of linear warm-up from lr/warmup_steps to lr; 0 = none", ">= 0")
     weight_decay: float = option(0.0, "AdamW (decoupled) weight decay")
     betas: tuple[float, float] = option((0.9, 0.99), "AdamW betas")
     max_grad_norm: float = option(1.0, "gradient clipping: largest global gradient norm", "> 0")
@@ -142,6 +128,7 @@ class TrainConfig:
         check(self.world_size >= 1, "train.world_size", "must be >= 1")
         check(self.sync_bucket_mb >= 1, "train.sync_bucket_mb", "must be >= 1")
         check(self.lr > 0, "train.lr", "must be > 0")
+        check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0 (0: no warm-up)")
         check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         check(self.updates_per_step >= 1, "train.updates_per_step", "must be >= 1")
         check(self.clip_low > 0 and self.clip_high > 0, "train.clip_low/clip_high", "must be > 0")
@@ -240,6 +227,8 @@ class RunConfig:
     epochs: int = option(10, "passes over the prompts", ">= 1")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     pipe: PipeConfig = field(default_factory=PipeConfig)
@@ -257,7 +246,7 @@ class RunConfig:
                   "placement.share_gpu", "needs rollout.num_workers = 1 and rollout.tensor_parallel_size = 1")
             check(self.rollout.gpu_memory_utilization <= 0.5, "placement.share_gpu",
                   "needs rollout.gpu_memory_utilization <= 0.5 (the trainer uses the rest of the GPU)")
-        groups = min(self.rollout.prompts_per_step, self.data.num_prompts)
+        groups = min(self.rollout.prompts_per_step, self.data.num_prompts or self.rollout.prompts_per_step)
         check(self.train.world_size <= groups, "train.world_size",
               f"is {self.train.world_size} but a step trains on at most {groups} prompt groups "
               "(rollout.prompts_per_step, data.num_prompts); a rank needs at least one group")
@@ -268,10 +257,9 @@ class RunConfig:
               "train.sync_transport",
               "must be object_store with placement.share_gpu (trainer and engine share its GPU)")
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps needed to cover every prompt once (the last step may be smaller)."""
-        return -(-self.data.num_prompts // self.rollout.prompts_per_step)
+    def steps_per_epoch(self, prompts: int) -> int:
+        """Steps needed to cover `prompts` prompts once (the last step may be smaller)."""
+        return -(-prompts // self.rollout.prompts_per_step)
 
 
 # ---------------------------------------------------------------- loading

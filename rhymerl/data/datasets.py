@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from rhymerl.config.run import DataConfig
+from rhymerl.config.task import DataConfig
 from rhymerl.data.reward import extract_answer
 from rhymerl.data.records import Problem, Prompt, prompt_id_of
 

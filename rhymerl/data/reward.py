@@ -30,7 +30,7 @@ _ANSWER_LINE_RE = re.compile(r"####[ \t]*(\S+)")
 
 
 @dataclass(frozen=True)
-class RewardConfig:
+class OutcomeRewards:
     """Reward values for the three outcomes of scoring one response."""
 
     correct_reward: float = 1.0  # well formatted and equal to the gold answer
@@ -42,7 +42,7 @@ class RewardConfig:
             value = getattr(self, name)
             is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not is_number or not math.isfinite(value):
-                raise ValueError(f"RewardConfig.{name} must be a finite number, got {value!r}")
+                raise ValueError(f"OutcomeRewards.{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def extract_answer(text: str) -> str | None:
     return normalise_number(match.group(1))
 
 
-def score(response_text: str, gold: str, cfg: RewardConfig = RewardConfig()) -> RewardResult:
+def score(response_text: str, gold: str, cfg: OutcomeRewards = OutcomeRewards()) -> RewardResult:
     """Score one response against the gold answer (any number form; it is normalised here).
 
     Raises ValueError if `gold` is not a number: that is a dataset bug, not a wrong answer.
@@ -114,7 +114,7 @@ def score(response_text: str, gold: str, cfg: RewardConfig = RewardConfig()) -> 
 
 
 def score_batch(texts: Sequence[str], golds: Sequence[str],
-                cfg: RewardConfig = RewardConfig()) -> list[RewardResult]:
+                cfg: OutcomeRewards = OutcomeRewards()) -> list[RewardResult]:
     """Score responses pairwise with their gold answers (`texts[i]` against `golds[i]`)."""
     if len(texts) != len(golds):
         raise ValueError(

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from rhymerl.data.reward import RewardConfig, extract_answer, normalise_number, score
+from rhymerl.data.reward import OutcomeRewards, extract_answer, normalise_number, score
 
 MATH_TIMEOUT_S = 5  # per math-verify parse or comparison (math-verify's own default)
 
@@ -56,7 +56,7 @@ class Gsm8kReward:
         if number is None:
             raise ValueError(f"gold answer {gold!r} is neither a number nor a solution ending in "
                              "'#### <number>'")
-        result = score(completion, number, RewardConfig())
+        result = score(completion, number, OutcomeRewards())
         return result.reward, result.correct
 
 

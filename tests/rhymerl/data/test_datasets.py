@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rhymerl.config.run import DataConfig
+from rhymerl.config.task import DataConfig
 from rhymerl.data.datasets import DatasetError, load_problems, read_problem_file, render_prompts
 from rhymerl.data.reward import normalise_number, score
 from rhymerl.data.records import Problem, prompt_id_of

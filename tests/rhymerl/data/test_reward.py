@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rhymerl.data.reward import (RewardConfig, RewardResult, extract_answer, normalise_number, score,
+from rhymerl.data.reward import (OutcomeRewards, RewardResult, extract_answer, normalise_number, score,
                             score_batch)
 
 
@@ -69,7 +69,7 @@ def test_extract_answer_unformatted_is_none(text):
 
 
 def test_score_correct_wrong_unformatted():
-    cfg = RewardConfig(correct_reward=1.0, wrong_reward=-0.5, unformatted_reward=-1.0)
+    cfg = OutcomeRewards(correct_reward=1.0, wrong_reward=-0.5, unformatted_reward=-1.0)
     # same number in another form is correct
     assert score("so\n#### 1,234", "1234", cfg) == RewardResult(1.0, True, True, "1234")
     # a different number is wrong but formatted
@@ -104,8 +104,8 @@ def test_score_batch_length_mismatch():
 
 
 def test_reward_config_is_frozen_and_validated():
-    cfg = RewardConfig()
+    cfg = OutcomeRewards()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.correct_reward = 2.0  # type: ignore[misc]
     with pytest.raises(ValueError, match="wrong_reward must be a finite number"):
-        RewardConfig(wrong_reward=float("nan"))
+        OutcomeRewards(wrong_reward=float("nan"))

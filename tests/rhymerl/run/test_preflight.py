@@ -6,7 +6,8 @@ import json
 import socket
 
 from rhymerl.run.preflight import Finding, Machine, check_resources, parse_ray_address
-from rhymerl.config.run import DataConfig, load_config
+from rhymerl.config.run import load_config
+from rhymerl.config.task import DataConfig
 from rhymerl.data.datasets import dataset_errors
 from storage.probe import lake_problems, tcp_problem, tracking_problems
 
