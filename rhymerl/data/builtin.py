@@ -94,8 +94,9 @@ def parse_terms(question: str) -> list[int]:
 
 def make_problem(index: int, terms: list[int]) -> Problem:
     """One Problem for adding `terms`."""
-    return Problem(index=index, question=question_of(terms), answer=str(sum(terms)),
-                   solution=solution_of(terms))
+    question, answer = question_of(terms), str(sum(terms))
+    return Problem(index=index, question=question, answer=answer, solution=solution_of(terms),
+                   row={"question": question, "answer": answer})
 
 
 def builtin_problems(num: int, seed: int, spec: ProblemSettings = ProblemSettings()) -> list[Problem]:

@@ -220,7 +220,7 @@ def _problem_from_row(row: Any, where: str, index: int) -> Problem:
             f"{where}: field 'answer' does not end with a '#### <number>' line (last line: "
             f"{tail[:80]!r}); end the answer with a line like '#### 42'"
         )
-    return Problem(index=index, question=question, answer=gold, solution=solution)
+    return Problem(index=index, question=question, answer=gold, solution=solution, row=dict(row))
 
 
 # ---------------------------------------------------------------- rendering
@@ -272,7 +272,7 @@ def render_prompts(
             continue
         first_index[pid] = problem.index
         kept.append(Prompt(prompt_id=pid, index=problem.index, text=text, token_ids=token_ids,
-                           answer=problem.answer))
+                           answer=problem.answer, row=problem.row))
     if n_long:
         log.warning("skipped %d of %d problems longer than %d prompt tokens",
                     n_long, len(problems), max_prompt_tokens)

@@ -92,8 +92,9 @@ def parse_long_question(question: str) -> tuple[int, int, int]:
 
 def make_long_problem(index: int, start: int, step: int, steps: int) -> Problem:
     """One Problem for adding `step` to `start`, `steps` times."""
-    return Problem(index=index, question=long_question_of(start, step, steps),
-                   answer=str(start + steps * step), solution=long_solution_of(start, step, steps))
+    question, answer = long_question_of(start, step, steps), str(start + steps * step)
+    return Problem(index=index, question=question, answer=answer, solution=long_solution_of(start, step, steps),
+                   row={"question": question, "answer": answer})
 
 
 def draw_long_problem(rng: random.Random, index: int,

@@ -10,8 +10,8 @@ import hashlib
 import struct
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 
 def new_run_id(name: str) -> str:
@@ -27,12 +27,16 @@ def prompt_id_of(token_ids: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    """One dataset row: a question with a checkable final answer."""
+    """One dataset row: its prompt cell, its gold answer (if the data has one) and every column.
+
+    Reward functions get `row` (every column of the dataset row, as read); `question` is the prompt
+    cell (text, or a list of chat messages) and `answer` the answer column as text ("" if none)."""
 
     index: int  # position in the dataset (stable for a given dataset and seed)
-    question: str
-    answer: str  # gold final answer, normalised (e.g. "42")
+    question: Any  # the prompt column: text, or chat messages [{"role": ..., "content": ...}]
+    answer: str  # gold final answer as text (e.g. "42"); "" when the data has no answer column
     solution: str = ""  # worked solution text ending in "#### <answer>", if known
+    row: Mapping[str, Any] = field(default_factory=dict, hash=False)  # every column of the dataset row
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Prompt:
     text: str
     token_ids: tuple[int, ...]
     answer: str
+    row: Mapping[str, Any] = field(default_factory=dict, hash=False)  # the problem's dataset row (reward functions read it)
 
 
 @dataclass(frozen=True)

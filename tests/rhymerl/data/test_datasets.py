@@ -57,7 +57,7 @@ def test_jsonl_rows_become_problems(tmp_path):
     problems = read_problem_file(path)
     # gold = normalised number after '####'; solution = the full answer text; index = row
     assert problems[1] == Problem(index=1, question=ROWS[1]["question"], answer="1234",
-                                  solution=ROWS[1]["answer"])
+                                  solution=ROWS[1]["answer"], row=ROWS[1])
     assert [p.answer for p in problems] == ["7", "1234", "-3.5", "2", "0.5"]
 
 
