@@ -56,8 +56,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
             runs = len({r["run_id"] for r in rows})
             responses = sum(r["responses"] or 0 for r in rows)
             size = sum(r["bytes"] or 0 for r in rows)
+            [evals] = lake.sql("SELECT count(DISTINCT (run_id, epoch)) AS n, count(*) AS samples FROM evals").to_pylist()
             print(f"lake {lake.url}: {runs} run(s), {len(lake.manifests())} committed step(s), "
-                  f"{responses} responses, {size / 1e6:.1f} MB committed")
+                  f"{responses} responses, {size / 1e6:.1f} MB committed; {evals['n']} held-out evaluation(s) "
+                  f"of {evals['samples']} samples (table evals)")
     return 0
 
 
@@ -92,7 +94,7 @@ def register(subparsers: Any) -> None:
 
     sql = sub.add_parser(
         "sql", help="run a DuckDB SQL query over the lake's views",
-        description="Run DuckDB SQL over the committed data. Views: rollouts, steps, runs, lake_files, "
+        description="Run DuckDB SQL over the committed data. Views: rollouts, steps, runs, evals, lake_files, "
                     "lake_summary, length_by_epoch, rhyme, rhyme_epochs, length_rank_stability; table "
                     "macros: rhyme_by_response(k), rhyme_by_prompt(k), rhyme_by_epoch(k), "
                     "length_rank_moves(pct), length_rank_stability_at(pct), length_histogram(width), "
@@ -108,7 +110,7 @@ def register(subparsers: Any) -> None:
     sql.set_defaults(func=guarded(cmd_sql))
 
     summary = sub.add_parser(
-        "summary", help="runs, epochs, committed steps, responses and bytes",
+        "summary", help="runs, epochs, committed steps, responses and bytes; held-out evaluations",
         description="One row per run and epoch, from the step manifests (reads no data file).")
     summary.add_argument("--skip-damaged", action="store_true",
                          help="leave out missing or truncated committed files instead of failing")

@@ -1,7 +1,8 @@
 """The training run as Prefect flows: a run flow that runs one epoch flow per epoch.
 
 Reads like a recipe: each step (`flows.step.run_step`) is rollout -> reward -> lake write -> train ->
-weight sync -> checkpoint, with the work itself in Ray actors (see `tasks/`). The flow's parameters are plain
+weight sync -> checkpoint, with the work itself in Ray actors (see `tasks/`); with `eval.dataset`, a
+held-out evaluation runs before the first epoch and after the last (`tasks.evaluate`). The flow's parameters are plain
 values (the config as a nested dict) so the Prefect UI can show and edit them. A resumed run
 (`resume=RUN_ID`) restores the last checkpoint and continues with the step after it.
 """
@@ -22,6 +23,8 @@ from rhymerl.run.heap import freeze_startup_heap
 from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.run.rollout import epoch_order, step_batches
 from rhymerl.run.report import epoch_summary, format_summary
+from rhymerl.run.evaluation import eval_due, opening_eval
+from tasks.evaluate import Evaluation, evaluate_task, log_eval_task, prepare_eval_task
 from tasks.report import log_epoch_task, plot_task
 from tasks.setup import (RunContext, finish_run_task, init_ray, prepare_model_task, prepare_prompts_task,
                          quiet_subflow, start_actors_task, start_tracking_task)
@@ -101,6 +104,8 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     prompts, skipped = prepare_prompts_task(cfg, model_dir)
     if skipped:
         log.warning("skipped %d prompts longer than the engine allows", skipped)
+    evaluation = prepare_eval_task(cfg, model_dir)  # None without eval.dataset
+    evals: list[dict] = []  # each evaluation's eval/* figures, with its epoch and global step
     ctx = RunContext(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=tuple(prompts), skipped=skipped)
     st = RunState()
     epoch_wall_s: dict[int, float] = {}
@@ -121,6 +126,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
                  run_id, len(prompts), cfg.rollout.n, steps_per_epoch, cfg.epochs, cfg.lake.url,
                  extra={"rhymerl_start": {  # rhymerl.run.console's start lines
                      "mlflow_run_id": st.tracking.mlflow_run_id, "steps_per_epoch": steps_per_epoch}})
+        _evaluate(ctx, st, evaluation, opening_eval(start_epoch, start_step), evals)
         epoch, quiet = start_epoch, quiet_subflow()
         while epoch < cfg.epochs:
             t = time.perf_counter()
@@ -136,6 +142,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             epoch_wall_s[epoch] = done - t  # steps + history + the subflow's own cost
             body = st.epoch_body.get(epoch, (t, done))
             subflow_s[epoch] = {"enter_s": body[0] - t, "exit_s": done - body[1]}
+            _evaluate(ctx, st, evaluation, epoch, evals)
             epoch, start_step = epoch + 1, 0
         st.background.flush()
         plot_task(st.tracking, quote(st.history))
@@ -152,7 +159,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             "skipped_prompts": skipped, "initial_engine_fingerprint": st.initial_fingerprint,
             "warm_start": st.warm_start,
             "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s,
-            "subflow_s": subflow_s}
+            "subflow_s": subflow_s, "evals": evals}
 
 
 def _open_run(ctx: RunContext, st: RunState, resume: str | None) -> tuple[int, int]:
@@ -171,6 +178,21 @@ def _open_run(ctx: RunContext, st: RunState, resume: str | None) -> tuple[int, i
         st.initial_fingerprint = sync_task(st.trainer, st.workers, **sync_settings(cfg))["engine_fingerprint"]
     st.tracking = start_tracking_task(ctx, st.workers, st.trainer)
     return 0, 0
+
+
+def _evaluate(ctx: RunContext, st: RunState, evaluation: Evaluation | None, after_epoch: int | None,
+              evals: list[dict]) -> None:
+    """The held-out evaluation after epoch `after_epoch` (-1: before the first; None: not at a
+    boundary), when due: on the engines between steps, with their current weights."""
+    cfg = ctx.cfg
+    if evaluation is None or after_epoch is None or not eval_due(cfg.eval, after_epoch, cfg.epochs):
+        return
+    step = len(st.history)  # steps trained so far: the MLflow step of its figures
+    metrics = evaluate_task(quote(ctx), quote(evaluation), st.workers, after_epoch, step, st.policy_version,
+                            guard=st.guard)
+    if metrics is not None:  # None: already in the lake (a resumed run)
+        evals.append({"epoch": after_epoch, "global_step": step, **metrics})
+        st.mlflow_tail = st.background.submit(log_eval_task, st.tracking, metrics, step, after=st.mlflow_tail)
 
 
 def _drain(background: Background, log) -> None:

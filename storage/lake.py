@@ -6,7 +6,7 @@ storage/layout.py; `storage/verify.py` finds and quarantines damaged files and l
 
 Views and table macros (SQL in storage/sql/):
 
-    rollouts, steps, runs                      the committed tables
+    rollouts, steps, runs, evals               the committed tables (evals: held-out evaluation samples)
     lake_files                                 every committed data file and its state
     lake_summary                               runs x epochs: steps, responses, files, bytes
     length_by_epoch, length_histogram(w)       length distributions per epoch
@@ -42,12 +42,12 @@ __all__ = ["Lake", "LakeError", "LakeWarning", "LakeWriter", "QueryError", "RUN_
 
 ON_DAMAGED = ("error", "skip")
 _SQL_DIR = Path(__file__).parent / "sql"
-_TABLE_SQL = ("rollouts", "steps", "runs")  # templated with the file list at every refresh
+_TABLE_SQL = ("rollouts", "steps", "runs", "evals")  # templated with the file list at every refresh
 _ANALYSIS_SQL = ("summary", "lengths", "rhyme", "length_rank", "history")  # macros and views over them
 _HIVE_TYPES = {"rollouts": "{'run_id': VARCHAR, 'epoch': INTEGER, 'step': INTEGER}",
                "steps": "{'run_id': VARCHAR, 'epoch': INTEGER}",
-               "runs": "{'run_id': VARCHAR}"}
-_LAKE_FILE = re.compile(r"((?:rollouts|steps|runs)/run_id=[^\s'\"]+?\.parquet)")
+               "runs": "{'run_id': VARCHAR}", "evals": "{'run_id': VARCHAR}"}
+_LAKE_FILE = re.compile(r"((?:rollouts|steps|runs|evals)/run_id=[^\s'\"]+?\.parquet)")
 _LAKE_FILES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("epoch", pa.int32()), ("step", pa.int32()), ("path", pa.string()),
     ("rows", pa.int64()), ("bytes", pa.int64()), ("sha256", pa.string()),
@@ -188,14 +188,14 @@ class Lake:
         file_rows, skipped = _classify(manifests, sizes, quarantined)
         self._report_skipped(skipped)
         self._manifests, self.skipped = manifests, tuple(skipped)
-        tables = {name: list_files(self.fs, self.root, self.url, name) for name in ("steps", "runs")}
+        tables = {name: list_files(self.fs, self.root, self.url, name) for name in _TABLE_SQL[1:]}
         if not is_local(self.fs):
-            known = {**sizes, **tables["steps"], **tables["runs"]}
+            known = {**sizes, **{k: v for files in tables.values() for k, v in files.items()}}
             self._register_fs(KnownFilesFS(self.fs, {f"{self.root}/{k}": v for k, v in known.items()}))
         self.con.register("lake_files", pa.Table.from_pylist(file_rows, schema=_LAKE_FILES_SCHEMA))
         # Committed files of one schema are one scan: DuckDB then reads a single footer to bind
         # the view instead of every file's (union_by_name would). Files of unknown schema, and
-        # the steps and runs files (no manifest), are matched by column name.
+        # the steps, runs and evals files (no manifest), are matched by column name.
         groups: dict[str | None, list[str]] = {}
         for row in file_rows:
             if row["state"] == "ok":
@@ -219,7 +219,7 @@ class Lake:
                 f"hive_partitioning = true, hive_types = {_HIVE_TYPES[table]})")
 
     def _create_table_views(self, scans: dict[str, list[tuple[list[str], bool]]]) -> None:
-        """(Re)create the rollouts, steps and runs views; each scan is (keys, union_by_name)."""
+        """(Re)create the rollouts, steps, runs and evals views; each scan is (keys, union_by_name)."""
         for name in _TABLE_SQL:
             self._create_view(name, scans[name])
 

@@ -4,6 +4,7 @@
     _manifests/run_id=R/epoch=E/step=S.json     commit record of one step, written LAST
     steps/run_id=R/epoch=E/step=S.parquet       one steps row, written only if absent
     runs/run_id=R/{updated_at_ns}-{status}.parquet   one run state, immutable; latest wins
+    evals/run_id=R/{before-training | after-epoch-E}.parquet   one evaluation's rows, written only if absent
     _quarantine/<original key>                  a damaged or leftover file moved aside by verify
     _quarantine/<original key>.reason.json      why it was moved; readers skip such keys loudly
     _checkpoints/R/step-G/                      run checkpoints by default (storage/checkpoints.py)
@@ -36,6 +37,15 @@ def check_key(run_id: str, epoch: int, step: int) -> None:
     for name, value in (("epoch", epoch), ("step", step)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def eval_key(run_id: str, epoch: int) -> str:
+    """The file of one evaluation's rows: `epoch` -1 is the one before the first epoch. The name holds
+    no `name=value` part, so DuckDB's hive partitioning reads only run_id from the path."""
+    check_key(run_id, max(epoch, 0), 0)
+    if not isinstance(epoch, int) or epoch < -1:
+        raise ValueError(f"an evaluation's epoch must be -1 (before the first) or an epoch >= 0, got {epoch!r}")
+    return f"evals/run_id={run_id}/{'before-training' if epoch < 0 else f'after-epoch-{epoch}'}.parquet"
 
 
 def step_dir(run_id: str, epoch: int, step: int) -> str:

@@ -1,10 +1,11 @@
 """Versioned Arrow schemas of the rollout lake, and conversion of plain rows into them.
 
-Three tables live in the lake (see `storage/lake.py` for the layout and write protocol):
+Four tables live in the lake (see `storage/lake.py` for the layout and write protocol):
 
 - `rollouts`: one row per generated response (the data draft indexes and length forecasts read).
 - `steps`: one row per training step (stage timings and batch statistics).
 - `runs`: one row per run state change (the `runs` view keeps the latest per run).
+- `evals`: one row per held-out evaluation sample (`eval.*`; never trained on, never in HistoSpec's history).
 
 Every column carries a `doc` entry in its field metadata; `column_docs(schema)` returns them.
 Each schema has a `schema_version` in its metadata and as an int16 column in every file.
@@ -28,7 +29,8 @@ import pyarrow as pa
 # migrated_from_worker, migrated_at); steps gain reward_total_s and migrations. 4: steps gain
 # logprob_abs_diff (engine vs trainer log-probs of the sampled tokens). 5: steps gain
 # spec_steps_by_response_pos and spec_tokens_by_response_pos (verification by response position).
-SCHEMA_VERSION = 5
+# 6: the evals table (held-out evaluation samples).
+SCHEMA_VERSION = 6
 
 
 class SchemaError(ValueError):
@@ -134,7 +136,30 @@ RUNS_SCHEMA = _schema("runs", [
          nullable=False),
 ])
 
-SCHEMAS: dict[str, pa.Schema] = {"rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA}
+EVALS_SCHEMA = _schema("evals", [
+    _col("run_id", pa.string(), "Run that evaluated.", nullable=False),
+    _col("epoch", pa.int32(), "The epoch after which the evaluation ran; -1: before the first epoch.",
+         nullable=False),
+    _col("global_step", pa.int32(), "Training steps done when the evaluation ran (the MLflow step of its eval/* "
+         "metrics).", nullable=False),
+    _col("policy_version", pa.int32(), "Version of the weights that generated the response."),
+    _col("prompt_id", pa.string(), "prompt_id_of(prompt token ids): stable 16-hex id.", nullable=False),
+    _col("prompt_index", pa.int32(), "Position of the problem in the eval dataset."),
+    _col("prompt_text", pa.string(), "Prompt as rendered by the template."),
+    _col("sample_idx", pa.int32(), "Index of the response among its prompt's eval.n samples.", nullable=False),
+    _col("response_text", pa.string(), "Detokenized response."),
+    _col("tokens", pa.int32(), "Number of response tokens."),
+    _col("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (hit max_tokens)."),
+    _col("reward", pa.float64(), "Weighted sum of the reward functions' values."),
+    _col("reward_values", pa.map_(pa.string(), pa.float64()),
+         "Each reward function's value by its name (reward_values['gsm8k'])."),
+    _col("correct", pa.bool_(), "Every reward function that judges answers said correct; NULL: none judges."),
+    _col("worker_id", pa.int32(), "Rollout worker (engine) that generated the response."),
+    _col("evaluated_at", pa.float64(), "Unix seconds when the evaluation's row file was written."),
+])
+
+SCHEMAS: dict[str, pa.Schema] = {"rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA,
+                                 "evals": EVALS_SCHEMA}
 
 
 def schema_fingerprint(schema: pa.Schema) -> str:

@@ -4,7 +4,7 @@
 
     missing       a manifest lists a data file that is not in the lake
     truncated     a committed data file is not the size its manifest recorded
-    corrupt       a committed file's SHA-256 differs from its manifest's, or a steps/runs file
+    corrupt       a committed file's SHA-256 differs from its manifest's, or a steps/runs/evals file
                   is not readable Parquet
     bad_manifest  a step manifest is unreadable or fails its checksum
     leftover      a file no manifest lists: a failed or superseded attempt, or a temp file
@@ -153,13 +153,13 @@ def _uncommitted(files: Mapping[str, Mapping[str, Any]], listed: set[str], commi
 
 def _check_tables(fs: fsspec.AbstractFileSystem, root: str, url: str,
                   files: Mapping[str, Mapping[str, Any]], grace_s: float, now: float) -> list[Finding]:
-    """steps/ and runs/ files: each Parquet one must read whole; temp files are leftovers."""
+    """steps/, runs/ and evals/ files: each Parquet one must read whole; temp files are leftovers."""
     parquet = [k for k in sorted(files) if k.endswith(".parquet")]
     findings = _uncommitted({k: v for k, v in files.items() if not k.endswith(".parquet")},
                             set(), set(), grace_s, now)
     if not parquet:
         return findings
-    with lake_io(url, "read the steps and runs files"):
+    with lake_io(url, "read the steps, runs and evals files"):
         blobs = fs.cat([f"{root}/{k}" for k in parquet], on_error="return")
     for key in parquet:
         blob = blobs.get(f"{root}/{key}")
@@ -199,7 +199,7 @@ def verify_lake(url: str, quarantine: bool = False, deep: bool = True,
     fs, root = open_filesystem(url)
     now = time.time()
     data = list_files(fs, root, url, "rollouts")
-    tables = {**list_files(fs, root, url, "steps"), **list_files(fs, root, url, "runs")}
+    tables = {k: v for name in ("steps", "runs", "evals") for k, v in list_files(fs, root, url, name).items()}
     manifest_files = list_files(fs, root, url, "_manifests")
     manifests, bad = load_manifests(fs, root, url)
     quarantined = load_quarantine(fs, root, url)

@@ -6,7 +6,8 @@ files, their row counts, sizes and SHA-256, and a checksum over that list) with 
 put. Readers see only files named by a manifest, so data of an attempt that died before its
 manifest is invisible, and a second commit of the same step is refused (returns False): the
 first wins. Steps and runs rows are single small files written atomically at keys that make
-retries harmless, so they need no manifest of their own. The key layout is in storage/layout.py.
+retries harmless, so they need no manifest of their own; so is each evaluation's rows file (one
+per run and epoch boundary, written whole or not at all). The key layout is in storage/layout.py.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.fs import LakeError, lake_io, open_filesystem, parquet_bytes, put_atomic, read_parquet_bytes
-from storage.layout import MANIFEST_VERSION, check_key, files_checksum, manifest_key, step_dir
+from storage.layout import MANIFEST_VERSION, check_key, eval_key, files_checksum, manifest_key, step_dir
 from storage.schema import (
-    ROLLOUTS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, SchemaError, conform_table, rows_to_table, schema_fingerprint,
+    EVALS_SCHEMA, ROLLOUTS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, SchemaError, conform_table, rows_to_table,
+    schema_fingerprint,
 )
 
 __all__ = ["LakeWriter", "RUN_STATUSES"]
@@ -147,6 +149,27 @@ class LakeWriter:
         row = {"committed_at": time.time(), **values, "run_id": run_id, "epoch": epoch, "step": step}
         data = parquet_bytes(rows_to_table([row], STEPS_SCHEMA))
         key = f"steps/run_id={run_id}/epoch={epoch}/step={step}.parquet"
+        with lake_io(self.url, f"write {key}"):
+            if self.fs.exists(self._path(key)):
+                return False
+            return put_atomic(self.fs, self._path(key), data, exclusive=True)
+
+    def has_eval(self, run_id: str, epoch: int) -> bool:
+        """Whether the evaluation after `epoch` (-1: before the first) is in the lake."""
+        key = eval_key(run_id, epoch)
+        with lake_io(self.url, f"check {key}"):
+            return self.fs.exists(self._path(key))
+
+    def write_evals(self, run_id: str, epoch: int, rows: list[Mapping[str, Any]]) -> bool:
+        """Write one evaluation's rows (EVALS_SCHEMA) as one file, exactly once: False (nothing
+        written) when that evaluation is already in the lake. run_id and epoch must match every row."""
+        key = eval_key(run_id, epoch)
+        if not rows:
+            raise ValueError(f"write_evals({run_id!r}, {epoch}) got no rows; an evaluation has at least one")
+        if any(r.get("run_id") != run_id or r.get("epoch") != epoch for r in rows):
+            raise SchemaError(f"evals: every row of {key} must have run_id={run_id!r} and epoch={epoch}")
+        now = time.time()
+        data = parquet_bytes(rows_to_table([{"evaluated_at": now, **r} for r in rows], EVALS_SCHEMA))
         with lake_io(self.url, f"write {key}"):
             if self.fs.exists(self._path(key)):
                 return False

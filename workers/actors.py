@@ -131,6 +131,27 @@ class RolloutWorker:
         with self._engine_lock:
             return self.engine.generate(prompts, spec, worker_id=self.worker_id)
 
+    def evaluate(self, prompts: list[Prompt], spec: SamplingSettings) -> list[Sample]:
+        """`generate` for a held-out evaluation, leaving no trace in what the engine drafts from later.
+
+        HistoSpec's in-engine state (each prompt's siblings, the cross-prompt tree of recent
+        responses) only takes requests whose prompt is in the worker's current bundle. An empty
+        bundle is published first, so every evaluation request matches no prompt: it drafts nothing
+        and adds nothing to the siblings or the tree, even when an eval prompt is also a training
+        prompt. The next step publishes its own bundle before its rollout, as every step does.
+        vLLM's suffix drafter forgets these requests afterwards (`VllmEngine.generate_unrecorded`).
+        Their acceptance counters are drained so the next step's `spec_stats` counts training only.
+        """
+        from rhymerl.histospec.bundle import HistoryBundle
+
+        if not prompts:
+            return []
+        with self._engine_lock:
+            self.set_history(HistoryBundle.of(()).to_bytes())
+            samples = self.engine.generate_unrecorded(prompts, spec, worker_id=self.worker_id)
+            self.engine.spec_stats()
+            return samples
+
     def stream(self, requests: list[Request], spec: SamplingSettings, every_s: float, track: bool):
         """Ray streaming generator: `StreamEvent`s of these requests as they finish (see
         `VllmEngine.stream`); with `track`, running token counts too, and `stop` takes effect."""

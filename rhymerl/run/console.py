@@ -8,7 +8,8 @@ streams on the terminal. `RunConsole`, a logging handler, writes to that stream 
   (from the run flow's start record, `extra={"rhymerl_start": {...}}`);
 - one progress line per step (from `extra={"rhymerl_step": record}` on the step's log line):
   a bar of the epoch, reward, accuracy, tokens per verification, tok/s and the ETA; then one
-  line per finished epoch;
+  line per finished epoch, followed by the held-out evaluation's figures when one ran after it (and
+  before the first epoch), from `extra={"rhymerl_eval": {"epoch": ..., "line": ...}}`;
 - warnings from RhymeRL's own code and its flow and task runs (a skipped prompt, a restarted
   worker, speculation refused by the guard), first line only.
 
@@ -97,6 +98,9 @@ class RunConsole(logging.Handler):
         start = getattr(record, "rhymerl_start", None)
         if start is not None:
             return self._start(start, record)
+        evaluation = getattr(record, "rhymerl_eval", None)
+        if evaluation is not None:  # after its epoch's line (or before the first step's)
+            return [f"  {evaluation['line']}"]
         if record.levelno >= logging.WARNING and record.name.startswith(_OWN_LOGGERS):
             first = record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else ""
             return [f"{record.levelname.lower()}: {first}"]

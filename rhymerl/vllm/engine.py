@@ -133,6 +133,17 @@ class VllmEngine:
                 for s in event.finished}
         return [done[r.key] for r in requests]
 
+    def generate_unrecorded(self, prompts: Sequence[Prompt], spec: SamplingSettings, worker_id: int = 0) -> list[Sample]:
+        """`generate`, leaving none of these responses in the drafter's memory across requests:
+        vLLM's suffix method caches every response to draft later requests from, so this call's
+        are evicted afterwards (a held-out evaluation must not shape training's drafts). HistoSpec's
+        drafter is kept out by its caller instead (`workers.actors.RolloutWorker.evaluate`)."""
+        held = self.llm.collective_rpc("rhymerl_suffix_requests")[0] if self.speculation.active else None
+        samples = self.generate(prompts, spec, worker_id)
+        if held is not None:
+            self.llm.collective_rpc("rhymerl_suffix_forget", args=(held,))
+        return samples
+
     def stream(self, requests: Sequence[Request], spec: SamplingSettings, worker_id: int = 0,
                every_s: float = 0.25, take_stops: Callable[[], set[tuple[str, int]]] | None = None
                ) -> Iterator[StreamEvent]:

@@ -40,6 +40,20 @@ def weights_fingerprint(named_params: Iterable[tuple[str, torch.Tensor]]) -> flo
                      if name.endswith(_COMPARABLE_SUFFIXES)))
 
 
+def forget_requests(cache, keep: set) -> int:
+    """Remove from an Arctic Inference `SuffixDecodingCache` every request not in `keep`: its prompt
+    (still active until the drafter's next step notices it finished) and its cached response, which
+    would otherwise draft later requests. Returns how many requests were dropped."""
+    gone = 0
+    for req_id in [r for r in cache.active_requests if r not in keep]:
+        cache.stop_request(req_id)
+        gone += 1
+    for req_id in [r for r in cache.cached_requests if r not in keep]:
+        cache.evict_cached_response(req_id)
+        gone += 1
+    return gone
+
+
 def install_exact_verifier() -> None:
     """Register `rhymerl.vllm.spec_verify.KERNELS` through vLLM's kernel-override registry (this process).
 
@@ -157,6 +171,16 @@ class WeightSyncExtension:
             error = "the model runner has no rejection sampler (speculation is off)"
             return GuardReport(passed=False, vllm_version=vllm_version(), error=error).to_dict()
         return self_check(sampler, rows, alpha, device=self.model_runner.device).to_dict()
+
+    def rhymerl_suffix_requests(self) -> list | None:
+        """The request ids vLLM's suffix drafter holds (active or cached); None for any other drafter."""
+        cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+        return None if cache is None else [*cache.active_requests, *cache.cached_requests]
+
+    def rhymerl_suffix_forget(self, keep: list) -> int:
+        """Drop every request but `keep` from vLLM's suffix drafter (see `forget_requests`)."""
+        cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+        return 0 if cache is None else forget_requests(cache, set(keep))
 
     def rhymerl_spec_stats(self) -> dict | None:
         """HistoSpec's acceptance counters since the last call, as a dict of `SpecStats` fields;

@@ -112,3 +112,18 @@ def test_format_rows_elides_long_cells() -> None:
     rows = [{"ids": list(range(40))}]
     assert format_rows(rows, ["ids"], "table").splitlines()[2].endswith("…")
     assert json.loads(format_rows(rows, ["ids"], "json")) == rows
+
+
+def test_summary_counts_evaluations_and_verify_reads_their_files(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    # Rule: an evaluation's rows file is a table file (read whole by verify), never a leftover.
+    url = str(tmp_path / "lake")
+    w = _small_lake(url)
+    w.write_evals("r1", -1, [{"run_id": "r1", "epoch": -1, "global_step": 0, "prompt_id": f"e{i}",
+                              "sample_idx": 0, "reward": 1.0} for i in range(2)])
+    code, out, _ = _run(capsys, "summary", "--lake", url)
+    assert code == 0 and "1 held-out evaluation(s) of 2 samples (table evals)" in out
+    code, out, _ = _run(capsys, "verify", "--lake", url, "--format", "json")
+    assert code == 0 and json.loads(out)["findings"] == []
+    (tmp_path / "lake/evals/run_id=r1/before-training.parquet").write_bytes(b"not parquet")
+    code, out, _ = _run(capsys, "verify", "--lake", url)
+    assert code == 1 and "corrupt" in out and "evals/run_id=r1/before-training.parquet" in out

@@ -2,7 +2,10 @@
 
 The lake is on S3 over HTTP (moto, started by conftest), the harder of the two backends; the
 slow resume, recovery, migration and benchmark tests run on local lakes, and the lake protocol
-tests run on both."""
+tests run on both. The run also evaluates a held-out set (`eval.*`) before its first epoch and after
+its last."""
+
+import json
 
 import pytest
 
@@ -18,7 +21,9 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
 
     monkeypatch.chdir(tmp_path)
     prompts, per_step, n = 6, 3, 4
+    held_out = _held_out_set(tmp_path / "held_out.jsonl", trained=prompts, rows=3)
     cfg = load_config(None, [
+        f'eval.dataset="{held_out}"', "eval.max_tokens=32",
         f'model.path="{tiny_model}"', "epochs=2", f"data.num_prompts={prompts}",
         f"rollout.prompts_per_step={per_step}", f"rollout.n={n}", "rollout.num_workers=1",
         "rollout.max_tokens=48", f'lake.url="{s3_url}"',
@@ -69,3 +74,37 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
     assert decoded <= counted <= decoded + responses * cfg.spec.max_budget
     assert counted - decoded < 0.05 * decoded
     assert all(r["spec_tokens"] == r["spec_steps"] + r["spec_accepted"] for r in spec_rows)
+    _check_evaluations(lake, client, result, rows=3)
+
+
+def _held_out_set(path, trained: int, rows: int):
+    """A GSM8K-format file of built-in problems the run does not train on."""
+    from rhymerl.data.builtin import builtin_problems
+
+    seen = {p.question for p in builtin_problems(num=trained, seed=0)}
+    extra = [p for p in builtin_problems(num=trained + 3 * rows, seed=0) if p.question not in seen][:rows]
+    path.write_text("".join(json.dumps({"question": p.question, "answer": p.solution}) + "\n" for p in extra))
+    return path
+
+
+def _check_evaluations(lake, client, result, rows: int) -> None:
+    """Evaluations before the first epoch and after the last: in the evals table (once each, the
+    weights of that moment), in MLflow at those global steps, and never in training's data or history."""
+    run_id, mlflow_run = result["run_id"], result["mlflow_run_id"]
+    got = lake.sql("SELECT epoch, global_step, policy_version, count(*) AS n, count(DISTINCT prompt_id) AS p "
+                   "FROM evals GROUP BY ALL ORDER BY epoch").to_pylist()
+    assert got == [{"epoch": -1, "global_step": 0, "policy_version": 0, "n": rows, "p": rows},
+                   {"epoch": 1, "global_step": 4, "policy_version": 4, "n": rows, "p": rows}]
+    assert [(e["epoch"], e["global_step"]) for e in result["evals"]] == [(-1, 0), (1, 4)]
+    leaked = lake.sql("SELECT count(*) AS n FROM rollouts r JOIN evals e ON r.prompt_id = e.prompt_id "
+                      "OR r.prompt_text = e.prompt_text").to_pylist()
+    assert leaked == [{"n": 0}]
+    history = lake.prompt_history(run_id, 2, 2).column("prompt_id").to_pylist()  # what a 3rd epoch would draft from
+    eval_ids = {r["prompt_id"] for r in lake.sql("SELECT DISTINCT prompt_id FROM evals").to_pylist()}
+    assert history and not eval_ids & set(history)
+    for name in ("eval/reward", "eval/reward/gsm8k", "eval/accuracy", "eval/mean_tokens"):
+        points = sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run, name))
+        assert [s for s, _ in points] == [0, 4], name
+    table = lake.sql("SELECT avg(reward) AS r, avg(tokens) AS t FROM evals WHERE epoch = 1").to_pylist()[0]
+    assert result["evals"][1]["eval/reward"] == pytest.approx(table["r"])
+    assert result["evals"][1]["eval/mean_tokens"] == pytest.approx(table["t"])

@@ -16,7 +16,7 @@ import pytest
 from rhymerl.config.run import RunConfig
 from storage.lake import Lake, LakeError, LakeWriter, open_filesystem
 from storage.schema import (
-    ROLLOUTS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, SchemaError, column_docs, rows_to_table,
+    ROLLOUTS_SCHEMA, RUNS_SCHEMA, SCHEMAS, STEPS_SCHEMA, SchemaError, column_docs, rows_to_table,
 )
 
 
@@ -229,17 +229,42 @@ def test_unreachable_endpoint_fails_fast_without_secrets(monkeypatch: pytest.Mon
 
 def test_every_column_is_documented() -> None:
     # Rule: each schema column carries a doc line in its field metadata.
-    for schema in (ROLLOUTS_SCHEMA, STEPS_SCHEMA, RUNS_SCHEMA):
+    for schema in SCHEMAS.values():
         assert all(column_docs(schema).values()), schema.metadata
 
 
 def test_storage_readme_documents_every_column() -> None:
     # Rule: each table's column list in storage/README.md matches its schema exactly, in order.
     text = (Path(__file__).resolve().parents[2] / "storage" / "README.md").read_text()
-    for name, schema in (("rollouts", ROLLOUTS_SCHEMA), ("steps", STEPS_SCHEMA), ("runs", RUNS_SCHEMA)):
+    for name, schema in SCHEMAS.items():
         section = text.split(f"\n### {name}\n", 1)[1].split("\n#", 1)[0]
         documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
         assert documented == schema.names, f"update the {name} table in storage/README.md"
+
+
+def _eval_rows(run_id: str, epoch: int, n: int) -> list[dict]:
+    return [{"run_id": run_id, "epoch": epoch, "global_step": max(epoch + 1, 0) * 2, "prompt_id": f"p{i}",
+             "sample_idx": 0, "reward": float(i % 2), "reward_values": {"gsm8k": float(i % 2)},
+             "correct": i % 2 == 1, "tokens": 5} for i in range(n)]
+
+
+def test_each_evaluation_is_written_once(lake_url: str) -> None:
+    # Rule: one file per (run, epoch boundary), created only if absent: a second write adds nothing.
+    w = LakeWriter(lake_url)
+    assert not w.has_eval("r1", -1)
+    assert w.write_evals("r1", -1, _eval_rows("r1", -1, 3))
+    assert not w.write_evals("r1", -1, _eval_rows("r1", -1, 4))
+    assert w.write_evals("r1", 1, _eval_rows("r1", 1, 2)) and w.has_eval("r1", -1) and not w.has_eval("r1", 0)
+    w.commit_step("r1", 0, 0, [w.write_rollouts("r1", 0, 0, 0, 0, _rows("r1", 0, 0, 2))])
+    with Lake(lake_url) as lake:
+        got = lake.sql("SELECT epoch, count(*) AS n, sum(reward_values['gsm8k']) AS g FROM evals "
+                       "GROUP BY epoch ORDER BY epoch").to_pylist()
+        assert got == [{"epoch": -1, "n": 3, "g": 1.0}, {"epoch": 1, "n": 2, "g": 1.0}]
+        assert _count(lake) == 2  # evaluation samples are never rollouts
+    with pytest.raises(SchemaError, match="epoch=0"):
+        w.write_evals("r1", 0, _eval_rows("r1", 1, 1))
+    with pytest.raises(ValueError, match="-1"):
+        w.has_eval("r1", -2)
 
 
 def test_manifest_from_before_schema_fingerprints_still_reads(tmp_path) -> None:

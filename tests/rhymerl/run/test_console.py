@@ -85,3 +85,13 @@ def test_capture_sends_child_output_to_the_log_and_keeps_the_terminal(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "progress\n", "problem\n")
     assert (tmp_path / "logs" / "run.log").read_text().splitlines() == ["library noise", "child noise"]
+
+
+def test_an_evaluation_shows_its_line_after_the_epoch_line():
+    out = io.StringIO()
+    console = RunConsole(out, total_steps=1, steps_per_epoch=1, environ={})
+    console.handle(_record("prefect.task_runs", logging.INFO, "raw", rhymerl_step=_step(0, 0, 0)))
+    console.handle(_record("prefect.task_runs", logging.INFO, "eval after epoch 0: ...",
+                           rhymerl_eval={"epoch": 0, "line": "eval after epoch 0 (3 prompts x 1): reward 0.333"}))
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("epoch 0 done") and lines[2] == "  eval after epoch 0 (3 prompts x 1): reward 0.333"
