@@ -89,14 +89,12 @@ class ArmResult:
 
 def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int, dataset: str = "builtin"):
     """The built-in task's (`dataset`'s) first `num_prompts` prompts, tokenized by the model's tokenizer."""
-    from transformers import AutoTokenizer
+    from rhymerl.config.task import RewardConfig
+    from rhymerl.data.datasets import load_problems
+    from rhymerl.data.prompts import load_tokenizer, prompt_renderer, render_prompts
 
-    from rhymerl.data.datasets import load_problems, render_prompts
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = DataConfig(dataset=dataset, num_prompts=num_prompts)
-    prompts, _ = render_prompts(load_problems(cfg), cfg.prompt_template,
-                                lambda s: tok.encode(s, add_special_tokens=False),
+    prompts, _ = render_prompts(load_problems(cfg, RewardConfig()), prompt_renderer(cfg), load_tokenizer(model_dir),
                                 max_prompt_tokens=max_prompt_tokens, on_long="skip")
     return prompts
 

@@ -1,8 +1,8 @@
 """What `rhymerl run` checks before it starts a Prefect server, Ray or an engine.
 
-Runs the pure checks of `rhymerl/run/preflight.py` (config, model folder, dataset, resources) and the
-endpoint probes of `storage/probe.py` (lake, MLflow store, Ray address, Prefect server), the
-probes side by side so that several unreachable endpoints still answer within one deadline.
+Runs the pure checks of `rhymerl/run/preflight.py` (config, model folder, the task's data, chat
+template, rewards and evaluation set, resources) and the endpoint probes of `storage/probe.py`
+(lake, MLflow store, Ray address, Prefect server), the probes side by side so that several unreachable endpoints still answer within one deadline.
 Imports no Prefect, Ray or vLLM: a bad input fails in seconds.
 """
 
@@ -19,6 +19,7 @@ from rhymerl.config.run import RunConfig
 from rhymerl.run.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
                                local_machine, parse_ray_address)
 from storage.checkpoints import checkpoint_url
+from storage.fs import source_options
 from storage.probe import checkpoint_problems, lake_problems, tcp_problem, tracking_problems
 
 Check = Callable[[], list[Finding]]
@@ -31,7 +32,7 @@ def checks(cfg: RunConfig, environ: Mapping[str, str], resume: str | None = None
     return {
         "config": lambda: check_config(cfg),
         "model": lambda: check_model(cfg),
-        "dataset": lambda: check_dataset(cfg),
+        "dataset": lambda: check_dataset(cfg, source_options),
         "lake": lambda: _lake_findings(cfg, resume),
         "tracking": lambda: [Finding("tracking", m) for m in tracking_problems(cfg.tracking.uri)],
         "ray": lambda: _ray_findings(ray_address),

@@ -12,7 +12,7 @@ import datetime as dt
 import os
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import fsspec
 import pyarrow as pa
@@ -72,6 +72,14 @@ def s3_options() -> dict[str, Any]:
         options["endpoint_url"] = endpoint
     return options
 
+
+
+def source_options(source: str | Sequence[str]) -> dict[str, Any]:
+    """fsspec settings for reading a dataset source (`data.dataset`, `eval.dataset`: one entry or a
+    list): the lake's S3 settings when an entry is an s3:// URL, else none (a local filesystem
+    ignores them, so a list mixing both still reads)."""
+    entries = [source] if isinstance(source, str) else list(source)
+    return s3_options() if any(fsspec.utils.get_protocol(e) in ("s3", "s3a") for e in entries) else {}
 
 def _probe_s3(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
     bucket = root.split("/", 1)[0]

@@ -21,13 +21,15 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from rhymerl.config.run import RunConfig, config_to_dict
 from rhymerl.config.fields import flatten
-from rhymerl.data.datasets import load_problems, render_prompts
+from rhymerl.data.datasets import load_problems
+from rhymerl.data.prompts import load_tokenizer, prompt_renderer, render_prompts
 from rhymerl.vllm.engine import EngineSettings
 from rhymerl.histospec.bundle import counted_by_vllm
 from rhymerl.policy.build import ensure_builtin_model, validate_model_dir
 from rhymerl.policy.long_build import build_settings_for
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.data.records import Prompt
+from storage.fs import source_options
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from workers.actors import RolloutWorker, missing_resources, placement_for
@@ -68,16 +70,13 @@ def prepare_model_task(cfg: RunConfig) -> str:
 
 @task(name="prepare-prompts", cache_policy=NO_CACHE)
 def prepare_prompts_task(cfg: RunConfig, model_dir: str) -> tuple[list[Prompt], int]:
-    """Load and tokenize the dataset; prompts too long for the engine are skipped or rejected."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    problems = load_problems(cfg.data)
+    """Load the dataset's rows (`data.*`; S3 URLs with the lake's S3 settings), render them with the
+    model's tokenizer (its chat template where the data needs one) and tokenize them; prompts too
+    long for the engine are skipped or rejected."""
+    problems = load_problems(cfg.data, cfg.reward, storage_options=source_options(cfg.data.dataset))
     budget = cfg.model.max_model_len - cfg.rollout.max_tokens
-    prompts, skipped = render_prompts(
-        problems, cfg.data.prompt_template, lambda s: tok.encode(s, add_special_tokens=False),
-        max_prompt_tokens=budget, on_long=cfg.data.on_long_prompt,
-    )
+    prompts, skipped = render_prompts(problems, prompt_renderer(cfg.data), load_tokenizer(model_dir),
+                                      max_prompt_tokens=budget, on_long=cfg.data.on_long_prompt)
     if not prompts:
         raise ValueError(f"no prompt fits the engine: all {len(problems)} exceed {budget} tokens "
                          "(model.max_model_len - rollout.max_tokens); raise model.max_model_len")

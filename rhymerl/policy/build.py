@@ -30,56 +30,15 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from rhymerl.data.builtin import ProblemSettings, builtin_problems, make_problem, parse_terms
 from rhymerl.policy.check import model_folder_errors
 from rhymerl.policy.evaluate import evaluate
 from rhymerl.data.records import Problem
+# The tokenizer lives in a module of its own (no torch) so the run's input checks can load it fast.
+from rhymerl.policy.tokenizer import BUILD_INFO, EOS, PAD, UNK, build_tokenizer
 
-PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-SPECIAL_TOKENS = (PAD, EOS, UNK)  # ids 0, 1, 2; byte b is id 3 + b
-BUILD_INFO = "rhymerl_build.json"
 _FORMAT_VERSION = 2  # bump when the build code changes in a way the recipe fields do not show
-
-
-# ---------------------------------------------------------------- tokenizer
-
-
-def _byte_symbols() -> list[str]:
-    """GPT-2's printable stand-in for each byte 0..255 (the ByteLevel pre-tokenizer's alphabet)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
-            *range(ord("\xae"), ord("\xff") + 1)]
-    symbols, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            symbols[b] = chr(b)
-        else:
-            symbols[b] = chr(256 + extra)
-            extra += 1
-    return [symbols[b] for b in range(256)]
-
-
-def build_tokenizer():
-    """A fast byte-level tokenizer with no merges: one token per byte, so one per ASCII character.
-
-    decode(encode(s)) == s for any NFC text (newlines included), and nothing is ever <unk>. It is
-    a BPE model with an empty merge list rather than a WordLevel one because transformers 5 loads
-    every `model_type == "qwen2"` folder through `Qwen2Tokenizer`, which rebuilds the pipeline as
-    NFC + byte-level BPE from the saved vocab; this tokenizer is exactly that pipeline, so
-    `AutoTokenizer`, vLLM and the `tokenizers` library all split text the same way.
-    """
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(_byte_symbols()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                   unk_token=UNK, padding_side="left",
-                                   model_max_length=512, clean_up_tokenization_spaces=False)
 
 
 # ---------------------------------------------------------------- recipe

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rhymerl.config.run import RunConfig
-from rhymerl.data.datasets import dataset_errors
 from rhymerl.config.spec import INSTALL_HINT, has_arctic_inference
 from rhymerl.policy.check import model_problems
+from rhymerl.run.task_check import OptionsOf, task_problems
 
-AREAS = ("config", "model", "dataset", "lake", "tracking", "ray", "prefect", "resources")
+AREAS = ("config", "model", "dataset", "reward", "eval", "lake", "tracking", "ray", "prefect", "resources")
 _GIB = 1024 ** 3
 # A trainer holds weights, gradients and two AdamW moments: about 4x the weights in memory.
 _TRAINER_WEIGHT_COPIES = 4
@@ -66,9 +66,10 @@ def check_model(cfg: RunConfig) -> list[Finding]:
     return [Finding("model", m) for m in model_problems(cfg.model.path, cfg.model.max_model_len)]
 
 
-def check_dataset(cfg: RunConfig) -> list[Finding]:
-    """Every row of the dataset file, each bad one with its file and line."""
-    return [Finding("dataset", m) for m in dataset_errors(cfg.data)]
+def check_dataset(cfg: RunConfig, options_of: OptionsOf | None = None) -> list[Finding]:
+    """The task: every row of data.dataset and eval.dataset, the chat template, the reward functions
+    (`rhymerl.run.task_check`); `options_of` gives a source's fsspec settings (s3:// URLs)."""
+    return [Finding(area, m) for area, m in task_problems(cfg, options_of)]
 
 
 def check_resources(cfg: RunConfig, machine: Machine, cluster: bool) -> list[Finding]:

@@ -7,7 +7,7 @@ import socket
 
 from rhymerl.run.preflight import Finding, Machine, check_resources, parse_ray_address
 from rhymerl.config.run import load_config
-from rhymerl.config.task import DataConfig
+from rhymerl.config.task import DataConfig, RewardConfig
 from rhymerl.data.datasets import dataset_errors
 from storage.probe import lake_problems, tcp_problem, tracking_problems
 
@@ -40,16 +40,16 @@ def test_resources_on_cpu_count_cores_and_memory():
     assert check_resources(cfg, Machine(cpus=4, memory_gib=16, gpus=0), False) == []
 
 
-def test_dataset_errors_list_every_bad_line_up_to_a_limit(tmp_path):
+def test_dataset_errors_list_every_bad_row_up_to_a_limit(tmp_path):
     good = json.dumps({"question": "q", "answer": "#### 1"})
+    bad = json.dumps({"question": "q", "answer": "no number"})
     path = tmp_path / "d.jsonl"
-    path.write_text("\n".join([good] + ["{"] * 25 + [good]) + "\n")
-    errors = dataset_errors(DataConfig(dataset=str(path), num_prompts=1), limit=20)
-    assert len(errors) == 21 and "line 2 is not valid JSON" in errors[0] and "line 21 " in errors[19]
+    path.write_text("\n".join([good] + [bad] * 25 + [good]) + "\n")
+    errors = dataset_errors(DataConfig(dataset=str(path), num_prompts=1), RewardConfig(), limit=20)
+    assert len(errors) == 21 and "row 1 (0-based)" in errors[0] and "row 20 (0-based)" in errors[19]
     assert errors[20].endswith("5 more bad rows not shown")
-    assert dataset_errors(DataConfig(dataset=str(tmp_path / "nope.jsonl"))) == [
-        f"dataset file {tmp_path / 'nope.jsonl'} does not exist; set data.dataset to an existing .jsonl or "
-        ".parquet file, or to 'builtin' or 'builtin-long'"]
+    assert dataset_errors(DataConfig(dataset=str(tmp_path / "nope.jsonl")), RewardConfig()) == [
+        f"data.dataset: {tmp_path / 'nope.jsonl'} does not exist; fix the path or URL"]
 
 
 def test_tcp_probe_and_local_stores(tmp_path):
