@@ -173,7 +173,7 @@ def tracking_problems(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]
     if scheme in _DB_PORTS:
         parts = urlsplit(uri)
         problem = tcp_problem(parts.hostname or "localhost", parts.port or _DB_PORTS[scheme],
-                              f"the MLflow database of tracking.uri", "start the database or fix tracking.uri",
+                              "the MLflow database of tracking.uri", "start the database or fix tracking.uri",
                               timeout_s)
         return [problem] if problem else []
     if scheme in _MLFLOW_SCHEMES:

@@ -11,7 +11,7 @@ in the lake (a resumed run passing the same boundary) is not run again. `log_eva
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -22,7 +22,7 @@ from rhymerl.data.rewards import RewardSet, load_reward_set
 from rhymerl.run.evaluation import eval_line, eval_metrics, eval_rows, eval_sampling
 from rhymerl.vllm.engine import SamplingSettings
 from storage.lake import LakeWriter
-from tasks.setup import RunContext, Tracking, prepare_prompts_task
+from tasks.setup import RunContext, Tracking, load_prompts
 from workers.evaluation import run_eval
 
 
@@ -36,32 +36,14 @@ class Evaluation:
     skipped: int  # eval prompts left out as too long for the engine
 
 
-def eval_data_config(cfg: RunConfig) -> RunConfig:
-    """The run's config with `data` reading the eval set (`eval.dataset`, `eval.num_prompts`; every
-    other data key as for training) and the rollout's max_tokens the evaluation's."""
-    data = replace(cfg.data, dataset=cfg.eval.dataset, num_prompts=_eval_rows(cfg))
-    return replace(cfg, data=data, rollout=replace(cfg.rollout, max_tokens=eval_sampling(cfg).max_tokens))
-
-
-def _eval_rows(cfg: RunConfig) -> int:
-    """eval.num_prompts, with 0 (every row) counted from a single file: today's loader reads no
-    count of 0 as every row."""
-    if cfg.eval.num_prompts or not isinstance(cfg.eval.dataset, str):
-        return cfg.eval.num_prompts
-    from pathlib import Path
-
-    from rhymerl.data.datasets import read_problem_file
-
-    return len(read_problem_file(Path(cfg.eval.dataset)))
-
-
 @task(name="prepare-eval", cache_policy=NO_CACHE)
 def prepare_eval_task(cfg: RunConfig, model_dir: str) -> Evaluation | None:
     """The eval prompts (rendered and tokenized as the training prompts are) and the run's reward
     functions; None when evaluation is off (`eval.dataset` is "")."""
     if not cfg.eval.enabled:
         return None
-    prompts, skipped = prepare_prompts_task.fn(eval_data_config(cfg), model_dir)
+    prompts, skipped = load_prompts(cfg, model_dir, source=cfg.eval.dataset, num_prompts=cfg.eval.num_prompts,
+                                    key="eval.dataset", max_tokens=eval_sampling(cfg).max_tokens)
     if skipped:
         get_run_logger().warning("skipped %d eval prompts longer than the engine allows", skipped)
     rewards = load_reward_set(cfg.reward.functions, cfg.reward.weight_list, answer_key=cfg.data.answer_key)

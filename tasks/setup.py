@@ -20,6 +20,7 @@ from prefect.context import SettingsContext, get_settings_context
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from rhymerl.config.run import RunConfig, config_to_dict
+from rhymerl.config.task import Source
 from rhymerl.config.fields import flatten
 from rhymerl.data.datasets import load_problems
 from rhymerl.data.prompts import load_tokenizer, prompt_renderer, render_prompts
@@ -70,16 +71,26 @@ def prepare_model_task(cfg: RunConfig) -> str:
 
 @task(name="prepare-prompts", cache_policy=NO_CACHE)
 def prepare_prompts_task(cfg: RunConfig, model_dir: str) -> tuple[list[Prompt], int]:
-    """Load the dataset's rows (`data.*`; S3 URLs with the lake's S3 settings), render them with the
-    model's tokenizer (its chat template where the data needs one) and tokenize them; prompts too
-    long for the engine are skipped or rejected."""
-    problems = load_problems(cfg.data, cfg.reward, storage_options=source_options(cfg.data.dataset))
-    budget = cfg.model.max_model_len - cfg.rollout.max_tokens
+    """The training prompts (`data.*`): see `load_prompts`."""
+    return load_prompts(cfg, model_dir)
+
+
+def load_prompts(cfg: RunConfig, model_dir: str, source: Source | None = None, num_prompts: int | None = None,
+                 key: str = "data.dataset", max_tokens: int | None = None) -> tuple[list[Prompt], int]:
+    """Load a source's rows (`data.dataset`, or `source` with `num_prompts`, named `key` in errors, such
+    as the eval set; S3 URLs with the lake's S3 settings), render them with the model's tokenizer (its
+    chat template where the data needs one) and tokenize them with `data`'s keys and template; prompts
+    too long for the engine (`max_tokens`, default rollout.max_tokens, of room) are skipped or rejected.
+    Returns the prompts and how many were skipped."""
+    source = cfg.data.dataset if source is None else source
+    problems = load_problems(cfg.data, cfg.reward, source=source, num_prompts=num_prompts,
+                             storage_options=source_options(source), key=key)
+    budget = cfg.model.max_model_len - (cfg.rollout.max_tokens if max_tokens is None else max_tokens)
     prompts, skipped = render_prompts(problems, prompt_renderer(cfg.data), load_tokenizer(model_dir),
                                       max_prompt_tokens=budget, on_long=cfg.data.on_long_prompt)
     if not prompts:
-        raise ValueError(f"no prompt fits the engine: all {len(problems)} exceed {budget} tokens "
-                         "(model.max_model_len - rollout.max_tokens); raise model.max_model_len")
+        raise ValueError(f"no prompt of {key} fits the engine: all {len(problems)} exceed {budget} tokens "
+                         "(model.max_model_len - the response's max_tokens); raise model.max_model_len")
     return prompts, len(skipped)
 
 
