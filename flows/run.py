@@ -18,6 +18,7 @@ from prefect.utilities.annotations import quote
 from flows.step import RunState, run_step
 from rhymerl.config.run import RunConfig, config_from_dict
 from rhymerl.data.records import new_run_id
+from rhymerl.policy.lr_schedule import run_optimizer_steps
 from rhymerl.run.heap import freeze_startup_heap
 from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.run.rollout import epoch_order, step_batches
@@ -109,7 +110,8 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     status = "failed"
     try:
         st.started_ray = init_ray(cfg.rollout.num_workers)
-        st.workers, st.trainer, st.initial_fingerprint = start_actors_task(cfg, model_dir)
+        st.workers, st.trainer, st.initial_fingerprint = start_actors_task(cfg, model_dir,
+                                                                           run_optimizer_steps(cfg, len(prompts)))
         start_epoch, start_step = _open_run(ctx, st, resume)
         # Restarted rollout workers get the trainer's weights and the history before they sample.
         st.guard = WorkerGuard.watch(st.workers, st.trainer, cfg.recovery.restart_timeout_s, run_id,

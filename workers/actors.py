@@ -215,18 +215,21 @@ class ShardedCheckpoints:
         """Another run's sharded checkpoint, at policy version 0 of this run; the fingerprint."""
         self.load_checkpoint(url, storage_options)
         self.trainer.policy_version = 0
+        self.trainer.set_lr_step(0)  # this run's schedule starts at its beginning
         return self.weights_fingerprint()
 
 
 @ray.remote
 class TrainerWorker(ShardedCheckpoints, WeightSender):
-    """Holds the torch policy and optimizer; one GRPO update per step."""
+    """Holds the torch policy and optimizer; one GRPO update per step. `total_steps`: the run's
+    optimizer steps, over which the learning-rate schedule runs (`rhymerl.policy.lr_schedule`)."""
 
-    def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:
+    def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None, total_steps: int = 0) -> None:
         from rhymerl.policy.trainer import Trainer
 
         self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
-                               threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                               threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                               total_steps=total_steps)
         freeze_startup_heap()
         self._stream = None  # the step's StreamedStep while groups arrive (train.stream)
         self._stream_ok = False  # False once an add failed: the stream cannot give the step's update
@@ -309,6 +312,7 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
         RNG, at policy version 0 of this run; returns the weights' fingerprint."""
         self.trainer.load_state_bytes(blob)
         self.trainer.policy_version = 0
+        self.trainer.set_lr_step(0)  # this run's schedule starts at its beginning
         return self.weights_fingerprint()
 
     def save(self, out_dir: str) -> str:
