@@ -27,6 +27,7 @@ from tasks.report import log_epoch_task, plot_task
 from tasks.setup import (RunContext, finish_run_task, init_ray, prepare_model_task, prepare_prompts_task,
                          quiet_subflow, start_actors_task, start_tracking_task)
 from tasks.background import Background
+from tasks.export import export_task
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import restore_task, resume_tracking_task, warm_start_task
@@ -141,6 +142,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             epoch, start_step = epoch + 1, 0
         st.background.flush()
         plot_task(st.tracking, quote(st.history))
+        exported = _export(ctx, st, log)
         status = "finished"
     finally:
         _drain(st.background, log)  # a failed run still gets what it submitted
@@ -149,8 +151,9 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         _LIVE.pop(run_id, None)
     summary = epoch_summary(st.history)
     mlflow_run_id = st.tracking.mlflow_run_id if st.tracking is not None else ""
-    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri, mlflow_run_id, skipped))
-    return {"run_id": run_id, "mlflow_run_id": mlflow_run_id, "lake": cfg.lake.url,
+    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri, mlflow_run_id, skipped,
+                                    exported))
+    return {"run_id": run_id, "mlflow_run_id": mlflow_run_id, "lake": cfg.lake.url, "export": exported,
             "skipped_prompts": skipped, "initial_engine_fingerprint": st.initial_fingerprint,
             "warm_start": st.warm_start,
             "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s,
@@ -173,6 +176,18 @@ def _open_run(ctx: RunContext, st: RunState, resume: str | None) -> tuple[int, i
         st.initial_fingerprint = sync_task(st.trainer, st.workers, **sync_settings(cfg))["engine_fingerprint"]
     st.tracking = start_tracking_task(ctx, st.workers, st.trainer)
     return 0, 0
+
+
+def _export(ctx: RunContext, st: RunState, log) -> str:
+    """The final model as a Hugging Face folder (`tasks.export`); "" with a warning when that
+    fails: the training is done and committed, and any checkpoint can be exported later."""
+    try:
+        return export_task(ctx, st.trainer, st.tracking)
+    except Exception as exc:
+        log.warning("exporting the final model failed (%s); export the last checkpoint with `rhymerl export "
+                    "%s OUT --lake %s`", str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    ctx.run_id, ctx.cfg.lake.url)
+        return ""
 
 
 def _drain(background: Background, log) -> None:

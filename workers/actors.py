@@ -194,9 +194,25 @@ class RolloutWorker:
 class ShardedCheckpoints:
     """Checkpoint methods a trainer actor shares with every rank of a group: `self.trainer` writes
     or reads its part of a sharded checkpoint (`rhymerl.policy.checkpoint`; the whole state when it
-    is the only one). The actor class provides `weights_fingerprint`."""
+    is the only one), and the weights go out as a Hugging Face folder. The actor class provides
+    `weights_fingerprint` (and `rank` on a group)."""
 
     trainer: Any
+
+    def export_model(self, url: str, storage_options: dict) -> str:
+        """The policy's weights now as a Hugging Face folder at `url`, replacing an earlier one
+        (`storage.exports`, `rhymerl.policy.export`): every rank gathers, rank 0 writes; the URL."""
+        from rhymerl.policy.export import export_hf
+        from storage.exports import staged_export
+
+        if getattr(self, "rank", 0) != 0:
+            for _ in self.trainer.engine_tensors():  # the same gathers as rank 0's, in the same order
+                pass
+            return url
+        weights = dict(self.trainer.engine_tensors())
+        with staged_export(url, replace=True, storage_options=storage_options) as folder:
+            export_hf(weights, self.trainer.model_dir, folder)
+        return url
 
     def save_checkpoint(self, url: str, storage_options: dict) -> int:
         """Write this process's part of a sharded checkpoint under `url`; the policy version."""
