@@ -2,7 +2,7 @@
 
     <lake>/_exports/<run_id>/    config.json, model.safetensors, generation_config.json, tokenizer files
 
-A finished run writes its final weights there (`tasks/export.py`); `rhymerl export` writes any
+A finished run stores its final weights there (`tasks/export.py`); `rhymerl export` writes any
 committed checkpoint to a folder or URL of the user's choice. Either way the folder is first
 written whole on local disk (`staged_export`) and only then published:
 
@@ -22,9 +22,7 @@ import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
-
-import fsspec
+from typing import Any, Iterator
 
 from storage.fs import LakeError, is_local, lake_io, open_filesystem
 from storage.layout import check_key
@@ -43,21 +41,12 @@ def export_url(lake_url: str, run_id: str) -> str:
     return f"{root.rstrip('/')}/{EXPORTS_DIR}/{run_id}"
 
 
-def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    if storage_options is None:  # the store's own settings (s3fs options, a probe of the bucket)
-        return open_filesystem(url)
-    with lake_io(url, "open its filesystem"):
-        fs, path = fsspec.core.url_to_fs(url, **storage_options)
-    return fs, path.rstrip("/")
-
-
 @contextmanager
-def staged_export(url: str, replace: bool = False,
-                  storage_options: Mapping[str, Any] | None = None) -> Iterator[Path]:
+def staged_export(url: str, replace: bool = False) -> Iterator[Path]:
     """A local folder path (not created) to write the model into; published at `url` when the
     block ends without an error, discarded otherwise. An existing `url` is a LakeError (before
-    the block runs) unless `replace`. `storage_options` go to fsspec (None: the store's own)."""
-    fs, path = _filesystem(url, storage_options)
+    the block runs) unless `replace`."""
+    fs, path = open_filesystem(url)  # an unreachable store fails here, naming the fix
     with lake_io(url, "look for an earlier export"):
         exists = fs.exists(path)
     if exists and not replace:

@@ -199,20 +199,22 @@ class ShardedCheckpoints:
 
     trainer: Any
 
-    def export_model(self, url: str, storage_options: dict) -> str:
-        """The policy's weights now as a Hugging Face folder at `url`, replacing an earlier one
-        (`storage.exports`, `rhymerl.policy.export`): every rank gathers, rank 0 writes; the URL."""
+    def export_files(self) -> dict[str, bytes] | None:
+        """The policy's weights now as the files of a Hugging Face folder (`rhymerl.policy.export`),
+        name -> bytes, from rank 0 (every rank gathers); None on the other ranks. The driver
+        stores them (`storage.exports`): it holds the lake's credentials, as for one-rank checkpoints."""
+        from pathlib import Path
+
         from rhymerl.policy.export import export_hf
-        from storage.exports import staged_export
 
         if getattr(self, "rank", 0) != 0:
             for _ in self.trainer.engine_tensors():  # the same gathers as rank 0's, in the same order
                 pass
-            return url
+            return None
         weights = dict(self.trainer.engine_tensors())
-        with staged_export(url, replace=True, storage_options=storage_options) as folder:
-            export_hf(weights, self.trainer.model_dir, folder)
-        return url
+        with tempfile.TemporaryDirectory() as tmp:
+            out = export_hf(weights, self.trainer.model_dir, Path(tmp) / "model")
+            return {f.name: f.read_bytes() for f in out.iterdir()}
 
     def save_checkpoint(self, url: str, storage_options: dict) -> int:
         """Write this process's part of a sharded checkpoint under `url`; the policy version."""

@@ -120,7 +120,7 @@ class TrainerGroup:
 
     METHODS = ("train_step", "state_for_engine", "state_buckets", "policy_version", "held_bytes",
                "weights_fingerprint", "probe", "save_checkpoint", "load_checkpoint", "warm_start_checkpoint",
-               "save", "export_model", "info", "weight_rendezvous", "broadcast_weights")
+               "save", "export_files", "info", "weight_rendezvous", "broadcast_weights")
 
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks
