@@ -3,10 +3,11 @@
 
 The checkpoints come from trainers that take GRPO steps and save, as a run's would (no RL run):
 a `Trainer`'s state bytes after one step in the checkpoint store, and a 2-rank `ShardedTrainer`
-(FSDP2 on gloo, two spawned processes) writing DCP shards after two steps, committed by the store. Each is exported from its
-checkpoint step folder (`rhymerl.policy.export.export_checkpoint`). vLLM starts once (~1 min):
-`LLM(OUT)` of the one-rank export (through `VllmEngine`); the two-rank export, whose config.json
-is the same file byte for byte, then has its model.safetensors loaded into that engine.
+(FSDP2 on gloo, two spawned processes) writing DCP shards after two steps, committed by the store.
+Each is exported from its checkpoint step folder (`rhymerl.policy.export.export_checkpoint`) and
+loaded by `LLM(OUT)` (through `VllmEngine`), one engine after the other (~1 min each). The engine's
+in-place weight load is not a substitute for the second start: it is made for the trainer's whole
+state dict (lm_head.weight included), not for a tied export's files, and did not match there.
 
 Log-probs are of fixed token sequences (`probe_ids`): ids[i + 1] given ids[:i + 1]. Tolerances,
 float32 on CPU: transformers 1e-5 (the trainer's own forward, only the load in between); vLLM
@@ -88,19 +89,15 @@ def test_transformers_gives_the_trainers_logprobs(exports, kind: str) -> None:
 
 
 def test_vllm_gives_the_trainers_logprobs(exports) -> None:
-    from safetensors.torch import load_file
-
     from rhymerl.vllm.engine import EngineSettings, VllmEngine
     from rhymerl.vllm.spec_guard import shutdown_llm
 
     found, ids = exports
     (one, one_lp), (two, two_lp) = found["one-rank"], found["two-rank"]
     assert max(abs(a - b) for a, b in zip(one_lp, two_lp)) > 10 * VLLM_TOL  # the check can tell them apart
-    assert (one / "config.json").read_bytes() == (two / "config.json").read_bytes()
-    engine = VllmEngine(EngineSettings(str(one), max_model_len=128))
-    try:
-        assert engine.probe_logprobs(ids) == pytest.approx(one_lp, abs=VLLM_TOL)
-        engine.load_weights(load_file(two / "model.safetensors").items())
-        assert engine.probe_logprobs(ids) == pytest.approx(two_lp, abs=VLLM_TOL)
-    finally:
-        shutdown_llm(engine.llm)
+    for folder, want in ((one, one_lp), (two, two_lp)):  # one engine at a time
+        engine = VllmEngine(EngineSettings(str(folder), max_model_len=128))
+        try:
+            assert engine.probe_logprobs(ids) == pytest.approx(want, abs=VLLM_TOL), folder.name
+        finally:
+            shutdown_llm(engine.llm)
