@@ -182,7 +182,7 @@ def _export(ctx: RunContext, st: RunState, log) -> str:
     """The final model as a Hugging Face folder (`tasks.export`); "" with a warning when that
     fails: the training is done and committed, and any checkpoint can be exported later."""
     try:
-        return export_task(ctx, st.trainer, st.tracking)
+        return export_task(quote(ctx), st.trainer, st.tracking)
     except Exception as exc:
         log.warning("exporting the final model failed (%s); export the last checkpoint with `rhymerl export "
                     "%s OUT --lake %s`", str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
