@@ -1,4 +1,5 @@
-"""`rhymerl` command line: run training, build the built-in model, query the lake, replay HistoSpec.
+"""`rhymerl` command line: run training, build the built-in model, query the lake, export a model,
+replay HistoSpec.
 
 Heavy imports (Prefect, Ray, vLLM, torch) happen inside the subcommands so `rhymerl --help`
 answers at once.
@@ -15,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from cli.export import register as register_export
 from cli.lake import register as register_lake
 from cli.spec_replay import register as register_spec
 from cli.ui import register as register_ui
@@ -142,7 +144,7 @@ def _train(cfg, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if not args.verbose:  # the flow logged the table to the log file; a person wants it here
         print(format_summary(result["epochs"], run_id, cfg.lake.url, cfg.tracking.uri, result["mlflow_run_id"],
-                             result["skipped_prompts"]), file=out)
+                             result["skipped_prompts"], result.get("export", "")), file=out)
     logs = "" if args.verbose else f"; logs in {log_file.parent}/"
     print(f"run {run_id} done in {time.perf_counter() - t0:.0f}s wall time{logs}", file=out)
     return 0
@@ -232,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=cmd_model_build)
 
     register_lake(sub)
+    register_export(sub)
     register_spec(sub)
     register_ui(sub)
     bench = sub.add_parser("bench", help="benchmarks (readable table; --json for machines)",

@@ -19,6 +19,7 @@ from prefect.utilities.annotations import quote
 from flows.step import RunState, run_step
 from rhymerl.config.run import RunConfig, config_from_dict
 from rhymerl.data.records import new_run_id
+from rhymerl.policy.lr_schedule import run_optimizer_steps
 from rhymerl.run.heap import freeze_startup_heap
 from rhymerl.vllm.engine import SamplingSettings
 from rhymerl.run.rollout import epoch_order, step_batches
@@ -29,6 +30,7 @@ from tasks.report import log_epoch_task, plot_task
 from tasks.setup import (RunContext, finish_run_task, init_ray, prepare_model_task, prepare_prompts_task,
                          quiet_subflow, start_actors_task, start_tracking_task)
 from tasks.background import Background
+from tasks.export import export_task
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
 from tasks.ops import link_runs_task
 from tasks.resume import restore_task, resume_tracking_task, warm_start_task
@@ -114,7 +116,8 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     status = "failed"
     try:
         st.started_ray = init_ray(cfg.rollout.num_workers)
-        st.workers, st.trainer, st.initial_fingerprint = start_actors_task(cfg, model_dir)
+        st.workers, st.trainer, st.initial_fingerprint = start_actors_task(cfg, model_dir,
+                                                                           run_optimizer_steps(cfg, len(prompts)))
         start_epoch, start_step = _open_run(ctx, st, resume)
         # Restarted rollout workers get the trainer's weights and the history before they sample.
         st.guard = WorkerGuard.watch(st.workers, st.trainer, cfg.recovery.restart_timeout_s, run_id,
@@ -146,6 +149,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
             epoch, start_step = epoch + 1, 0
         st.background.flush()
         plot_task(st.tracking, quote(st.history))
+        exported = _export(ctx, st, log)
         status = "finished"
     finally:
         _drain(st.background, log)  # a failed run still gets what it submitted
@@ -154,8 +158,9 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         _LIVE.pop(run_id, None)
     summary = epoch_summary(st.history)
     mlflow_run_id = st.tracking.mlflow_run_id if st.tracking is not None else ""
-    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri, mlflow_run_id, skipped))
-    return {"run_id": run_id, "mlflow_run_id": mlflow_run_id, "lake": cfg.lake.url,
+    log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri, mlflow_run_id, skipped,
+                                    exported))
+    return {"run_id": run_id, "mlflow_run_id": mlflow_run_id, "lake": cfg.lake.url, "export": exported,
             "skipped_prompts": skipped, "initial_engine_fingerprint": st.initial_fingerprint,
             "warm_start": st.warm_start,
             "epochs": summary, "history": st.history, "epoch_wall_s": epoch_wall_s,
@@ -193,6 +198,18 @@ def _evaluate(ctx: RunContext, st: RunState, evaluation: Evaluation | None, afte
     if metrics is not None:  # None: already in the lake (a resumed run)
         evals.append({"epoch": after_epoch, "global_step": step, **metrics})
         st.mlflow_tail = st.background.submit(log_eval_task, st.tracking, metrics, step, after=st.mlflow_tail)
+
+
+def _export(ctx: RunContext, st: RunState, log) -> str:
+    """The final model as a Hugging Face folder (`tasks.export`); "" with a warning when that
+    fails: the training is done and committed, and any checkpoint can be exported later."""
+    try:
+        return export_task(quote(ctx), st.trainer, st.tracking)
+    except Exception as exc:
+        log.warning("exporting the final model failed (%s); export the last checkpoint with `rhymerl export "
+                    "%s OUT --lake %s`", str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    ctx.run_id, ctx.cfg.lake.url)
+        return ""
 
 
 def _drain(background: Background, log) -> None:

@@ -205,17 +205,22 @@ class CheckpointStore:
         """(global step, state.json) of the run's newest committed checkpoint, without reading
         its trainer state (gigabytes for a real model); None if the run has none."""
         steps = self.steps(run_id)
-        if not steps:
-            return None
-        key = step_key(run_id, steps[-1])
+        return (steps[-1], self.meta(run_id, steps[-1])) if steps else None
+
+    def meta(self, run_id: str, global_step: int) -> dict[str, Any]:
+        """state.json of a committed checkpoint (its counters: epoch, step, ...), checked against
+        its marker, without reading the trainer state; LakeError if it is missing or damaged."""
+        key = step_key(run_id, global_step)
         marker_path, meta_path = self._path(f"{key}/{MARKER}"), self._path(f"{key}/{META_FILE}")
         with lake_io(self.url, f"read checkpoint {key}"):
             blobs = self.fs.cat([marker_path, meta_path], on_error="return")
-        meta = blobs.get(meta_path)
-        if not isinstance(meta, bytes) or _digest(meta) != json.loads(blobs[marker_path])["files"][META_FILE]:
+        meta, marker = blobs.get(meta_path), blobs.get(marker_path)
+        if not isinstance(marker, bytes):
+            raise LakeError(f"checkpoint {self.url}/{key} is not committed (no {MARKER} marker)")
+        if not isinstance(meta, bytes) or _digest(meta) != json.loads(marker)["files"][META_FILE]:
             raise LakeError(f"checkpoint {self.url}/{key}: {META_FILE} is missing or damaged; delete "
                             f"the folder's {MARKER} to fall back to the checkpoint before it")
-        return steps[-1], json.loads(meta)
+        return json.loads(meta)
 
     def latest(self, run_id: str) -> Checkpoint | None:
         """The run's newest committed checkpoint, or None if it has none."""

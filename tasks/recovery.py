@@ -17,6 +17,7 @@ from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 from ray.exceptions import RayActorError
 
+from rhymerl.policy.lr_schedule import run_optimizer_steps
 from tasks.resume import Restored, restore_task
 from tasks.setup import RunContext
 from tasks.steps import sync_task
@@ -76,7 +77,7 @@ def replace_trainer(ctx: RunContext, dead, exc: BaseException):
     _log().warning("run %s: the trainer actor died (%s); starting a new one from the last checkpoint",
                    ctx.run_id, str(exc).splitlines()[0])
     stop_trainer(dead)  # already dead: frees its handles' resources, no effect otherwise
-    return start_trainer(ctx.cfg, ctx.model_dir)
+    return start_trainer(ctx.cfg, ctx.model_dir, run_optimizer_steps(ctx.cfg, len(ctx.prompts)))
 
 
 def restore_lost(ctx: RunContext, trainer, exc: BaseException) -> Restored:

@@ -117,16 +117,17 @@ def init_ray(num_workers: int) -> bool:
 
 
 @task(name="start-actors", cache_policy=NO_CACHE)
-def start_actors_task(cfg: RunConfig, model_dir: str) -> tuple[list, object, float]:
-    """Start the trainer and one engine per rollout worker, wait until all are up; also returns
-    the first engine's initial weight fingerprint (to show later that weight sync reached it)."""
+def start_actors_task(cfg: RunConfig, model_dir: str, total_steps: int = 0) -> tuple[list, object, float]:
+    """Start the trainer (its learning-rate schedule over `total_steps` optimizer steps) and one
+    engine per rollout worker, wait until all are up; also returns the first engine's initial
+    weight fingerprint (to show later that weight sync reached it)."""
     cluster = ray.cluster_resources()
     place = placement_for(cfg, cluster.get("GPU", 0))
     missing = missing_resources(place, cfg.rollout.num_workers, cluster, cfg.train.world_size)
     if missing:
         raise ValueError("; ".join(missing))
     cores = os.cpu_count() or 1
-    trainer = launch_trainer(model_dir, cfg, place, threads=cores)
+    trainer = launch_trainer(model_dir, cfg, place, threads=cores, total_steps=total_steps)
     workers = []
     for w in range(cfg.rollout.num_workers):
         spec = EngineSettings(

@@ -215,9 +215,27 @@ class RolloutWorker:
 class ShardedCheckpoints:
     """Checkpoint methods a trainer actor shares with every rank of a group: `self.trainer` writes
     or reads its part of a sharded checkpoint (`rhymerl.policy.checkpoint`; the whole state when it
-    is the only one). The actor class provides `weights_fingerprint`."""
+    is the only one), and the weights go out as a Hugging Face folder. The actor class provides
+    `weights_fingerprint` (and `rank` on a group)."""
 
     trainer: Any
+
+    def export_files(self) -> dict[str, bytes] | None:
+        """The policy's weights now as the files of a Hugging Face folder (`rhymerl.policy.export`),
+        name -> bytes, from rank 0 (every rank gathers); None on the other ranks. The driver
+        stores them (`storage.exports`): it holds the lake's credentials, as for one-rank checkpoints."""
+        from pathlib import Path
+
+        from rhymerl.policy.export import export_hf
+
+        if getattr(self, "rank", 0) != 0:
+            for _ in self.trainer.engine_tensors():  # the same gathers as rank 0's, in the same order
+                pass
+            return None
+        weights = dict(self.trainer.engine_tensors())
+        with tempfile.TemporaryDirectory() as tmp:
+            out = export_hf(weights, self.trainer.model_dir, Path(tmp) / "model")
+            return {f.name: f.read_bytes() for f in out.iterdir()}
 
     def save_checkpoint(self, url: str, storage_options: dict) -> int:
         """Write this process's part of a sharded checkpoint under `url`; the policy version."""
@@ -236,18 +254,21 @@ class ShardedCheckpoints:
         """Another run's sharded checkpoint, at policy version 0 of this run; the fingerprint."""
         self.load_checkpoint(url, storage_options)
         self.trainer.policy_version = 0
+        self.trainer.set_lr_step(0)  # this run's schedule starts at its beginning
         return self.weights_fingerprint()
 
 
 @ray.remote
 class TrainerWorker(ShardedCheckpoints, WeightSender):
-    """Holds the torch policy and optimizer; one GRPO update per step."""
+    """Holds the torch policy and optimizer; one GRPO update per step. `total_steps`: the run's
+    optimizer steps, over which the learning-rate schedule runs (`rhymerl.policy.lr_schedule`)."""
 
-    def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None) -> None:
+    def __init__(self, model_dir: str, cfg: RunConfig, threads: int | None = None, total_steps: int = 0) -> None:
         from rhymerl.policy.trainer import Trainer
 
         self.trainer = Trainer(model_dir, cfg.train, seed=cfg.seed, dtype=cfg.train.dtype or cfg.model.dtype,
-                               threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                               threads=threads, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                               total_steps=total_steps)
         freeze_startup_heap()
         self._stream = None  # the step's StreamedStep while groups arrive (train.stream)
         self._stream_ok = False  # False once an add failed: the stream cannot give the step's update
@@ -330,6 +351,7 @@ class TrainerWorker(ShardedCheckpoints, WeightSender):
         RNG, at policy version 0 of this run; returns the weights' fingerprint."""
         self.trainer.load_state_bytes(blob)
         self.trainer.policy_version = 0
+        self.trainer.set_lr_step(0)  # this run's schedule starts at its beginning
         return self.weights_fingerprint()
 
     def save(self, out_dir: str) -> str:

@@ -36,14 +36,17 @@ class TrainerRank(ShardedCheckpoints, WeightSender):
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, model_dir: str, cfg: RunConfig, addr: str, port: int, threads: int | None) -> int:
-        """Join the process group and load this rank's shard of the policy (collective)."""
+    def setup(self, model_dir: str, cfg: RunConfig, addr: str, port: int, threads: int | None,
+              total_steps: int = 0) -> int:
+        """Join the process group and load this rank's shard of the policy (collective);
+        `total_steps`: the run's optimizer steps (the learning-rate schedule's length)."""
         from rhymerl.policy.sharded import DistSpec, ShardedTrainer
 
         spec = DistSpec(self.rank, cfg.train.world_size, addr, port)
         self.trainer = ShardedTrainer(model_dir, cfg.train, spec, seed=cfg.seed,
                                       dtype=cfg.train.dtype or cfg.model.dtype, threads=threads,
-                                      temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                                      temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                      total_steps=total_steps)
         return self.rank
 
     def train_step(self, batch: list) -> dict:
@@ -117,7 +120,7 @@ class TrainerGroup:
 
     METHODS = ("train_step", "state_for_engine", "state_buckets", "policy_version", "held_bytes",
                "weights_fingerprint", "probe", "save_checkpoint", "load_checkpoint", "warm_start_checkpoint",
-               "save", "info", "weight_rendezvous", "broadcast_weights")
+               "save", "export_files", "info", "weight_rendezvous", "broadcast_weights")
 
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks
@@ -133,26 +136,27 @@ class TrainerGroup:
             ray.kill(rank)
 
 
-def launch_trainer(model_dir: str, cfg: RunConfig, place: Placement, threads: int) -> Any:
-    """The run's trainer: a `TrainerWorker` actor for world size 1, else a started `TrainerGroup`.
+def launch_trainer(model_dir: str, cfg: RunConfig, place: Placement, threads: int, total_steps: int = 0) -> Any:
+    """The run's trainer: a `TrainerWorker` actor for world size 1, else a started `TrainerGroup`;
+    its learning-rate schedule runs over `total_steps` optimizer steps (`run_optimizer_steps`).
 
     Each actor gets the placement's trainer CPUs, GPUs and custom resources;
     ranks sharing a host without GPUs divide its `threads`."""
     options = dict(num_cpus=place.trainer_cpus, num_gpus=place.trainer_gpus, resources=place.trainer_resources)
     world = cfg.train.world_size
     if world == 1:
-        return TrainerWorker.options(**options).remote(model_dir, cfg, threads=threads)
+        return TrainerWorker.options(**options).remote(model_dir, cfg, threads=threads, total_steps=total_steps)
     ranks = [TrainerRank.options(**options).remote(rank) for rank in range(world)]
     addr, port = ray.get(ranks[0].rendezvous.remote())
     per_rank = threads if place.trainer_gpus else max(1, threads // world)
-    ray.get([r.setup.remote(model_dir, cfg, addr, port, per_rank) for r in ranks])
+    ray.get([r.setup.remote(model_dir, cfg, addr, port, per_rank, total_steps) for r in ranks])
     return TrainerGroup(ranks)
 
 
-def start_trainer(cfg: RunConfig, model_dir: str) -> Any:
+def start_trainer(cfg: RunConfig, model_dir: str, total_steps: int = 0) -> Any:
     """A new trainer (initial weights), placed like the run's first one: in-run recovery's."""
     place = placement_for(cfg, ray.cluster_resources().get("GPU", 0))
-    return launch_trainer(model_dir, cfg, place, threads=os.cpu_count() or 1)
+    return launch_trainer(model_dir, cfg, place, threads=os.cpu_count() or 1, total_steps=total_steps)
 
 
 def stop_trainer(trainer: Any) -> None:

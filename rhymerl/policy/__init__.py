@@ -8,8 +8,8 @@
 - `sharded`: sharded data-parallel training (FSDP2); `checkpoint`: sharded checkpoints (DCP).
 - `stream`: a step's gradients accumulated group by group while the rollout's tail generates.
 - `weight_sync`: weights to the engines in buckets; `weight_group`: the same by process-group broadcast.
-- `lr_schedule`: the learning rate by step (constant, linear, cosine; warm-up); `export`: a
-  checkpoint out as a Hugging Face folder (both not yet wired into a run).
+- `lr_schedule`: the learning rate by optimizer step (constant, linear, cosine; warm-up); `export`:
+  a checkpoint or the trainer's weights out as a Hugging Face folder.
 
 Imports nothing (torch loads only with the module that needs it).
 """

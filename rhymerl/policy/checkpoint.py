@@ -5,8 +5,8 @@ folder (a local path or any fsspec URL: `s3://...`); nobody ever holds the whole
 checkpoint written by N ranks loads onto M ranks, or onto the single-process `Trainer` (no
 process group at all), because DCP stores each tensor's global shape and reshards on load.
 
-What is stored: the policy's weights ("model"), AdamW's state ("optim"), the policy version and
-rank 0's torch RNG state (the trainer keeps dropout off, so the ranks' RNG streams are not
+What is stored: the policy's weights ("model"), AdamW's state ("optim"), the policy version, the
+learning-rate schedule's step ("lr_step", the optimizer steps taken) and rank 0's torch RNG state (the trainer keeps dropout off, so the ranks' RNG streams are not
 used in a step; one state restored on every rank is enough). The frozen KL reference is not
 stored: it is the model at `model.path`, rebuilt at start.
 
@@ -37,6 +37,7 @@ def _state(trainer: Trainer) -> dict[str, Any]:
         "optim": optim_sd,
         # plain tensors are replicated: DCP writes them once and gives every rank the whole
         "policy_version": torch.tensor(trainer.policy_version, dtype=torch.int64),
+        "lr_step": torch.tensor(trainer.lr_step, dtype=torch.int64),
         "torch_rng": torch.get_rng_state(),
     }
 
@@ -56,12 +57,17 @@ def load_trainer(trainer: Trainer, url: str, **storage_options: Any) -> int:
     """Restore what `save_trainer` wrote at `url`, from any world size; returns the policy version.
 
     Collective when sharded. The optimizer's state is loaded even before its first step (DCP
-    fills the state that `get_state_dict` initialises)."""
+    fills the state that `get_state_dict` initialises). A checkpoint without "lr_step" (written
+    before schedules were stored) resumes the schedule at policy version x updates_per_step."""
     state = _state(trainer)
     reader = FsspecReader(url, **storage_options)
+    if "lr_step" not in reader.read_metadata().state_dict_metadata:  # every other key must be there
+        del state["lr_step"]
     dcp.load(state, storage_reader=reader, no_dist=not _distributed())
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     trainer.policy_version = int(state["policy_version"])
+    lr_step = state.get("lr_step", trainer.policy_version * trainer.cfg.updates_per_step)
+    trainer.set_lr_step(int(lr_step))
     torch.set_rng_state(state["torch_rng"])
     return trainer.policy_version

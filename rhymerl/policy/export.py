@@ -1,7 +1,8 @@
 """Export a trained policy as a Hugging Face model folder that `AutoModelForCausalLM` loads.
 
 `read_checkpoint_weights(location)` gives the full state dict (HF names -> whole CPU tensors) of
-a trainer checkpoint in either of the run's formats:
+a trainer checkpoint in either of the run's formats (`state_weights(blob, where)`: from a
+one-rank checkpoint's bytes, as `storage.checkpoints` hands them out after checking their digest):
 
 * a one-rank ``trainer.pt``: `torch.save` of `Trainer.state()`, a dict whose ``"model"`` holds the
   state dict (read with ``weights_only=True``);
@@ -65,12 +66,17 @@ def read_checkpoint_weights(location: str | Path,
 
 
 def _one_rank(fs: Any, path: str, url: str) -> dict[str, Tensor]:
+    return state_weights(fs.cat_file(path), url)
+
+
+def state_weights(blob: bytes, where: str) -> dict[str, Tensor]:
+    """The state dict in the bytes of a one-rank ``trainer.pt`` (read from `where`, for errors)."""
     try:
-        state = torch.load(io.BytesIO(fs.cat_file(path)), map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ExportError(f"{url} cannot be read as a torch checkpoint: {type(exc).__name__}: {exc}") from exc
+        raise ExportError(f"{where} cannot be read as a torch checkpoint: {type(exc).__name__}: {exc}") from exc
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise ExportError(f"{url} holds no 'model' state dict; give what Trainer.state() saved (trainer.pt)")
+        raise ExportError(f"{where} holds no 'model' state dict; give what Trainer.state() saved (trainer.pt)")
     return dict(state["model"])
 
 

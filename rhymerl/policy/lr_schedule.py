@@ -12,7 +12,8 @@ resumed run needs only its step count to be back on schedule.
 
 `lr_lambda` gives the same schedule as a multiplier of the base rate, and `make_scheduler` a
 ``torch.optim.lr_scheduler.LambdaLR`` on it: call ``scheduler.step()`` after each
-``optimizer.step()`` and step k runs at ``lr_at(k, ...)``. Unknown names, a negative warmup and
+``optimizer.step()`` and step k runs at ``lr_at(k, ...)``; `resume_scheduler` puts one at step k of a
+resumed run. `run_optimizer_steps` is a run's step count (the schedule's length). Unknown names, a negative warmup and
 a decaying schedule without a positive step count are `ConfigError`s naming the setting.
 """
 
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rhymerl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rhymerl.config.run import RunConfig
 
 # name -> multiplier of the base rate at `progress` in [0, 1] through the post-warmup steps
 SCHEDULES: dict[str, Callable[[float], float]] = {
@@ -87,3 +91,21 @@ def make_scheduler(optimizer: Any, total_steps: int, schedule: str = "constant",
     from torch.optim.lr_scheduler import LambdaLR  # lazy: checking a config needs no torch
 
     return LambdaLR(optimizer, lr_lambda(total_steps, schedule, warmup_steps), last_epoch=last_step)
+
+
+def resume_scheduler(optimizer: Any, base_lr: float, total_steps: int, schedule: str, warmup_steps: int,
+                     steps_taken: int) -> Any:
+    """`make_scheduler` for an optimizer that already took `steps_taken` steps (a loaded optimizer
+    state, or a warm start at 0): its next step runs at ``lr_at(steps_taken, ...)``. The base rate
+    is `base_lr` (the run's `train.lr`), whatever rate a loaded optimizer state carries."""
+    if steps_taken < 0:
+        raise ValueError(f"steps_taken must be >= 0, got {steps_taken}")
+    for group in optimizer.param_groups:
+        group["initial_lr"] = base_lr
+    return make_scheduler(optimizer, total_steps, schedule, warmup_steps, last_step=steps_taken - 1)
+
+
+def run_optimizer_steps(cfg: "RunConfig", prompts: int) -> int:
+    """The optimizer steps of a whole run over `prompts` prompts (after loading and skipping):
+    epochs x steps per epoch x `train.updates_per_step`."""
+    return cfg.epochs * cfg.steps_per_epoch(prompts) * cfg.train.updates_per_step

@@ -119,9 +119,8 @@ class ShardedTrainer(Trainer):
         if self.ref_model is not None:  # frozen: sharded too, else each rank holds a full copy
             shard_model(self.ref_model, cfg, self.device)
         shard_model(self.model, cfg, self.device)
-        # FSDP2 swapped the parameters for sharded ones: the optimizer must hold those
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+        # FSDP2 swapped the parameters for sharded ones: the optimizer (and its schedule) must hold those
+        self._make_optimizer()
         self._passes = 0
 
     def train_step(self, batch: list[TrainExample]) -> dict[str, float]:
@@ -145,7 +144,7 @@ class ShardedTrainer(Trainer):
     def _clip_and_step(self) -> float:
         # clip_grad_norm_ reduces the sharded gradients' norm over the group (a DTensor)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
+        self._optimizer_step()
         return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
 
     @torch.no_grad()

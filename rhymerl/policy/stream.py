@@ -11,7 +11,8 @@ last group, with the same result as `Trainer.train_step` on the whole batch:
   until the last group: each group adds its *un-normalised* sum (normaliser 1) and `finish` scales
   the accumulated gradients by 1 / count once; gradients are linear in that factor, so this equals
   dividing every micro-batch's loss by the count (sequence-level aggregation likewise, by sequences);
-- clipping and the AdamW step follow, on the scaled gradients, as in the batch path.
+- clipping and the AdamW step (at the schedule's rate, which then moves on) follow, on the scaled
+  gradients, as in the batch path.
 
 Only the first update of a step can stream: with `train.updates_per_step > 1` the later updates
 need the first one's weights, so they are refused here. The order of micro-batches aside, the
@@ -74,6 +75,7 @@ class StreamedStep:
         for p in t.model.parameters():
             if p.grad is not None:
                 p.grad.mul_(scale)
+        lr = float(t.optimizer.param_groups[0]["lr"])  # the update's; stepping moves the schedule on
         grad_norm = t._clip_and_step()
         t.policy_version += 1
         self.done = True
@@ -81,7 +83,7 @@ class StreamedStep:
         n = max(s["tokens"], 1.0)
         out = {"loss": s["loss"] * scale, "grad_norm": grad_norm, "clip_frac": s["clip"] / n,
                "ratio_mean": s["ratio"] / n, "kl": s["kl"] * scale, "tokens": s["tokens"],
-               "seconds": seconds, "tokens_per_s": s["tokens"] / max(seconds, 1e-9)}
+               "seconds": seconds, "tokens_per_s": s["tokens"] / max(seconds, 1e-9), "lr": lr}
         if self.missing == 0:
             out["logprob_abs_diff"] = s["diff"] / n
         return out

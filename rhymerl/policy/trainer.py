@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM
 from rhymerl.config.run import TrainConfig
 from rhymerl.policy import grpo
 from rhymerl.policy.blocks import checkpoint_activations
+from rhymerl.policy.lr_schedule import check_schedule, make_scheduler, resume_scheduler
 from rhymerl.policy.sampling import token_logprobs
 
 DTYPES: dict[str, torch.dtype] = {
@@ -134,11 +135,17 @@ class Trainer:
     `temperature` and `top_p` are the engines' sampling settings (`rollout.*`): every log-prob
     the trainer computes is of that distribution. `threads`, when given, sets torch's intra-op
     thread count for the whole process.
+
+    The learning rate follows `cfg.lr_schedule` and `cfg.warmup_steps` over `total_steps`, the
+    run's optimizer steps (`lr_schedule.run_optimizer_steps`; 0 = unknown: constant schedule
+    only). `lr_step`, the optimizer steps taken in the run, is checkpointed; `set_lr_step` resumes it.
     """
 
     def __init__(self, model_dir: str, cfg: TrainConfig, seed: int = 0,
                  dtype: str = "float32", threads: int | None = None,
-                 temperature: float = 1.0, top_p: float = 1.0) -> None:
+                 temperature: float = 1.0, top_p: float = 1.0, total_steps: int = 0) -> None:
+        check_schedule(cfg.lr_schedule, cfg.warmup_steps, total_steps)  # before the model loads
+        self.total_steps = total_steps
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
         if temperature <= 0 or not 0 < top_p <= 1:
@@ -156,8 +163,7 @@ class Trainer:
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+        self._make_optimizer()
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
@@ -165,6 +171,24 @@ class Trainer:
             checkpoint_activations(self.model)
         self.aggregation = grpo.get_aggregation(cfg.loss_agg)
         self.policy_version = 0
+
+    def _make_optimizer(self) -> None:
+        """AdamW over the model's (current) parameters and the schedule over it, at step 0."""
+        cfg = self.cfg
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, self.total_steps, cfg.lr_schedule, cfg.warmup_steps)
+
+    @property
+    def lr_step(self) -> int:
+        """Optimizer steps taken so far in the run: the next one runs at `lr_at(lr_step, ...)`."""
+        return int(self.scheduler.last_epoch)
+
+    def set_lr_step(self, step: int) -> None:
+        """Put the schedule at `step` optimizer steps taken (a resume; 0 for a warm start)."""
+        cfg = self.cfg
+        self.scheduler = resume_scheduler(self.optimizer, cfg.lr, self.total_steps, cfg.lr_schedule,
+                                          cfg.warmup_steps, step)
 
     # ------------------------------------------------------------ log-probs
 
@@ -203,8 +227,8 @@ class Trainer:
         the update. Examples with advantage 0 add no gradient but still count in that
         normaliser, as they do in DAPO's token-level loss.
 
-        Metrics (loss, grad_norm before clipping, clip_frac, ratio_mean, kl) are means over the
-        updates; tokens is the number of response tokens in the batch, tokens_per_s that number
+        Metrics (loss, grad_norm before clipping, clip_frac, ratio_mean, kl, and lr: the learning
+        rate each update ran at) are means over the updates; tokens is the number of response tokens in the batch, tokens_per_s that number
         over the wall time of the whole step. When every example carries `sampler_logprobs`,
         `logprob_abs_diff` is the mean |engine - trainer| log-prob over the batch's tokens before
         the update (~0 when engine and trainer agree on weights and sampling settings).
@@ -229,7 +253,7 @@ class Trainer:
             ref = ([self._logprobs(self.ref_model, mb) for mb in micro]
                    if self.ref_model is not None else None)
         totals: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
-                                    "ratio_mean": 0.0, "kl": 0.0}
+                                    "ratio_mean": 0.0, "kl": 0.0, "lr": 0.0}
         for _ in range(self.cfg.updates_per_step):
             update = self._update(micro, old, ref, denominator)
             for key in totals:
@@ -256,8 +280,13 @@ class Trainer:
     def _clip_and_step(self) -> float:
         """Clip the gradients to `max_grad_norm`, step the optimizer; the norm before clipping."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
+        self._optimizer_step()
         return float(grad_norm)
+
+    def _optimizer_step(self) -> None:
+        """One AdamW step at the schedule's rate, then the schedule moves on to the next step's."""
+        self.optimizer.step()
+        self.scheduler.step()
 
     def _backward(self, mb: _Padded, old: Tensor, ref: Tensor | None, denominator: float) -> list[float]:
         """Add one micro-batch's gradient (policy loss, plus the k3 KL term when `ref` is given, both
@@ -283,11 +312,12 @@ class Trainer:
         for i, mb in enumerate(micro):
             part = self._backward(mb, old[i], ref[i] if ref is not None else None, denominator)
             sums = [a + b for a, b in zip(sums, part)]
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's; the step moves the schedule on
         grad_norm = self._clip_and_step()
         loss_sum, kl_sum, clip_sum, ratio_sum, token_sum = self._all_sum(sums)
         n = max(token_sum, 1.0)
         return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clip_sum / n,
-                "ratio_mean": ratio_sum / n, "kl": kl_sum}
+                "ratio_mean": ratio_sum / n, "kl": kl_sum, "lr": lr}
 
     # ------------------------------------------------------------ weights out
 
@@ -338,22 +368,25 @@ class Trainer:
     # ------------------------------------------------------------ checkpoint state
 
     def state(self) -> dict[str, Any]:
-        """Everything needed to resume: weights, optimizer, policy version and torch RNG."""
+        """Everything needed to resume: weights, optimizer, policy version, `lr_step`, torch RNG."""
         return {
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "policy_version": self.policy_version,
+            "lr_step": self.lr_step,
             "torch_rng": torch.get_rng_state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore what `state()` returned (the reference model is not part of it: it is frozen)."""
+        """Restore what `state()` returned (the reference model is not part of it: it is frozen).
+        A state without `lr_step` (older) resumes the schedule at policy version x updates_per_step."""
         missing = {"model", "optimizer", "policy_version", "torch_rng"} - set(state)
         if missing:
             raise ValueError(f"trainer state lacks {sorted(missing)}; pass what Trainer.state() returned")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.policy_version = int(state["policy_version"])
+        self.set_lr_step(int(state.get("lr_step", self.policy_version * self.cfg.updates_per_step)))
         torch.set_rng_state(state["torch_rng"])
 
     def state_bytes(self) -> bytes:

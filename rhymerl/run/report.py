@@ -63,11 +63,13 @@ def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
 
 def format_summary(rows: Sequence[dict], run_id: str, lake: str, tracking: str, mlflow_run_id: str,
-                   skipped: int) -> str:
-    """The end-of-run report: the per-epoch table and where the data went."""
+                   skipped: int, export: str = "") -> str:
+    """The end-of-run report: the per-epoch table and where the data (and the exported model) went."""
     spec = ("spec_accepted_len",) if any("spec_accepted_len" in r for r in rows) else ()
     table = format_table(rows, ("epoch", "steps") + SUMMARY_COLUMNS + spec)
     return (f"Run {run_id} finished.\n{table}\n"
             f"prompts skipped (too long or repeated): {skipped}\n"
             f"lake: {lake}   (rhymerl lake sql \"SELECT epoch, count(*), avg(reward) FROM rollouts GROUP BY epoch\")\n"
-            f"MLflow: {tracking}  run {mlflow_run_id}")
+            f"MLflow: {tracking}  run {mlflow_run_id}"
+            + (f"\nmodel: {export}   (a Hugging Face folder: AutoModelForCausalLM.from_pretrained, "
+               "vllm.LLM; docs/operations.md)" if export else ""))

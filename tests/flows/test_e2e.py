@@ -17,6 +17,7 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
 
     from flows.run import run_flow
     from rhymerl.config.run import config_to_dict, load_config
+    from rhymerl.policy.lr_schedule import lr_at
     from storage.lake import Lake
 
     monkeypatch.chdir(tmp_path)
@@ -30,7 +31,7 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
         f'tracking.uri="sqlite:///{tmp_path / "mlflow.db"}"', "train.lr=1e-2",
         # A barely trained model may score 0 on every sample (zero advantages, zero gradient);
         # decoupled weight decay still moves the weights each step, so the sync path is exercised.
-        "train.weight_decay=0.5",
+        "train.weight_decay=0.5", 'train.lr_schedule="cosine"', "train.warmup_steps=1",
     ])
     result = run_flow(config=config_to_dict(cfg))
 
@@ -51,6 +52,10 @@ def test_two_epoch_run(prefect_harness, local_ray, tiny_model, s3_url, tmp_path,
     assert run.data.params["rollout.n"] == str(n)
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 4
     assert [r["status"] for r in lake.sql("SELECT status FROM runs").to_pylist()] == ["finished"]
+    # The learning rate of each step, in MLflow: warm-up, then a half cosine over the run's 4 steps.
+    lrs = sorted(client.get_metric_history(run.info.run_id, "train_lr"), key=lambda m: m.step)
+    assert [m.value for m in lrs] == pytest.approx([lr_at(g, 4, 1e-2, "cosine", 1) for g in range(4)])
+    _check_export(result, s3_url, run, tmp_path)
     # HistoSpec is on by default, verified by the exact (lossless) verifier: siblings in epoch 0,
     # history from epoch 1 (every prompt has its epoch-0 responses), acceptance in MLflow and the lake.
     assert run.data.params["speculation.verifier"] == "rhymerl-exact"
@@ -108,3 +113,24 @@ def _check_evaluations(lake, client, result, rows: int) -> None:
     table = lake.sql("SELECT avg(reward) AS r, avg(tokens) AS t FROM evals WHERE epoch = 1").to_pylist()[0]
     assert result["evals"][1]["eval/reward"] == pytest.approx(table["r"])
     assert result["evals"][1]["eval/mean_tokens"] == pytest.approx(table["t"])
+
+
+def _check_export(result, lake_url, mlflow_run, tmp_path):
+    """The final model is at <lake>/_exports/<run_id>, named in MLflow, and holds the weights of
+    the run's last checkpoint (written after the last step): what `from_pretrained` loads."""
+    import fsspec
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rhymerl.policy.export import state_weights
+    from storage.checkpoints import CheckpointStore
+
+    url = f"{lake_url}/_exports/{result['run_id']}"
+    assert result["export"] == url and mlflow_run.data.tags["rhymerl.export"] == url
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.get(path, str(tmp_path / "export"), recursive=True)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
+    last = CheckpointStore(f"{lake_url}/_checkpoints").latest(result["run_id"])
+    assert last.global_step == 3
+    for name, tensor in state_weights(last.trainer_state, "last checkpoint").items():
+        assert torch.equal(model.state_dict()[name], tensor), name

@@ -89,6 +89,7 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
 
     import flows.run
     from rhymerl.config.run import config_to_dict, load_config
+    from rhymerl.policy.lr_schedule import lr_at
     from storage.checkpoints import CheckpointStore, checkpoint_url
     from storage.lake import Lake
     from tasks.ops import latest_run_task, retrain_config_task, retrain_plan_task
@@ -102,7 +103,7 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
         f'model.path="{tiny_model}"', "epochs=2", "data.num_prompts=6", f"rollout.prompts_per_step={per_step}",
         f"rollout.n={n}", "rollout.num_workers=1", "rollout.max_tokens=48", f'lake.url="{lake_url}"',
         f'tracking.uri="{tracking}"', "train.lr=1e-2", "train.weight_decay=0.5", "pipe.gantt=false",
-        "recovery.trainer_restarts=0",
+        "recovery.trainer_restarts=0", 'train.lr_schedule="linear"',
     ])
     real_history, killed = flows.run._epoch_history, []
 
@@ -147,6 +148,9 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
     assert [(h["epoch"], h["step"], h["global_step"], h["policy_version"]) for h in hist] == [
         (g // 2, g % 2, g, g + 1) for g in range(4)]
     assert hist[1] == checkpointed
+    # The learning rate decays over the run's 4 optimizer steps and goes on where the crash left it.
+    assert [h["train_lr"] for h in hist] == pytest.approx([lr_at(g, 4, 1e-2, "linear") for g in range(4)])
+    assert hist[2]["train_lr"] == pytest.approx(5e-3)
     assert [h.get("reused_lake_rows", 0.0) for h in hist] == [0.0, 0.0, 1.0, 0.0]
     # The engines got the checkpoint's weights before the first resumed step.
     assert result["initial_engine_fingerprint"] == pytest.approx(checkpointed["trainer_fingerprint"], rel=1e-6)
@@ -167,6 +171,7 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
     # Its engines started on the source's last trained weights, and it counts policy versions anew.
     assert warm["initial_engine_fingerprint"] == pytest.approx(hist[-1]["trainer_fingerprint"], rel=1e-6)
     assert [(h["global_step"], h["policy_version"]) for h in warm["history"]] == [(0, 1)]
+    assert warm["history"][0]["train_lr"] == pytest.approx(1e-2)  # its own schedule, from its start
     assert lake.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = ?", [warm["run_id"]]).to_pylist() == [
         {"n": 3 * n}]
     warm_run = client.get_run(warm["mlflow_run_id"])

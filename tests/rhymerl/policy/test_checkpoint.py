@@ -13,6 +13,7 @@ import torch
 
 from rhymerl.config.run import TrainConfig
 from rhymerl.policy.checkpoint import load_trainer, save_trainer
+from rhymerl.policy.lr_schedule import lr_at
 from rhymerl.policy.trainer import Trainer
 from storage.checkpoints import CheckpointStore
 from storage.fs import LakeError
@@ -27,11 +28,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _trainer(model_dir: str) -> Trainer:
-    return Trainer(model_dir, TrainConfig(lr=1e-2, kl_coef=0.1), threads=1)
+    return Trainer(model_dir, TrainConfig(lr=1e-2, kl_coef=0.1, lr_schedule="cosine", warmup_steps=1),
+                   threads=1, total_steps=4)
 
 
 def test_sharded_checkpoint_round_trip(model_dir: str, lake_url: str) -> None:
-    # Rule: weights, AdamW state, policy version and RNG come back: the next step is bit-equal.
+    # Rule: weights, AdamW state, policy version, the lr schedule's step and RNG come back: the
+    # next step is bit-equal, at the same (scheduled) learning rate.
     store = CheckpointStore(f"{lake_url}/_checkpoints")
     trainer = _trainer(model_dir)
     trainer.train_step(BATCH)
@@ -46,8 +49,9 @@ def test_sharded_checkpoint_round_trip(model_dir: str, lake_url: str) -> None:
     torch.manual_seed(123)  # restored below
     assert load_trainer(resumed, ckpt.trainer_url, **store.storage_options()) == 1
     assert torch.equal(torch.get_rng_state(), rng)
-    trainer.train_step(BATCH)
-    resumed.train_step(BATCH)
+    assert resumed.lr_step == 1
+    lrs = trainer.train_step(BATCH)["lr"], resumed.train_step(BATCH)["lr"]
+    assert lrs[0] == lrs[1] == pytest.approx(lr_at(1, 4, 1e-2, "cosine", 1))
     for (name, p), (_, q) in zip(trainer.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(p, q), name
 

@@ -10,24 +10,13 @@ from rhymerl.policy.checkpoint import save_trainer
 from rhymerl.policy.build import build_tokenizer
 from rhymerl.policy.export import ExportError, export_checkpoint, export_hf, read_checkpoint_weights
 from rhymerl.policy.trainer import Trainer
+from helpers.export import tiny_source
 
 TOL = 1e-6  # same weights, same CPU kernels: the log-probs agree exactly; allow float32 noise
 
 
 def _source(folder, hidden=16, layers=2):
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
-                         max_position_embeddings=64, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, dtype="float32", architectures=["Qwen2ForCausalLM"])
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return tiny_source(folder, hidden, layers)
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,8 @@ def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("loss_agg", ["token", "sequence"])
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
 def test_streamed_groups_equal_the_batch_step(model_dir: str, loss_agg: str, kl_coef: float) -> None:
-    batch_trainer, stream_trainer = _pair(model_dir, loss_agg=loss_agg, kl_coef=kl_coef)
+    # a warm-up: the streamed update runs at the schedule's rate (half of lr in step 0 of 2) as the batch's
+    batch_trainer, stream_trainer = _pair(model_dir, loss_agg=loss_agg, kl_coef=kl_coef, warmup_steps=2)
     if kl_coef:  # a reference that differs from the policy, so the KL term has a gradient
         for trainer in (batch_trainer, stream_trainer):
             with torch.no_grad():
@@ -73,6 +74,8 @@ def test_streamed_groups_equal_the_batch_step(model_dir: str, loss_agg: str, kl_
     for name, p in batch_trainer.model.named_parameters():
         torch.testing.assert_close(after[name], p, atol=1e-5, rtol=0)
     assert stream_trainer.policy_version == batch_trainer.policy_version == 1
+    assert streamed["lr"] == whole["lr"] == pytest.approx(5e-4)
+    assert stream_trainer.lr_step == batch_trainer.lr_step == 1
 
 
 def test_the_test_sees_a_per_group_normaliser(model_dir: str) -> None:

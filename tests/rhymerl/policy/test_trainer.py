@@ -83,7 +83,7 @@ def test_train_step_moves_logprob_with_advantage_sign(model_dir: str, advantage:
     assert metrics["clip_frac"] == 0.0
     assert metrics["tokens"] == 3.0
     assert set(metrics) == {"loss", "grad_norm", "clip_frac", "ratio_mean", "kl", "tokens",
-                            "seconds", "tokens_per_s"}
+                            "seconds", "tokens_per_s", "lr"}
 
 
 def test_micro_batch_size_does_not_change_the_update(model_dir: str) -> None:
@@ -164,30 +164,67 @@ def test_save_writes_a_loadable_dir_and_copies_tokenizer_files(model_dir: str,
     assert (out2 / "tokenizer_config.json").read_text() == '{"model_max_length": 64}'
 
 
+def _step_lrs(trainer: Trainer) -> list[float]:
+    """Records the learning rate of every optimizer step the trainer takes from now on."""
+    seen: list[float] = []
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    return seen
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_each_optimizer_step_runs_at_the_schedules_rate(model_dir: str, schedule: str) -> None:
+    # Rule: optimizer step k (counted over updates, not train steps) runs at lr_at(k); the step's
+    # `lr` metric is the mean over its updates. 3 train steps x 2 updates = the run's 6 steps.
+    from rhymerl.policy.lr_schedule import lr_at
+
+    cfg = TrainConfig(lr=1e-3, lr_schedule=schedule, warmup_steps=2, updates_per_step=2)
+    trainer = Trainer(model_dir, cfg, total_steps=6)
+    seen = _step_lrs(trainer)
+    metrics = [trainer.train_step(BATCH) for _ in range(3)]
+    want = [lr_at(k, 6, 1e-3, schedule, 2) for k in range(6)]
+    assert seen == pytest.approx(want, rel=1e-12, abs=0)
+    assert [m["lr"] for m in metrics] == pytest.approx([(a + b) / 2 for a, b in zip(want[::2], want[1::2])])
+    assert trainer.lr_step == 6
+
+
+def test_decaying_schedule_needs_the_run_length(model_dir: str) -> None:
+    from rhymerl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.lr_schedule = 'cosine' decays"):
+        Trainer(model_dir, TrainConfig(lr_schedule="cosine"))
+
+
 def test_load_state_resumes_exactly(model_dir: str) -> None:
-    trainer = Trainer(model_dir, TrainConfig(lr=1e-3))
+    # Rule: weights, Adam moments and the learning-rate schedule come back (the lr continues).
+    from rhymerl.policy.lr_schedule import lr_at
+
+    trainer = Trainer(model_dir, TrainConfig(lr=1e-3, lr_schedule="linear"), total_steps=4)
     trainer.train_step(BATCH)
     saved = trainer.state()
     trainer.train_step(BATCH[:2])
     expected = _weights(trainer)
     trainer.load_state(saved)
-    assert trainer.policy_version == 1
+    assert trainer.policy_version == 1 and trainer.lr_step == 1
+    seen = _step_lrs(trainer)
     trainer.train_step(BATCH[:2])  # same step again from the restored weights + Adam moments
     assert trainer.policy_version == 2
+    assert seen == pytest.approx([lr_at(1, 4, 1e-3, "linear")]) == [0.75e-3]
     for name, w in trainer.model.state_dict().items():
         torch.testing.assert_close(w, expected[name], atol=0, rtol=0)
 
 
 def test_state_bytes_restore_a_fresh_trainer(model_dir: str) -> None:
     # Rule: a new trainer (a resumed run's new process) loaded from bytes continues exactly.
-    trainer = Trainer(model_dir, TrainConfig(lr=1e-3))
+    cfg = TrainConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1)
+    trainer = Trainer(model_dir, cfg, total_steps=3)
     trainer.train_step(BATCH)
     blob = trainer.state_bytes()
     trainer.train_step(BATCH[:2])
-    fresh = Trainer(model_dir, TrainConfig(lr=1e-3))
+    fresh = Trainer(model_dir, cfg, total_steps=3)
     fresh.load_state_bytes(blob)
-    assert fresh.policy_version == 1
+    assert fresh.policy_version == 1 and fresh.lr_step == 1
     fresh.train_step(BATCH[:2])
+    assert fresh.lr_step == 2 and fresh.optimizer.param_groups[0]["lr"] == trainer.optimizer.param_groups[0]["lr"]
     for name, w in fresh.model.state_dict().items():
         torch.testing.assert_close(w, trainer.model.state_dict()[name], atol=0, rtol=0)
 
