@@ -25,10 +25,11 @@ from infra.environment import project_env
 DEFAULT_CONFIG = "configs/default.toml"
 # Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error,
 # 2 bad input (nothing started, or stopped before training), 3 an actor lost for good (resume),
-# 130 interrupted (Ctrl-C; resume).
+# 4 a reward function failed mid-run (fix it, resume), 130 interrupted (Ctrl-C; resume).
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUN_LOST = 3
+EXIT_REWARD_FAILED = 4
 EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
@@ -111,10 +112,11 @@ def _train(cfg, args: argparse.Namespace) -> int:
     from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
     from infra.local_api import local_api
     from rhymerl.data.datasets import DatasetError
+    from rhymerl.data.rewards import RewardFunctionError
     from rhymerl.run.report import format_summary
     from storage.lake import LakeError
     from tasks.recovery import TrainerLost
-    from workers.guard import WorkerLost
+    from workers.guard import WorkerLost, resume_command
 
     if not args.verbose:  # after Prefect's import: its logging setup replaces the root's handlers
         # an estimate until the run's start line gives the real count (skipped prompts, num_prompts = 0)
@@ -125,6 +127,10 @@ def _train(cfg, args: argparse.Namespace) -> int:
     try:
         with local_api():  # Prefect's temporary API, with short retry waits (infra/local_api.py)
             result = run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
+    except RewardFunctionError as exc:  # the user's code failed mid-run: the step wrote nothing to the lake
+        print(f"error: {str(exc).strip().splitlines()[0]}\nfix the reward function, then continue the run with: "
+              f"{resume_command(run_id, cfg.lake.url)}\n(traceback: {see})", file=err)
+        return EXIT_REWARD_FAILED
     except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
         # Bad input the checks before the start could not see: the log has the traceback;
         # the user needs the one line that names the problem and the fix.

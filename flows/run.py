@@ -27,8 +27,8 @@ from rhymerl.run.report import epoch_summary, format_summary
 from rhymerl.run.evaluation import eval_due, opening_eval
 from tasks.evaluate import Evaluation, evaluate_task, log_eval_task, prepare_eval_task
 from tasks.report import log_epoch_task, plot_task
-from tasks.setup import (RunContext, finish_run_task, init_ray, prepare_model_task, prepare_prompts_task,
-                         quiet_subflow, start_actors_task, start_tracking_task)
+from tasks.setup import (RunContext, finish_run_task, init_ray, load_rewards_task, prepare_model_task,
+                         prepare_prompts_task, quiet_subflow, start_actors_task, start_tracking_task)
 from tasks.background import Background
 from tasks.export import export_task
 from tasks.recovery import check_recoverable, replace_trainer, restore_lost, sync_restored, trainer_lost
@@ -102,13 +102,15 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
     cfg: RunConfig = config_from_dict(config)
     log = get_run_logger()
     run_id = resume or run_id or new_run_id(cfg.name)
+    rewards = load_rewards_task(cfg)  # before anything starts: a broken plug-in is bad input
     model_dir = prepare_model_task(cfg)
     prompts, skipped = prepare_prompts_task(cfg, model_dir)
     if skipped:
         log.warning("skipped %d prompts longer than the engine allows", skipped)
-    evaluation = prepare_eval_task(cfg, model_dir)  # None without eval.dataset
+    evaluation = prepare_eval_task(cfg, model_dir, rewards)  # None without eval.dataset
     evals: list[dict] = []  # each evaluation's eval/* figures, with its epoch and global step
-    ctx = RunContext(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=tuple(prompts), skipped=skipped)
+    ctx = RunContext(cfg=cfg, run_id=run_id, model_dir=model_dir, prompts=tuple(prompts), skipped=skipped,
+                     rewards=rewards)
     st = RunState()
     epoch_wall_s: dict[int, float] = {}
     subflow_s: dict[int, dict] = {}  # per epoch: Prefect's subflow start-up (enter) and wind-down (exit)

@@ -25,6 +25,7 @@ from tasks.spec import StepInputs, prepare_epoch_task, prepare_step_task, publis
 from tasks.steps import lake_write_task, reward_task, rollout_task, sync_task, train_task
 from workers.guard import WorkerGuard
 from workers.sync import sync_settings
+from workers.stream import Scoring
 from workers.train_feed import GroupFeed
 
 # Engine vs trainer mean |log-prob| difference above which a step warns. float32 CPU engines agree
@@ -176,11 +177,11 @@ def _sample(ctx: RunContext, st: RunState, epoch: int, step: int, batch, samplin
             history = publish_history_task(st.workers, quote(st.spec_history), quote(inputs.bundles), st.guard)
     feed = _group_feed(ctx, st, batch, sampling)
     with watch("rollout_s"):
-        rollout = rollout_task(st.workers, quote(plan), sampling, quote(batch), cfg.pipe, guard=st.guard,
-                               history=quote(history), feed=quote(feed))
+        rollout = rollout_task(st.workers, quote(plan), sampling, quote(batch), cfg.pipe, quote(ctx.rewards),
+                               guard=st.guard, history=quote(history), feed=quote(feed))
     speculation = spec_stats(st.workers)
     with watch("reward_s"):  # what scoring still added after the rollout
-        scores, watch.seconds["reward_total_s"] = reward_task(quote(batch), quote(rollout))
+        scores, watch.seconds["reward_total_s"] = reward_task(quote(ctx.rewards), quote(batch), quote(rollout))
     shipped = {**inputs.bundles.metrics(), **history.sent_metrics()} if history is not None else {}
     return rollout.samples, scores, speculation, rollout.migrations, shipped, feed
 
@@ -190,7 +191,7 @@ def _group_feed(ctx: RunContext, st: RunState, batch, sampling: SamplingSettings
     train = ctx.cfg.train
     if not train.stream:
         return None
-    return GroupFeed(st.trainer, batch, sampling.n, train.scale_rewards, train.adv_eps)
+    return GroupFeed(st.trainer, batch, sampling.n, train.scale_rewards, train.adv_eps, Scoring.of(ctx.rewards, batch))
 
 
 def _record(st: RunState, epoch: int, step: int, stats, timings: dict, pipe: dict, sync: dict, train: dict) -> dict:

@@ -29,7 +29,8 @@ import pyarrow as pa
 # migrated_from_worker, migrated_at); steps gain reward_total_s and migrations. 4: steps gain
 # logprob_abs_diff (engine vs trainer log-probs of the sampled tokens). 5: steps gain
 # spec_steps_by_response_pos and spec_tokens_by_response_pos (verification by response position).
-# 6: the evals table (held-out evaluation samples).
+# 6: the evals table (held-out evaluation samples); rollouts gain reward_values (each reward function's
+# value); `correct` is NULL when no function judges correctness, and `formatted` is no longer written (NULL).
 SCHEMA_VERSION = 6
 
 
@@ -60,9 +61,14 @@ ROLLOUTS_SCHEMA = _schema("rollouts", [
     _col("response_text", pa.string(), "Detokenized response."),
     _col("logprobs", pa.list_(pa.float32()), "Engine log-prob of each sampled token (same length) under the "
          "sampling distribution (logits / temperature, nucleus renormalised: vLLM processed_logprobs)."),
-    _col("reward", pa.float32(), "Scalar reward given by the verifier."),
-    _col("correct", pa.bool_(), "Final answer matched the gold answer."),
-    _col("formatted", pa.bool_(), "Response followed the required answer format."),
+    _col("reward", pa.float32(), "Reward trained on: the weighted sum of reward_values (reward.weights)."),
+    _col("correct", pa.bool_(), "Every reward function that judges correctness said correct (gsm8k, math); "
+         "NULL when none judges it."),
+    _col("formatted", pa.bool_(), "Response ended with a '#### <number>' line (the GSM8K rule); NULL from "
+         "schema 6 on (gsm8k's value in reward_values says whether it was right)."),
+    _col("reward_values", pa.map_(pa.string(), pa.float64()),
+         "Each reward function's value by its name (reward.functions), e.g. reward_values['gsm8k']; "
+         "NULL before schema 6."),
     _col("length", pa.int32(), "Number of response tokens."),
     _col("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (hit max_tokens)."),
     _col("policy_version", pa.int32(), "Version of the weights that generated the response."),

@@ -1,7 +1,7 @@
 """Prefect tasks of the held-out evaluation (`eval.*`; the pure parts are `rhymerl.run.evaluation`).
 
 `prepare_eval_task` loads the eval set once per run (the training data's keys, template and chat
-settings, from `eval.dataset`) and the run's reward functions. `evaluate_task` runs one evaluation
+settings, from `eval.dataset`) with the run's reward functions. `evaluate_task` runs one evaluation
 on the run's own engines between steps: generated with `RolloutWorker.evaluate` (no trace in
 HistoSpec's history or any drafter state; never in the lake's rollouts), scored in Ray tasks,
 written to the lake's `evals` table exactly once per (run, epoch boundary): an evaluation already
@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rhymerl.config.run import RunConfig
 from rhymerl.data.records import Prompt
-from rhymerl.data.rewards import RewardSet, load_reward_set
+from rhymerl.data.rewards import RewardSet
 from rhymerl.run.evaluation import eval_line, eval_metrics, eval_rows, eval_sampling
 from rhymerl.vllm.engine import SamplingSettings
 from storage.lake import LakeWriter
@@ -37,8 +37,8 @@ class Evaluation:
 
 
 @task(name="prepare-eval", cache_policy=NO_CACHE)
-def prepare_eval_task(cfg: RunConfig, model_dir: str) -> Evaluation | None:
-    """The eval prompts (rendered and tokenized as the training prompts are) and the run's reward
+def prepare_eval_task(cfg: RunConfig, model_dir: str, rewards: RewardSet) -> Evaluation | None:
+    """The eval prompts (rendered and tokenized as the training prompts are) with the run's reward
     functions; None when evaluation is off (`eval.dataset` is "")."""
     if not cfg.eval.enabled:
         return None
@@ -46,7 +46,6 @@ def prepare_eval_task(cfg: RunConfig, model_dir: str) -> Evaluation | None:
                                     key="eval.dataset", max_tokens=eval_sampling(cfg).max_tokens)
     if skipped:
         get_run_logger().warning("skipped %d eval prompts longer than the engine allows", skipped)
-    rewards = load_reward_set(cfg.reward.functions, cfg.reward.weight_list, answer_key=cfg.data.answer_key)
     return Evaluation(tuple(prompts), rewards, eval_sampling(cfg), skipped)
 
 

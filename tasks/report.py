@@ -50,11 +50,13 @@ def plot_task(tracking: Tracking, history: list[dict]) -> None:
 
 _STEP_COLUMNS = {"rollout_s": "rollout_s", "reward_s": "reward_s", "train_s": "train_s", "sync_s": "sync_s",
                  "lake_s": "lake_s", "step_s": "total_s", "reward_mean": "reward_mean",
-                 "accuracy": "accuracy", "length_mean": "length_mean", "length_max": "length_max",
+                 "length_mean": "length_mean", "length_max": "length_max",
                  "tokens": "tokens", "rollout_tokens_per_s": "tokens_per_s"}
 
 
-_OPTIONAL_COLUMNS = {"spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "spec/drafted": "spec_drafted",
+# accuracy: absent (NULL in the lake) when no reward function judges correctness.
+_OPTIONAL_COLUMNS = {"accuracy": "accuracy",
+                     "spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "spec/drafted": "spec_drafted",
                      "spec/accepted": "spec_accepted", "spec/mean_accepted_length": "spec_mean_accepted_length",
                      "spec/drafter_seconds": "spec_drafter_s", "spec/history_build_s": "spec_history_s",
                      "bubble_ratio": "bubble_ratio", "makespan_s": "makespan_s",

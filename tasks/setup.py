@@ -31,6 +31,7 @@ from rhymerl.policy.long_build import build_settings_for
 from rhymerl.vllm.speculation import engine_speculation
 from rhymerl.data.records import Prompt
 from storage.fs import source_options
+from rhymerl.data.rewards import RewardSet, load_reward_set
 from storage.lake import LakeWriter
 from storage.tracking import MlflowTracker
 from workers.actors import RolloutWorker, missing_resources, placement_for
@@ -47,6 +48,7 @@ class RunContext:
     model_dir: str
     prompts: tuple[Prompt, ...]
     skipped: int  # prompts left out as too long for the engine
+    rewards: RewardSet | None = None  # reward.functions and weights, loaded once at the run's start (flows.run)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,14 @@ def load_prompts(cfg: RunConfig, model_dir: str, source: Source | None = None, n
         raise ValueError(f"no prompt of {key} fits the engine: all {len(problems)} exceed {budget} tokens "
                          "(model.max_model_len - the response's max_tokens); raise model.max_model_len")
     return prompts, len(skipped)
+
+
+@task(name="load-rewards", cache_policy=NO_CACHE)
+def load_rewards_task(cfg: RunConfig) -> RewardSet:
+    """The run's reward functions and weights (`reward.*`), resolved once: a file plug-in's text is
+    read now (relative paths from the current directory) and travels with the set to every scorer,
+    so the whole run scores with the code checked here; ConfigError naming the key if one is wrong."""
+    return load_reward_set(cfg.reward.functions, cfg.reward.weight_list, answer_key=cfg.data.answer_key)
 
 
 def init_ray(num_workers: int) -> bool:

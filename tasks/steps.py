@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardFunctionError, RewardScore, RewardSet
 from rhymerl.config.pipe import PipeConfig
 from rhymerl.histopipe.migration import MigrationRule
 from rhymerl.policy.weight_sync import DEFAULT_BUCKET_BYTES
@@ -24,14 +24,26 @@ from rhymerl.vllm.engine import SamplingSettings
 from storage.lake import LakeWriter, rows_to_table
 from tasks.plan import Plan
 from tasks.resume import committed_step
-from workers.stream import StreamedRollout, collect_scores, stream_rollout
+from workers.stream import Scoring, StreamedRollout, collect_scores, stream_rollout
 from workers.sync import sync_weights
 from workers.train_feed import GroupFeed
 
 
+def retry_unless_reward_error(task, task_run, state) -> bool:
+    """Prefect's retry condition: retry a failed attempt unless a reward function failed (it would
+    fail the same way on the same responses; the run stops and is resumed once it is fixed)."""
+    try:
+        state.result()
+    except RewardFunctionError:
+        return False
+    except BaseException:
+        return True
+    return True
+
+
 @task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: list[Prompt], pipe: PipeConfig,
-                 guard=None, history=None, feed=None) -> StreamedRollout:
+                 rewards: RewardSet, guard=None, history=None, feed=None) -> StreamedRollout:
     """Generate the plan's requests (per worker, in admission order), scoring finished responses
     while the rest generate; with `pipe.migrate`, stragglers move to idle workers. Exactly
     sample indices 0..n-1 of every prompt come back, once each. With `guard`
@@ -40,22 +52,25 @@ def rollout_task(workers: list, plan: Plan, spec: SamplingSettings, prompts: lis
     earlier results discarded (keeping those that finished before the crash would favour short
     responses). With `history` (`workers.history_bundles.WorkerHistory`), a migrated request's prompt
     history goes to its new worker first. With `feed` (`workers.train_feed.GroupFeed`, train.stream),
-    each complete group goes to the trainer while the rest generate; a retry spoils the feed."""
+    each complete group goes to the trainer while the rest generate; a retry spoils the feed.
+    `rewards` scores the responses (in Ray tasks; `reward_task` collects the scores)."""
     if guard is not None:
         guard.ensure_current()
-    gold = {p.prompt_id: p.answer for p in prompts}
     rule = MigrationRule.from_settings(pipe) if pipe.migrate else None
-    out = stream_rollout(workers, plan.requests, spec, gold, rule, plan.forecast_peak, guard=guard, history=history,
-                         feed=feed)
+    out = stream_rollout(workers, plan.requests, spec, Scoring.of(rewards, prompts), rule, plan.forecast_peak,
+                         guard=guard, history=history, feed=feed)
     check_groups(prompts, out.samples, spec.n)
     return out
 
 
-@task(name="reward", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def reward_task(prompts: list[Prompt], rollout: StreamedRollout) -> tuple[list[RewardResult], float]:
-    """Every response's score, waiting only for scoring the rollout has
-    not finished yet; also the reward compute seconds summed over all its chunks."""
-    return collect_scores(rollout, {p.prompt_id: p.answer for p in prompts})
+@task(name="reward", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1,
+      retry_condition_fn=retry_unless_reward_error)
+def reward_task(rewards: RewardSet, prompts: list[Prompt], rollout: StreamedRollout) -> tuple[list[RewardScore], float]:
+    """Every response's score, waiting only for scoring the rollout has not finished yet; also the
+    reward compute seconds summed over all its chunks. A reward function that raises or returns a
+    non-finite value raises RewardFunctionError naming it, the prompt id and the cause (no retry):
+    nothing of the step reaches the lake."""
+    return collect_scores(rollout, Scoring.of(rewards, prompts))
 
 
 @dataclass(frozen=True)
@@ -63,13 +78,13 @@ class CommittedStep:
     """What the lake holds for a step, and so what the step trains on."""
 
     samples: list[Sample]
-    scores: list[RewardResult]
+    scores: list[RewardScore]
     rows_written: int  # 0: the step was committed before this call; samples/scores are those rows
 
 
 @task(name="lake-write", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2)
 def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: list[Prompt],
-                    samples: list[Sample], scores: list[RewardResult], policy_version: int,
+                    samples: list[Sample], scores: list[RewardScore], policy_version: int,
                     n: int) -> CommittedStep:
     """Write the step's responses and commit them; a retried attempt never duplicates rows.
 
@@ -91,7 +106,7 @@ def lake_write_task(lake_url: str, run_id: str, epoch: int, step: int, prompts: 
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
-               scores: list[RewardResult], scale: bool, eps: float, feed: GroupFeed | None = None) -> dict:
+               scores: list[RewardScore], scale: bool, eps: float, feed: GroupFeed | None = None) -> dict:
     """One GRPO update on the trainer actor from the step's samples and rewards.
 
     With `feed` (train.stream), the update the trainer accumulated group by group during the
@@ -102,7 +117,7 @@ def train_task(trainer, prompts: list[Prompt], samples: list[Sample],
         if out is not None:
             return {**out, "streamed": 1.0}
         get_run_logger().warning("streamed training aborted, training the batch instead: %s", feed.broken)
-    batch = train_examples(prompts, samples, [s.reward for s in scores], scale, eps)
+    batch = train_examples(prompts, samples, [s.total for s in scores], scale, eps)
     out = ray.get(trainer.train_step.remote(batch))
     return out if feed is None else {**out, "streamed": 0.0}
 

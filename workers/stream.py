@@ -9,34 +9,74 @@ straggler (`RolloutWorker.stop`, honoured between engine steps) and starts the r
 on an idle worker, after giving that worker the prompt's HistoSpec history (each worker holds only
 its own prompts' history: `workers.history_bundles`); the step still uses one set of weights throughout
 (strictly on-policy).
+
+Scoring runs the run's reward functions (`Scoring`: a `rhymerl.data.rewards.RewardSet` with each
+prompt's text and dataset row) in Ray tasks, never on the engines, so a slow function delays only
+the step's last chunk. A function that fails raises `RewardFunctionError` from `collect_scores`
+(naming the function, the prompt id and the cause); it is not scored again: it would fail the same way.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardFunctionError, RewardScore, RewardSet
 from rhymerl.histopipe.migration import MigrationRule, WorkerView, select_migrations
-from rhymerl.data.records import Partial, Request, Sample
+from rhymerl.data.records import Partial, Prompt, Request, Sample
 from rhymerl.vllm.engine import SamplingSettings
 
 SCORE_CHUNK = 32  # samples per scoring task: big enough to amortise a Ray task, small enough to overlap
 
 
-def score_timed(texts: list[str], golds: list[str]) -> tuple[list[RewardResult], float]:
-    """The score of each response, and the seconds the scoring took."""
-    from rhymerl.data.reward import score_batch
+@dataclass(frozen=True)
+class Scoring:
+    """What scoring a step needs, as plain data that pickles into Ray tasks: the reward functions
+    and, for each prompt id, its rendered text and dataset row."""
 
+    rewards: RewardSet
+    prompts: Mapping[str, tuple[str, Mapping[str, Any]]]  # prompt_id -> (text, row)
+
+    @classmethod
+    def of(cls, rewards: RewardSet, prompts: Sequence[Prompt]) -> Scoring:
+        return cls(rewards, {p.prompt_id: (p.text, p.row) for p in prompts})
+
+    def only(self, samples: Sequence[Sample]) -> Scoring:
+        """The same, holding only these samples' prompts (what one chunk's task needs)."""
+        return Scoring(self.rewards, {s.prompt_id: self.prompts[s.prompt_id] for s in samples})
+
+    def score(self, samples: Sequence[Sample]) -> list[RewardScore]:
+        """Each sample's score, in order; RewardFunctionError when a function fails."""
+        out = []
+        for s in samples:
+            text, row = self.prompts[s.prompt_id]
+            out.append(self.rewards.score(text, s.text, row, s.prompt_id))
+        return out
+
+
+def score_timed(scoring: Scoring, samples: Sequence[Sample]) -> tuple[list[RewardScore], float]:
+    """The score of each sample, and the seconds the scoring took."""
     t0 = time.perf_counter()
-    scores = score_batch(texts, golds)
+    scores = scoring.score(samples)
     return scores, time.perf_counter() - t0
 
 
 score_chunk = ray.remote(score_timed)  # the same, as a Ray task
+
+
+def reward_error(exc: BaseException) -> RewardFunctionError | None:
+    """The reward function failure behind a failed Ray task, as a plain RewardFunctionError with
+    the task's error as its cause (whose text is the remote traceback, the function's own frames
+    included); None when the task failed for another reason."""
+    cause = getattr(exc, "cause", None)
+    if not isinstance(exc, ray.exceptions.RayTaskError) or not isinstance(cause, RewardFunctionError):
+        return None
+    error = RewardFunctionError(str(cause))
+    error.__cause__ = exc
+    return error
 
 
 @dataclass
@@ -49,12 +89,12 @@ class StreamedRollout:
     scored_upto: int = 0  # samples[:scored_upto] have a scoring task
     discarded: int = 0  # finished samples thrown away because their worker died (re-run instead)
 
-    def submit_scoring(self, gold: dict[str, str], force: bool = False) -> None:
+    def submit_scoring(self, scoring: Scoring, force: bool = False) -> None:
         """Start scoring the unscored samples once there are SCORE_CHUNK of them (or any, if `force`)."""
         todo = self.samples[self.scored_upto:]
         if not todo or (len(todo) < SCORE_CHUNK and not force):
             return
-        ref = score_chunk.remote([s.text for s in todo], [gold[s.prompt_id] for s in todo])
+        ref = score_chunk.remote(scoring.only(todo), todo)
         self.scoring.append((ref, self.scored_upto, len(self.samples)))
         self.scored_upto = len(self.samples)
 
@@ -68,10 +108,10 @@ class _Driver:
     without their earlier results (see `lost`).
     """
 
-    def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
+    def __init__(self, workers: list, requests: list[list[Request]], spec: SamplingSettings, scoring: Scoring,
                  rule: MigrationRule | None, forecast_peak: dict[str, float], every_s: float,
                  guard=None, history=None, feed=None) -> None:
-        self.workers, self.spec, self.gold, self.rule = workers, spec, gold, rule
+        self.workers, self.spec, self.scoring, self.rule = workers, spec, scoring, rule
         self.feed = feed  # workers.train_feed.GroupFeed: complete groups go to the trainer (None: off)
         self.guard = guard  # workers.guard.WorkerGuard: brings a dead worker back (None: fail)
         self.history = history  # workers.history_bundles.WorkerHistory: a migrated prompt's history follows it
@@ -126,7 +166,7 @@ class _Driver:
                     self.lost(w, exc)
                     continue
                 self.take(sid, w, event)
-            self.out.submit_scoring(self.gold, force=not self.open)
+            self.out.submit_scoring(self.scoring, force=not self.open)
             if self.rule is not None:
                 self.migrate()
         if self.stopping or self.current:
@@ -221,12 +261,12 @@ class _Driver:
             self.workers[move.src].stop.remote([move.key])
 
 
-def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSettings, gold: dict[str, str],
+def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingSettings, scoring: Scoring,
                    rule: MigrationRule | None = None, forecast_peak: dict[str, float] | None = None,
                    every_s: float = 0.25, guard=None, history=None, feed=None) -> StreamedRollout:
     """Run `requests[w]` on `workers[w]`, scoring finished samples while the rest generate.
 
-    `gold[prompt_id]` is the answer the reward checks. With `rule`, stragglers (judged against
+    `scoring` scores the finished samples (in Ray tasks, while the rest generate). With `rule`, stragglers (judged against
     `forecast_peak[prompt_id]`) move to idle workers. With `guard` (`workers.guard.WorkerGuard`),
     a worker that dies is restarted on the current weights and re-runs every request planned on
     it, discarding its earlier results (see `_Driver.lost`: keeping them would bias the step
@@ -239,24 +279,26 @@ def stream_rollout(workers: list, requests: list[list[Request]], spec: SamplingS
     if len(requests) != len(workers):
         raise ValueError(f"stream_rollout: {len(requests)} request lists for {len(workers)} workers; "
                          "pass one list per worker (empty for an idle one)")
-    return _Driver(workers, requests, spec, gold, rule, forecast_peak or {}, every_s, guard, history, feed).run()
+    return _Driver(workers, requests, spec, scoring, rule, forecast_peak or {}, every_s, guard, history, feed).run()
 
 
-def collect_scores(rollout: StreamedRollout, gold: dict[str, str]) -> tuple[list[RewardResult], float]:
+def collect_scores(rollout: StreamedRollout, scoring: Scoring) -> tuple[list[RewardScore], float]:
     """Scores in sample order and the summed scoring seconds; waits for scoring still running.
 
     A chunk whose Ray task failed is scored again here (on this process), so a lost worker costs
-    time, never scores.
+    time, never scores. A reward function that failed raises RewardFunctionError (not scored again).
     """
-    rollout.submit_scoring(gold, force=True)
-    scores: list[RewardResult] = [None] * len(rollout.samples)  # type: ignore[list-item]
+    rollout.submit_scoring(scoring, force=True)
+    scores: list[RewardScore] = [None] * len(rollout.samples)  # type: ignore[list-item]
     total_s = 0.0
     for ref, first, end in rollout.scoring:
         try:
             chunk, seconds = ray.get(ref)
-        except (ray.exceptions.RayError, OSError):
-            chunk, seconds = score_timed([s.text for s in rollout.samples[first:end]],
-                                                   [gold[s.prompt_id] for s in rollout.samples[first:end]])
+        except (ray.exceptions.RayError, OSError) as exc:
+            error = reward_error(exc)
+            if error is not None:
+                raise error from exc
+            chunk, seconds = score_timed(scoring, rollout.samples[first:end])
         scores[first:end] = chunk
         total_s += seconds
     return scores, total_s

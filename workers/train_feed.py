@@ -2,10 +2,14 @@
 its n samples are finished, so its forward/backward runs while the rollout's tail generates.
 
 The rollout driver (`workers.stream`) calls `begin` once, `finished` for every sample that counts
-and `discard` when a dead worker's samples are thrown away. A complete group is scored here
-(`rhymerl.data.reward.score_batch`: a regex per response), given its GRPO advantages and examples
-exactly as the batch path builds them (`rhymerl.run.rollout.train_examples`), and sent to the trainer
-actor's `stream_add`, fire-and-forget (an actor runs one caller's calls in order). At train time
+and `discard` when a dead worker's samples are thrown away. A complete group is scored by the run's
+reward functions in a Ray task (`workers.stream.Scoring`: never on the driver's loop, so a slow
+function holds neither the driver nor the engines), which also gives it its GRPO advantages and
+examples exactly as the batch path builds them (`rhymerl.run.rollout.train_examples`); the trainer
+actor's `stream_add` takes that task's result, fire-and-forget (Ray runs the call once the result is
+ready; an actor runs one caller's calls in order). The step's own scoring (`workers.stream`) scores
+the samples again: the feed's scores only serve the stream, and a group whose scoring failed stops
+the stream, not the step. At train time
 `finish` takes the update from the stream only when the trainer holds exactly the step's committed
 samples with the step's rewards; anything else (a discarded sample, a retried rollout, rows the
 lake held from before) aborts the stream and the caller trains the batch instead.
@@ -17,19 +21,27 @@ from typing import Sequence
 
 import ray
 
-from rhymerl.data.reward import RewardResult, score_batch
+from rhymerl.data.rewards import RewardScore
 from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import train_examples
+from workers.stream import Scoring
+
+
+@ray.remote(num_returns=2)
+def _group_examples(scoring: Scoring, prompt: Prompt, group: list[Sample], scale: bool, eps: float):
+    """A complete group's train examples and rewards (a Ray task: see the module docstring)."""
+    rewards = [s.total for s in scoring.score(group)]
+    return train_examples([prompt], group, rewards, scale, eps), rewards
 
 
 class GroupFeed:
     """One step's stream of complete groups to `trainer` (a `TrainerWorker`)."""
 
-    def __init__(self, trainer, prompts: Sequence[Prompt], n: int, scale: bool, eps: float) -> None:
-        self.trainer, self.n, self.scale, self.eps = trainer, n, scale, eps
+    def __init__(self, trainer, prompts: Sequence[Prompt], n: int, scale: bool, eps: float, scoring: Scoring) -> None:
+        self.trainer, self.n, self.scale, self.eps, self.scoring = trainer, n, scale, eps, scoring
         self.prompts = {p.prompt_id: p for p in prompts}
         self.pending: dict[str, list[Sample]] = {}  # prompt_id -> its finished samples, group incomplete
-        self.handed: dict[tuple[str, int], tuple[tuple[int, ...], float]] = {}  # key -> (tokens, reward) sent
+        self.sent: list[tuple[list[Sample], object]] = []  # each handed group and the ObjectRef of its rewards
         self.began = False
         self.broken = ""  # why the stream cannot give the step's update ("" while it can)
 
@@ -63,27 +75,38 @@ class GroupFeed:
 
     def _hand(self, group: list[Sample]) -> None:
         prompt = self.prompts[group[0].prompt_id]
-        rewards = [r.reward for r in score_batch([s.text for s in group], [prompt.answer] * len(group))]
-        self.trainer.stream_add.remote(train_examples([prompt], group, rewards, self.scale, self.eps))
-        self.handed.update({(s.prompt_id, s.sample_idx): (s.token_ids, r) for s, r in zip(group, rewards)})
+        examples, rewards = _group_examples.remote(self.scoring.only(group), prompt, group, self.scale, self.eps)
+        self.trainer.stream_add.remote(examples)
+        self.sent.append((group, rewards))
 
-    def mismatch(self, samples: Sequence[Sample], scores: Sequence[RewardResult]) -> str:
+    def handed(self) -> dict[tuple[str, int], tuple[tuple[int, ...], float]]:
+        """(tokens, reward) of every sample sent, by key; waits for the groups' scoring (done by
+        the time the step trains: the step's own scoring has finished)."""
+        rewards = ray.get([ref for _, ref in self.sent])
+        return {(s.prompt_id, s.sample_idx): (s.token_ids, r)
+                for (group, _), values in zip(self.sent, rewards) for s, r in zip(group, values)}
+
+    def mismatch(self, samples: Sequence[Sample], scores: Sequence[RewardScore]) -> str:
         """Why the stream does not hold exactly these samples with these rewards ("" when it does)."""
         if self.broken or not self.began:
             return self.broken or "the stream never began"
-        want = {(s.prompt_id, s.sample_idx): (s.token_ids, r.reward) for s, r in zip(samples, scores)}
-        if want != self.handed:
-            return (f"the trainer holds {len(self.handed)} streamed samples and the step trains on {len(want)}, "
+        try:
+            handed = self.handed()
+        except ray.exceptions.RayError as exc:
+            return f"scoring a streamed group failed: {str(exc).strip().splitlines()[0]}"
+        want = {(s.prompt_id, s.sample_idx): (s.token_ids, r.total) for s, r in zip(samples, scores)}
+        if want != handed:
+            return (f"the trainer holds {len(handed)} streamed samples and the step trains on {len(want)}, "
                     "not the same samples and rewards (rows the lake held from before?)")
         return ""
 
-    def finish(self, samples: Sequence[Sample], scores: Sequence[RewardResult]) -> dict | None:
+    def finish(self, samples: Sequence[Sample], scores: Sequence[RewardScore]) -> dict | None:
         """The step's update from the stream (`Trainer.train_step`'s metrics) when the trainer holds
         exactly `samples` with `scores`' rewards; else the stream is aborted and None returned
         (the reason in `broken`): the caller trains the batch path on them."""
         why = self.mismatch(samples, scores)
         if not why:
-            out = ray.get(self.trainer.stream_finish.remote(len(self.handed)))
+            out = ray.get(self.trainer.stream_finish.remote(sum(len(group) for group, _ in self.sent)))
             if out is not None:
                 return out
             why = "the trainer's stream was incomplete (a stream_add failed)"

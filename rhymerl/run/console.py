@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Mapping, TextIO
 
-from rhymerl.run.report import epoch_summary
+from rhymerl.run.report import accuracy_part, epoch_summary
 
 # Loggers whose warnings matter to a person running training: RhymeRL's own modules, and the
 # Prefect run loggers that flow and task code (`get_run_logger()`) write through.
@@ -129,7 +129,7 @@ class RunConsole(logging.Handler):
         bar = "#" * round(_BAR * done / self.steps_per_epoch)
         spec = f" | {rec['spec/mean_accepted_length']:.2f} tok/verify" if "spec/mean_accepted_length" in rec else ""
         lines = [f"epoch {epoch} [{bar:<{_BAR}}] step {done}/{self.steps_per_epoch} | reward "
-                 f"{rec['reward_mean']:.3f} acc {rec['accuracy']:.3f}{spec} | "
+                 f"{rec['reward_mean']:.3f}{accuracy_part(rec)}{spec} | "
                  f"{rec['rollout_tokens_per_s']:.0f} tok/s | step {rec['step_s']:.1f}s | ETA {duration(eta)}"]
         self.epoch_records.append(dict(rec))
         if done == self.steps_per_epoch:
@@ -140,6 +140,6 @@ class RunConsole(logging.Handler):
         (row,) = epoch_summary(self.epoch_records)
         spec = f", {row['spec_accepted_len']:.2f} tok/verify" if "spec_accepted_len" in row else ""
         line = (f"epoch {row['epoch']} done in {duration(now - self.epoch_started)}: reward "
-                f"{row['reward_mean']:.3f}, accuracy {row['accuracy']:.3f}{spec}")
+                f"{row['reward_mean']:.3f}{accuracy_part(row, ', accuracy ')}{spec}")
         self.epoch_records, self.epoch_started = [], now
         return line

@@ -7,12 +7,12 @@ same in a Prefect task, a Ray actor or a unit test.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import torch
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.policy.grpo import group_advantages
 from rhymerl.policy.trainer import TrainExample
 from rhymerl.data.records import Prompt, Sample
@@ -79,40 +79,50 @@ def train_examples(prompts: Sequence[Prompt], samples: Sequence[Sample], rewards
 class StepStats:
     """Summary of one step's rollouts (what the progress line and MLflow show)."""
 
-    reward_mean: float
+    reward_mean: float  # of the weighted total
     reward_std: float
-    accuracy: float
-    formatted: float
+    accuracy: float | None  # None when no reward function judges correctness (then left out, not 0)
     length_mean: float
     length_max: int
     tokens: int
     truncated: int  # responses that hit max_tokens
+    reward_values: Mapping[str, float] = field(default_factory=dict)  # each function's mean value, by name
 
     def as_metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items()}
+        """Flat metrics: every number, each function's mean as `reward/<name>`; no accuracy when None."""
+        out = {k: float(v) for k, v in self.__dict__.items() if k != "reward_values" and v is not None}
+        out.update({f"reward/{name}": float(v) for name, v in self.reward_values.items()})
+        return out
 
 
-def step_stats(samples: Sequence[Sample], scores: Sequence[RewardResult]) -> StepStats:
-    """Reward, accuracy and length statistics over a step's samples and their scores."""
-    r = torch.tensor([s.reward for s in scores], dtype=torch.float64)
-    correct = [s.correct for s in scores]
-    formatted = [s.formatted for s in scores]
+def step_stats(samples: Sequence[Sample], scores: Sequence[RewardScore]) -> StepStats:
+    """Reward (total and each function's), accuracy and length statistics over a step's samples.
+
+    Accuracy is the share of correct samples among those some function judged; None when none was."""
+    r = torch.tensor([s.total for s in scores], dtype=torch.float64)
+    judged = [s.correct for s in scores if s.correct is not None]
+    per_fn: dict[str, list[float]] = {}  # function name -> its values, in spec order of first sight
+    for s in scores:
+        for name, value in s.values.items():
+            per_fn.setdefault(name, []).append(value)
     lengths = [len(s.token_ids) for s in samples]
     return StepStats(
         reward_mean=float(r.mean()),
         reward_std=float(r.std(unbiased=False)),
-        accuracy=sum(correct) / len(correct),
-        formatted=sum(formatted) / len(formatted),
+        accuracy=sum(judged) / len(judged) if judged else None,
         length_mean=sum(lengths) / len(lengths),
         length_max=max(lengths),
         tokens=sum(lengths),
         truncated=sum(1 for s in samples if s.finish_reason == "length"),
+        reward_values={name: sum(v) / len(v) for name, v in per_fn.items()},
     )
 
 
 def rollout_rows(run_id: str, epoch: int, step: int, prompts: Sequence[Prompt], samples: Sequence[Sample],
-                 scores: Sequence[RewardResult], policy_version: int) -> list[dict]:
-    """One lake row per sample (the column names of `storage.schema.ROLLOUTS_SCHEMA`)."""
+                 scores: Sequence[RewardScore], policy_version: int) -> list[dict]:
+    """One lake row per sample (the column names of `storage.schema.ROLLOUTS_SCHEMA`): `reward` is
+    the weighted total, `reward_values` each function's value, `correct` None when no function
+    judged it. `formatted` is left NULL: it was the GSM8K rule's own (now the gsm8k function's value)."""
     by_id = {p.prompt_id: p for p in prompts}
     rows = []
     for s, r in zip(samples, scores):
@@ -122,7 +132,8 @@ def rollout_rows(run_id: str, epoch: int, step: int, prompts: Sequence[Prompt], 
             "prompt_id": s.prompt_id, "prompt_index": p.index, "prompt_text": p.text,
             "sample_idx": s.sample_idx, "response_token_ids": list(s.token_ids),
             "response_text": s.text, "logprobs": list(s.logprobs),
-            "reward": r.reward, "correct": r.correct, "formatted": r.formatted,
+            "reward": r.total, "correct": r.correct,
+            "reward_values": list(r.values.items()),
             "length": len(s.token_ids), "finish_reason": s.finish_reason,
             "policy_version": policy_version, "worker_id": s.worker_id,
             "gen_start": s.t_start, "gen_end": s.t_end,

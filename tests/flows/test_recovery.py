@@ -78,7 +78,8 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ra
 
     from rhymerl.data.records import Prompt, Request, Sample
     from rhymerl.vllm.engine import SamplingSettings, StreamEvent
-    from workers.stream import stream_rollout
+    from rhymerl.data.rewards import load_reward_set
+    from workers.stream import Scoring, stream_rollout
 
     flag = tmp_path / "die-once"
     flag.write_text("")
@@ -115,7 +116,8 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ra
         def weights_fingerprint(self):
             return 7.0
 
-    prompts = [Prompt(prompt_id=f"p{i}", index=i, text=f"q{i}", token_ids=(i + 1,), answer=str(i)) for i in range(4)]
+    prompts = [Prompt(prompt_id=f"p{i}", index=i, text=f"q{i}", token_ids=(i + 1,), answer=str(i),
+                      row={"question": f"q{i}", "answer": str(i)}) for i in range(4)]
     requests = [[Request(p, k) for p in prompts[2 * w:2 * w + 2] for k in range(2)] for w in range(2)]
     workers = [ray.remote(FakeWorker).options(max_restarts=1, max_concurrency=2).remote(w) for w in range(2)]
     trainer = ray.remote(FakeTrainer).remote()
@@ -124,7 +126,7 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ra
         guard = WorkerGuard.watch(workers, trainer, timeout_s=120)
         guard.share_history(ray.put(b"H"))
         out = stream_rollout(workers, requests, SamplingSettings(n=2, temperature=1.0, top_p=1.0, max_tokens=4),
-                             {p.prompt_id: p.answer for p in prompts}, guard=guard)
+                             Scoring.of(load_reward_set(["gsm8k"]), prompts), guard=guard)
     finally:  # the session's Ray stays up: free its CPUs for the next test
         for actor in (*workers, trainer):
             ray.kill(actor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.proc import kill_and_wait
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.data.records import Prompt
 from rhymerl.run.resume import plan_resume, prompts_digest, samples_from_rows
 
@@ -18,7 +18,7 @@ def _rows(prompts, n, version=3):
     # Stored in an order unlike the batch's (the lake gives no order): worker 1 first.
     return [{"prompt_id": p.prompt_id, "sample_idx": k, "response_token_ids": [5, k], "logprobs": [-0.1, -0.2],
              "response_text": f"r{k}", "finish_reason": "stop", "worker_id": 1, "gen_start": 1.0,
-             "gen_end": 2.0, "reward": float(k), "correct": k == 1, "formatted": True,
+             "gen_end": 2.0, "reward": float(k), "correct": k == 1, "reward_values": [("gsm8k", float(k))],
              "policy_version": version} for p in reversed(prompts) for k in reversed(range(n))]
 
 
@@ -61,7 +61,10 @@ def test_rows_come_back_in_batch_order():
     samples, scores = samples_from_rows(_rows(prompts, 2), prompts, n=2, policy_version=3)
     assert [(s.prompt_id, s.sample_idx) for s in samples] == [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
     assert samples[1].token_ids == (5, 1) and samples[1].logprobs == (-0.1, -0.2)
-    assert scores[:2] == [RewardResult(0.0, False, True, None), RewardResult(1.0, True, True, None)]
+    assert scores[:2] == [RewardScore(0.0, {"gsm8k": 0.0}, False), RewardScore(1.0, {"gsm8k": 1.0}, True)]
+    # Rows from before the lake kept each function's value (and with no verdict) still read back.
+    old = [{**r, "reward_values": None, "correct": None} for r in _rows(prompts, 2)]
+    assert samples_from_rows(old, prompts, n=2, policy_version=3)[1][1] == RewardScore(1.0, {}, None)
 
 
 def test_rows_of_other_prompts_or_policies_are_refused():

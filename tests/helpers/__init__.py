@@ -8,4 +8,5 @@ its conftest.py).
 - sharded.py         a tiny tied Qwen2 and a batch of uneven examples for the sharded-training tests
 - lossless_stats.py  goodness of fit of sampled tokens against the model's exact conditionals
 - secret_scan.py     scanning every file a run wrote for a secret
+- rewards.py         a run's lake rewards recomputed from its reward functions, and its reward/<name> metrics
 """

@@ -28,8 +28,8 @@ class FakeTrainer:
         self.stream_finish = _Method(self.calls, "finish", None if incomplete else {"loss": 0.5})
 
     def added(self) -> list[list]:
-        """The groups handed over, in order (lists of TrainExamples)."""
-        return [c[1] for c in self.calls if c[0] == "add"]
+        """The groups handed over, in order (lists of TrainExamples; the feed hands an ObjectRef)."""
+        return [ray.get(c[1]) if isinstance(c[1], ray.ObjectRef) else c[1] for c in self.calls if c[0] == "add"]
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]

@@ -120,6 +120,27 @@ def test_old_file_without_new_column_reads_nulls(lake_url: str) -> None:
         assert [(r["step"], r["gen_end"]) for r in mixed] == [(0, None), (0, None), (1, 101.5), (1, 101.5)]
 
 
+def test_reward_values_query_by_function_name_and_read_null_in_older_files(tmp_path) -> None:
+    # Rule (schema 6): reward_values is a map a query indexes by function name; a file written
+    # before it existed (and a function a run did not have) reads NULL.
+    lake_url = str(tmp_path / "lake")
+    w = LakeWriter(lake_url)
+    old_key = "rollouts/run_id=r1/epoch=0/step=0/part-w0-a0-old.parquet"
+    with w.fs.open(f"{w.root}/{old_key}", "wb") as f:
+        pq.write_table(_rows("r1", 0, 0, 1).drop_columns(["reward_values"]), f)
+    w.commit_step("r1", 0, 0, [old_key])
+    new = [{"run_id": "r1", "epoch": 0, "step": 1, "prompt_id": "p", "sample_idx": 0, "reward": 1.5, "correct": None,
+            "reward_values": [("gsm8k", 1.0), ("brevity", 1.0)]}]
+    w.commit_step("r1", 0, 1, [w.write_rollouts("r1", 0, 1, 0, 0, rows_to_table(new))])
+    with Lake(lake_url) as lake:
+        got = lake.sql("SELECT step, reward_values['brevity'] AS b, reward_values['math'] AS m, correct "
+                       "FROM rollouts ORDER BY step").to_pylist()
+        assert got == [{"step": 0, "b": None, "m": None, "correct": False},
+                       {"step": 1, "b": 1.0, "m": None, "correct": None}]
+        entries = lake.sql("SELECT reward_values FROM rollouts WHERE step = 1").to_pylist()
+        assert entries == [{"reward_values": [("gsm8k", 1.0), ("brevity", 1.0)]}]
+
+
 def test_empty_lake_gives_typed_empty_views(lake_url: str) -> None:
     # Rule: no committed data is an empty result with the schema's columns, not an error.
     with Lake(lake_url) as lake:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.config.pipe import PipeConfig
 from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import rollout_rows
@@ -21,7 +21,7 @@ def S(pid, k, length, worker=0, start=0.0, end=1.0):
 
 def write_epoch(url, prompts, lengths, epoch):
     samples = [S(p.prompt_id, k, lengths[p.prompt_id]) for p in prompts for k in range(2)]
-    rows = rollout_rows("run", epoch, 0, prompts, samples, [RewardResult(0.0, False, True, "1")] * len(samples), 0)
+    rows = rollout_rows("run", epoch, 0, prompts, samples, [RewardScore(0.0, {"gsm8k": 0.0}, False)] * len(samples), 0)
     w = LakeWriter(url)
     key = w.write_rollouts("run", epoch, 0, worker=0, attempt=1, table=rows_to_table(rows))
     w.commit_step("run", epoch, 0, files=[key])

@@ -9,7 +9,7 @@ from prefect.logging import disable_run_logger
 
 import tasks.resume as resume
 from rhymerl.config.run import load_config
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.data.records import Prompt, Sample
 from rhymerl.run.rollout import rollout_rows
 from storage.checkpoints import CheckpointStore, checkpoint_url
@@ -58,7 +58,7 @@ def _checkpoint(ctx: RunContext, trainer: FakeTrainer, *records: dict, version: 
 def _commit(cfg, epoch: int, step: int, prompts, version: int) -> None:
     samples = [Sample(p.prompt_id, k, (7, k), (-0.5, -0.25), f"r{k}", "stop", 0, 1.0, 2.0)
                for p in prompts for k in range(2)]
-    rows = rollout_rows("run-1", epoch, step, prompts, samples, [RewardResult(float(k), k == 1, True, None) for p in prompts
+    rows = rollout_rows("run-1", epoch, step, prompts, samples, [RewardScore(float(k), {"gsm8k": float(k)}, k == 1) for p in prompts
                                                                 for k in range(2)], version)
     writer = LakeWriter(cfg.lake.url)
     key = writer.write_rollouts("run-1", epoch, step, 0, 1, rows_to_table(rows))
@@ -114,7 +114,7 @@ def test_committed_rows_come_back_for_training(tmp_path):
     samples, scores = resume.lake_rows_task.fn(cfg.lake.url, "run-1", 0, 1, PROMPTS[2:], 2, 1)
     assert [(s.prompt_id, s.sample_idx, s.token_ids) for s in samples] == [
         ("p2", 0, (7, 0)), ("p2", 1, (7, 1)), ("p3", 0, (7, 0)), ("p3", 1, (7, 1))]
-    assert scores == [RewardResult(0.0, False, True, None), RewardResult(1.0, True, True, None)] * 2
+    assert scores == [RewardScore(0.0, {"gsm8k": 0.0}, False), RewardScore(1.0, {"gsm8k": 1.0}, True)] * 2
 
 
 def test_stored_config_round_trip(tmp_path):

@@ -12,7 +12,7 @@ from rhymerl.config.pipe import PipeConfig
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.data.records import Prompt, Sample
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.run.rollout import rollout_rows
 from storage.lake import LakeWriter, rows_to_table
 from tasks.spec import history_task, prepare_epoch_task, prepare_step_task
@@ -25,7 +25,7 @@ def P(i: int) -> Prompt:
 def write_epoch(url: str, prompts: list[Prompt], epoch: int) -> None:
     samples = [Sample(p.prompt_id, k, (p.index,) * (10 + 10 * p.index), (-0.1,) * (10 + 10 * p.index), "t", "stop",
                       0, 0.0, 1.0) for p in prompts for k in range(2)]
-    rows = rollout_rows("run", epoch, 0, prompts, samples, [RewardResult(1.0, True, True, "1")] * len(samples), 0)
+    rows = rollout_rows("run", epoch, 0, prompts, samples, [RewardScore(1.0, {"gsm8k": 1.0}, True)] * len(samples), 0)
     w = LakeWriter(url)
     w.commit_step("run", epoch, 0, [w.write_rollouts("run", epoch, 0, worker=0, attempt=1, table=rows_to_table(rows))])
 

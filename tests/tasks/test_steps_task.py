@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.data.records import Prompt, Sample
 from storage.lake import LakeWriter
 from tasks.steps import lake_write_task
@@ -15,10 +15,10 @@ from tasks.steps import lake_write_task
 PROMPTS = [Prompt(f"p{i}", i, f"q{i}", (i + 1,), str(i)) for i in range(2)]
 
 
-def _samples(token: int) -> tuple[list[Sample], list[RewardResult]]:
+def _samples(token: int) -> tuple[list[Sample], list[RewardScore]]:
     samples = [Sample(p.prompt_id, k, (token, k), (-0.5, -0.25), f"r{token}", "stop", 0, 1.0, 2.0)
                for p in PROMPTS for k in range(2)]
-    return samples, [RewardResult(float(k), k == 1, True, None) for _ in PROMPTS for k in range(2)]
+    return samples, [RewardScore(float(k), {"gsm8k": float(k)}, k == 1) for _ in PROMPTS for k in range(2)]
 
 
 def _write(lake: str, token: int, version: int = 3):

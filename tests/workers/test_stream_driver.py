@@ -109,7 +109,7 @@ def ray_local(local_ray):
 
 
 def prompt(pid: str) -> Prompt:
-    return Prompt(pid, 0, pid, (1, 2), answer="7")
+    return Prompt(pid, 0, pid, (1, 2), answer="7", row={"question": pid, "answer": "7"})
 
 
 class RestartGuard:
@@ -131,13 +131,14 @@ class RestartGuard:
 
 
 def run(requests, rule, workers=None, guard=None, feed=None):
-    from workers.stream import collect_scores, stream_rollout
+    from rhymerl.data.rewards import load_reward_set
+    from workers.stream import Scoring, collect_scores, stream_rollout
 
     workers = workers or [FakeWorker.remote(w) for w in range(len(requests))]
-    gold = {r.prompt.prompt_id: "7" for reqs in requests for r in reqs}
-    out = stream_rollout(workers, requests, SamplingSettings(n=4, max_tokens=100), gold, rule,
-                         {pid: 1.0 for pid in gold}, every_s=0.02, guard=guard, feed=feed)
-    scores, total_s = collect_scores(out, gold)
+    scoring = Scoring.of(load_reward_set(["gsm8k"]), [r.prompt for reqs in requests for r in reqs])
+    out = stream_rollout(workers, requests, SamplingSettings(n=4, max_tokens=100), scoring, rule,
+                         {pid: 1.0 for pid in scoring.prompts}, every_s=0.02, guard=guard, feed=feed)
+    scores, total_s = collect_scores(out, scoring)
     return out, scores, total_s
 
 
@@ -158,24 +159,26 @@ def test_forced_migration_returns_every_sample_once_joined(ray_local):
     assert all(s.migrated_from_worker != s.worker_id for s in moved)
     assert any(s.prompt_id == "long" for s in moved)  # the most overdue (most tokens) move first
     assert len(scores) == len(out.samples) and total_s >= 0
-    assert all(not s.correct and not s.formatted for s in scores)  # "xxx" has no "#### 7": scored, and wrong
+    assert all(s.correct is False and s.values == {"gsm8k": 0.0} for s in scores)  # "xxx" has no "#### 7": wrong
 
 
 def test_a_migrated_request_takes_its_prompts_history_along(ray_local):
     # Rule: each worker starts with only its own prompts' bundle; before a migrated request starts
     # on its new worker, that worker's bundle gains the prompt, history and all.
     from rhymerl.histospec.bundle import HistoryColumns, HistorySlicer
+    from rhymerl.data.rewards import load_reward_set
     from workers.history_bundles import WorkerHistory, cut_for_workers
-    from workers.stream import stream_rollout
+    from workers.stream import Scoring, stream_rollout
 
-    long_, c = Prompt("long", 0, "long", (7, 7), answer="7"), Prompt("c", 0, "c", (8,), answer="7")
+    long_, c = (Prompt(pid, 0, pid, ids, answer="7", row={"answer": "7"}) for pid, ids in (("long", (7, 7)), ("c", (8,))))
     requests = [[Request(long_, k) for k in range(2)], [Request(c, k) for k in range(2)]]
     slicer = HistorySlicer(HistoryColumns.from_lists({"prompt_id": ["long", "c"], "response_token_ids": [[1] * 50, [2]],
                                                       "reward": [1.0, 0.0]}))
     workers = [FakeWorker.remote(w) for w in range(2)]
     history = WorkerHistory(workers, slicer, cut_for_workers(slicer, [[long_], [c]]))
     history.publish()
-    out = stream_rollout(workers, requests, SamplingSettings(n=2, max_tokens=100), {"long": "7", "c": "7"},
+    out = stream_rollout(workers, requests, SamplingSettings(n=2, max_tokens=100),
+                         Scoring.of(load_reward_set(["gsm8k"]), [long_, c]),
                          MigrationRule(tail_fraction=1.0, threshold=0.0, per_worker=1), {"long": 1.0, "c": 1.0},
                          every_s=0.02, history=history)
     assert out.migrations >= 1
@@ -197,10 +200,12 @@ def test_without_a_rule_nothing_moves(ray_local):
 
 
 def feed_for(trainer, requests):
+    from rhymerl.data.rewards import load_reward_set
+    from workers.stream import Scoring
     from workers.train_feed import GroupFeed
 
     prompts = list({r.prompt.prompt_id: r.prompt for reqs in requests for r in reqs}.values())
-    return GroupFeed(trainer, prompts, n=4, scale=True, eps=1e-6)
+    return GroupFeed(trainer, prompts, n=4, scale=True, eps=1e-6, scoring=Scoring.of(load_reward_set(["gsm8k"]), prompts))
 
 
 def test_each_complete_group_goes_to_the_trainer_once_with_the_steps_scores(ray_local):
@@ -214,8 +219,8 @@ def test_each_complete_group_goes_to_the_trainer_once_with_the_steps_scores(ray_
     groups = trainer.added()
     assert sorted(len(g) for g in groups) == [4, 4, 4]
     assert len(groups[-1][0].response_ids) == 100  # the straggling group came last
-    by_key = {(s.prompt_id, s.sample_idx): (s.token_ids, r.reward) for s, r in zip(out.samples, scores)}
-    assert feed.handed == by_key  # every sample once, with the step's score
+    by_key = {(s.prompt_id, s.sample_idx): (s.token_ids, r.total) for s, r in zip(out.samples, scores)}
+    assert feed.handed() == by_key  # every sample once, with the step's score
     assert feed.finish(out.samples, scores) == {"loss": 0.5}
     assert trainer.names() == ["begin", "add", "add", "add", "finish"]
 

@@ -7,11 +7,14 @@ import pytest
 
 from helpers.feed import FakeTrainer
 from rhymerl.data.records import Prompt, Sample
-from rhymerl.data.reward import score_batch
+from rhymerl.data.rewards import load_reward_set
 from rhymerl.run.rollout import train_examples
+from workers.stream import Scoring
 from workers.train_feed import GroupFeed
 
-PROMPTS = [Prompt("a", 0, "a", (1, 2), answer="7"), Prompt("b", 1, "b", (3,), answer="5")]
+PROMPTS = [Prompt("a", 0, "a", (1, 2), answer="7", row={"answer": "7"}),
+           Prompt("b", 1, "b", (3,), answer="5", row={"answer": "5"})]
+SCORING = Scoring.of(load_reward_set(["gsm8k"]), PROMPTS)
 
 
 def sample(pid: str, k: int, text: str) -> Sample:
@@ -20,11 +23,11 @@ def sample(pid: str, k: int, text: str) -> Sample:
 
 # Arrival order interleaves the groups: a0 b0 a1 completes "a", b1 then completes "b".
 SAMPLES = [sample("a", 0, "#### 7"), sample("b", 0, "#### 5"), sample("a", 1, "no"), sample("b", 1, "#### 4")]
-SCORES = score_batch([s.text for s in SAMPLES], ["7", "5", "7", "5"])
+SCORES = SCORING.score(SAMPLES)
 
 
 def fed(trainer: FakeTrainer, samples=SAMPLES) -> GroupFeed:
-    feed = GroupFeed(trainer, PROMPTS, n=2, scale=True, eps=1e-6)
+    feed = GroupFeed(trainer, PROMPTS, n=2, scale=True, eps=1e-6, scoring=SCORING)
     feed.begin()
     for s in samples:
         feed.finished(s)
@@ -37,7 +40,7 @@ def test_each_group_goes_over_once_complete_as_the_batch_path_trains_it(local_ra
     assert trainer.names() == ["begin", "add", "add"]
     # Rule: a streamed example equals the batch path's example of the same sample.
     batch = dict(zip([(s.prompt_id, s.sample_idx) for s in SAMPLES],
-                     train_examples(PROMPTS, SAMPLES, [r.reward for r in SCORES], True, 1e-6)))
+                     train_examples(PROMPTS, SAMPLES, [r.total for r in SCORES], True, 1e-6)))
     first, second = trainer.added()
     assert first == [batch[("a", 0)], batch[("a", 1)]] and second == [batch[("b", 0)], batch[("b", 1)]]
     assert first[0].advantage == pytest.approx(0.5 / 0.5 ** 0.5, rel=1e-5)  # rewards 1, 0: (1 - mean) / (std + eps)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.histopipe.migration import MigrationRule, Move, WorkerView, join_prefix, select_migrations
 from rhymerl.histopipe.simulator import measure
 from rhymerl.data.records import Partial, Prompt, Sample
@@ -110,7 +110,7 @@ def test_a_migrated_sample_is_one_lake_row_with_its_migration():
     others = [Sample("a", k, (9,), (-1.0,), "9", "stop", 0, 100.0, 101.0) for k in (0, 1, 2, 3)]
     samples = others + [joined]
     check_groups([PROMPT], samples, 5)  # sample indices 0..4 exactly once
-    rows = rollout_rows("run", 0, 0, [PROMPT], samples, [RewardResult(1.0, True, True, "1")] * 5, policy_version=7)
+    rows = rollout_rows("run", 0, 0, [PROMPT], samples, [RewardScore(1.0, {"gsm8k": 1.0}, True)] * 5, policy_version=7)
     table = rows_to_table(rows).to_pylist()
     assert len(table) == 5
     row = table[-1]

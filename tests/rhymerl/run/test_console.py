@@ -52,6 +52,19 @@ def test_one_line_per_step_then_an_epoch_line():
     assert lines[2].startswith("epoch 0 done in") and "reward 0.750, accuracy 0.250, 3.00 tok/verify" in lines[2]
 
 
+def test_without_a_verdict_the_lines_show_no_accuracy():
+    # Rule: when no reward function judges correctness the record has no accuracy; the lines leave
+    # it out rather than show 0.
+    out = io.StringIO()
+    console = RunConsole(out, total_steps=1, steps_per_epoch=1, environ={})
+    step = _step(0, 0, 0)
+    del step["accuracy"]
+    console.handle(_record("prefect.task_runs", logging.INFO, "raw", rhymerl_step=step))
+    lines = out.getvalue().splitlines()
+    assert "reward 0.500 | 3.00 tok/verify" in lines[0] and "reward 0.500, 3.00 tok/verify" in lines[1]
+    assert "acc" not in out.getvalue()
+
+
 def test_only_warnings_of_rhymerl_and_its_runs_reach_the_console():
     out = io.StringIO()
     console = RunConsole(out, 4, 2, {})

@@ -2,9 +2,9 @@
 
 import pytest
 
-from rhymerl.data.reward import RewardResult
+from rhymerl.data.rewards import RewardScore
 from rhymerl.data.records import Prompt, Sample
-from rhymerl.run.report import epoch_summary, format_table
+from rhymerl.run.report import epoch_summary, format_summary, format_table, step_line
 from rhymerl.run.rollout import (advantages_for, check_groups, epoch_order, rollout_rows, step_batches, step_stats,
                              train_examples)
 
@@ -65,13 +65,31 @@ def test_train_examples_are_the_same_for_a_whole_step_and_group_by_group():
 
 def test_step_stats_and_rows():
     samples = [S("p0", 0, 2), S("p0", 1, 4, finish="length")]
-    st = step_stats(samples, [RewardResult(1.0, True, True, "1"), RewardResult(0.0, False, True, "2")])
+    # totals are 1 x gsm8k + 0.5 x brevity
+    scores = [RewardScore(1.25, {"gsm8k": 1.0, "brevity": 0.5}, True),
+              RewardScore(0.0, {"gsm8k": 0.0, "brevity": 0.0}, False)]
+    st = step_stats(samples, scores)
     assert (st.reward_mean, st.accuracy, st.length_mean, st.length_max, st.tokens, st.truncated) == \
-        (0.5, 0.5, 3.0, 4, 6, 1)
-    rows = rollout_rows("r", 1, 2, [P(0)], samples, [RewardResult(1.0, True, True, "1"), RewardResult(0.0, False, True, "2")],
-                        policy_version=7)
+        (0.625, 0.5, 3.0, 4, 6, 1)
+    metrics = st.as_metrics()
+    assert (metrics["reward/gsm8k"], metrics["reward/brevity"], metrics["accuracy"]) == (0.5, 0.25, 0.5)
+    rows = rollout_rows("r", 1, 2, [P(0)], samples, scores, policy_version=7)
     assert [r["length"] for r in rows] == [2, 4] and rows[0]["prompt_text"] == "q0"
     assert rows[1]["policy_version"] == 7 and rows[1]["finish_reason"] == "length"
+    assert rows[0]["reward"] == 1.25 and rows[0]["reward_values"] == [("gsm8k", 1.0), ("brevity", 0.5)]
+    assert rows[0]["correct"] is True and "formatted" not in rows[0]
+
+
+def test_accuracy_is_left_out_when_no_function_judges_correctness():
+    # Rule: no verdict at all -> no accuracy (not 0); verdicts on some samples -> over those only.
+    samples = [S("p0", 0, 2), S("p0", 1, 2)]
+    st = step_stats(samples, [RewardScore(0.3, {"len": 0.3}, None), RewardScore(0.1, {"len": 0.1}, None)])
+    assert st.accuracy is None and "accuracy" not in st.as_metrics()
+    assert st.as_metrics()["reward/len"] == pytest.approx(0.2)
+    st = step_stats(samples, [RewardScore(1.0, {}, True), RewardScore(0.0, {}, None)])
+    assert st.accuracy == 1.0
+    rows = rollout_rows("r", 0, 0, [P(0)], samples, [RewardScore(0.3, {"len": 0.3}, None)] * 2, policy_version=0)
+    assert rows[0]["correct"] is None
 
 
 def test_epoch_summary_weights_by_samples_and_sums_seconds():
@@ -83,3 +101,19 @@ def test_epoch_summary_weights_by_samples_and_sums_seconds():
     row = epoch_summary(hist)[0]
     assert row["reward_mean"] == pytest.approx(0.25) and row["step_s"] == 6.0 and row["steps"] == 2
     assert "reward_mean" in format_table([row], ["epoch", "reward_mean"])
+
+
+def test_summary_has_each_functions_mean_and_no_accuracy_without_a_verdict():
+    # Rule: reward/<name> is sample-weighted like reward_mean; accuracy absent from every step is
+    # absent from the epoch row, the step line and the end-of-run table (not 0).
+    base = {"rollout_s": 1.0, "reward_s": 0.0, "lake_s": 0.0, "train_s": 2.0, "sync_s": 0.0, "step_s": 3.0,
+            "rollout_tokens_per_s": 1.0, "length_max": 3.0, "step": 0}
+    hist = [{**base, "epoch": 0, "reward_mean": 1.0, "reward/len": 1.0, "tokens": 20, "length_mean": 2.0},
+            {**base, "epoch": 0, "reward_mean": 0.0, "reward/len": 0.0, "tokens": 60, "length_mean": 2.0}]
+    row = epoch_summary(hist)[0]
+    assert row["reward/len"] == pytest.approx(0.25) and "accuracy" not in row
+    table = format_summary([row], "r", "lake", "sqlite:///m.db", "m1", 0)
+    assert "reward/len" in table and "accuracy" not in table
+    assert " acc " not in step_line(hist[0])
+    judged = epoch_summary([{**hist[0], "accuracy": 0.5}, hist[1]])[0]
+    assert judged["accuracy"] == 0.5  # over the steps that have one
