@@ -123,14 +123,6 @@ def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
 Group = tuple[Sequence[int], Sequence[Sequence[int]], "PromptIndex | None"]  # prompt, responses, history index
 
 
-def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], config: SpecConfig,
-                 index: PromptIndex | None = None, stats: SpecStats | None = None,
-                 recent: RecentTree | None = None) -> SpecStats:
-    """One prompt's group in lockstep; its counters. `index` (HistoSpec only; fresh per group) grows with
-    the siblings; `recent`, the cross-prompt tree, is fed the tokens as emitted."""
-    return replay_batch([(prompt, responses, index)], config, stats, recent)
-
-
 def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats | None = None,
                  recent: RecentTree | None = None) -> SpecStats:
     """Replay several groups (one training step's) in one lockstep batch, as one engine runs them."""
@@ -326,9 +318,3 @@ def responses_per_step(records: Iterable[RecordedResponse]) -> int:
     """The median number of responses one training step generated (by epoch and step)."""
     counts = Counter((r.epoch, r.step) for r in records)
     return int(statistics.median(counts.values())) if counts else 0
-
-
-def replay_settings(records: Sequence[RecordedResponse],
-                    configs: Mapping[str, SpecConfig]) -> dict[str, ReplayReport]:
-    """Replay the same records under several named settings (for tuning)."""
-    return {name: replay(records, cfg) for name, cfg in configs.items()}

@@ -6,7 +6,8 @@ import pytest
 
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.offline.replay import (RecordedResponse, accepted_prefix, build_history_index,
-                                      history_for, replay, replay_group, replay_settings)
+                                              history_for, replay)
+from helpers.histospec_calls import replay_group
 
 PROMPT = (100, 101, 102)
 HIST = tuple(range(1, 11))  # 1..10
@@ -107,7 +108,7 @@ def test_replay_reports_per_epoch():
 
 def test_replay_settings_compare_methods():
     records = [RecordedResponse("p", e, HIST, 1.0, PROMPT) for e in (0, 1)]
-    reports = replay_settings(records, {"histospec": SpecConfig(siblings=False, budget_rule="additive"),
-                                        "ngram": SpecConfig(method="ngram")})
+    settings = {"histospec": SpecConfig(siblings=False, budget_rule="additive"), "ngram": SpecConfig(method="ngram")}
+    reports = {name: replay(records, cfg) for name, cfg in settings.items()}
     assert reports["histospec"].overall().accepted == 6  # epoch 1: the exact-repeat case above
     assert reports["ngram"].overall().accepted == 0  # 1..10 never repeats itself
