@@ -1,5 +1,5 @@
 """HistoSpec calls only the tests make, written over the production API: a batch drafter's drafts
-as `Draft`s, one prompt's replay, the calibration counted from estimate lists."""
+as `Draft`s, one prompt's replay, the calibration and the step counters counted from plain lists."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.drafter import EMPTY, Draft, RecentTree
 from rhymerl.histospec.engine.batch import BatchIndexDrafter
 from rhymerl.histospec.engine.kernel import Drafts
-from rhymerl.histospec.engine.requests import count_bin
+from rhymerl.histospec.engine.requests import Counts, count_bin
 from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
 from rhymerl.histospec.index import PromptIndex
 from rhymerl.histospec.offline.replay import replay_batch
-from rhymerl.histospec.stats import SpecStats
+from rhymerl.histospec.stats import POSITION_EDGE_ARRAY, SpecStats, tally_position, tally_row
 
 
 def draft_arrays(drafter: BatchIndexDrafter, indexes: Sequence[PromptIndex], row_ids: Sequence[int],
@@ -58,3 +58,17 @@ def record_calibration(cal: AcceptanceCalibration, probs: Sequence[Sequence[floa
         for j, x in enumerate(p):
             count_bin(float(x), j < a, cal.drafted, cal.accepted)
     cal.counted(sum(len(p) for p in probs))
+
+
+def counted(drafted: Sequence[int], accepted: Sequence[int], positions: Sequence[int],
+            with_positions: bool = True) -> SpecStats:
+    """New `SpecStats` with steps j (drafted[j] tokens, the first accepted[j] accepted, after
+    positions[j] response tokens) counted as the engine counts a step's rows (`requests.Counts`)."""
+    counts = Counts(int(max(drafted, default=0)))
+    totals, hist, acc, steps, tokens = counts.arrays
+    for d, a, p in zip(drafted, accepted, positions):
+        tally_row(totals, hist, acc, int(d), int(a))
+        tally_position(POSITION_EDGE_ARRAY, steps, tokens, int(p), int(a))
+    stats = SpecStats()
+    counts.flush(stats, with_positions)
+    return stats
