@@ -2,13 +2,10 @@
 lookup for comparison (`NgramDrafter`), the cross-prompt tree (`RecentTree`), the budget rules
 (`BUDGET_RULES`), and their builders from a `SpecConfig`.
 
-The drafter takes the longest context tail (min_match..max_match tokens) found in the prompt's index
-and follows its `MAX_CANDIDATES` most recent occurrences: copied where they agree; at a branch, the
-branch with most occurrences (reward-weighted: highest reward sum), ties to the most recent. A token's
-estimate is m / (m + PRIOR) for m continuations followed, times the chosen branches' shares; the
-score (expected accepted length) is their sum. The draft stops below `min_token_prob` and within
-`max_spec_factor` x the match. An own draft scoring below `recent_gate` x budget also asks the tree;
-the higher score wins (the own draft on a tie).
+The drafter follows the `MAX_CANDIDATES` most recent occurrences of the longest context tail in the
+prompt's index; at a branch it takes the most occurrences (reward-weighted: the highest reward sum),
+ties to the most recent. Estimates and the tree's gate: `follow`, `HistoSpecDrafter.propose` (and
+docs/histospec.md, How a draft is made).
 """
 
 from __future__ import annotations
@@ -124,6 +121,7 @@ class HistoSpecDrafter:
         self.recent, self.recent_spec_factor, self.recent_gate = recent, recent_spec_factor, recent_gate
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        """The own draft; the tree's if the own scores below recent_gate x budget and the tree's higher."""
         if budget <= 0:
             return EMPTY
         best = self.own(context, budget)
@@ -149,7 +147,8 @@ class HistoSpecDrafter:
 def follow(index: PromptIndex, codes: Sequence[int], budget: int, reward_weighted: bool,
            min_token_prob: float = 0.0) -> tuple[list[int], list[float]]:
     """The tokens and estimates of the walk down the continuations at `codes` (<= `budget`), taking the
-    best group at branches. Sorted, a group agrees on a stretch iff its first and last members do."""
+    best group at branches: m continuations start at m / (m + PRIOR), times each chosen group's share;
+    stops below `min_token_prob`. Sorted, a group agrees on a stretch iff its first and last members do."""
     conts, kept = [], []
     for code, cont in zip(codes, index.gather(codes, budget)):
         if cont:

@@ -188,11 +188,6 @@ class PromptIndex:
             raise ValueError(f"sequence {seq_id} is history (ids below {self.base} are read-only)")
         self.side.extend(seq_id - self.base, tokens)
 
-    def set_reward(self, seq_id: int, reward: float) -> None:
-        self.rewards[seq_id] = float(reward)
-        if seq_id >= self.base:
-            self.side.set_reward(seq_id - self.base, reward)
-
     def recent_match(self, context: Sequence[int], limit: int) -> tuple[int, list[int]]:
         """(n, codes): the longest tail found in either part, and its `limit` most recent occurrences
         (the history's, then the siblings', which may sit at a sequence's end), oldest first; (0, [])."""

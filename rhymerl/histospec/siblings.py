@@ -68,10 +68,6 @@ class SideIndex:
         append_rows(self.tok, self.lens, self.table, self.links, self.state, seq_ids, tokens,
                     np.asarray(row_ids, np.int64), starts, ends, self.min_match, self.max_match)
 
-    def set_reward(self, seq_id: int, reward: float) -> None:
-        """Record the reward of a finished sibling so reward-weighted drafting can use it."""
-        self.rewards[seq_id] = float(reward)
-
     def reserve(self, length: int, new_tokens: int, seqs: int | None = None) -> None:
         """Grow the arrays (by doubling) for `seqs` sequences (default: those held), one of `length`
         tokens, and `new_tokens` more filed tokens."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 from numba import njit
@@ -54,11 +53,6 @@ class SpecStats:
                 acc.extend([0] * (drafted + 1 - len(acc)))
             hist[drafted] += 1
             acc[accepted] += 1
-
-    def record_many(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        """`record` for many steps at once (an engine step's requests), in one compiled pass."""
-        if len(drafted):
-            self.add(Tally.of(drafted, accepted))
 
     def record_positions(self, positions: np.ndarray, accepted: np.ndarray) -> None:
         """Bucket counts only (not the totals): step j came after `positions[j]` response tokens and
@@ -162,8 +156,8 @@ def _tail_sums(hist: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Tally:
-    """Counts of many verification steps, computed once to add to several `SpecStats`: histograms as
-    long as the longest draft + 1 (empty without a draft), position buckets if given."""
+    """Counts of many verification steps (an engine's, `requests.Counts`), to add to several `SpecStats`:
+    histograms as long as the longest draft + 1 (empty without a draft), position buckets if given."""
     steps: int
     tokens: int
     drafts: int
@@ -173,38 +167,6 @@ class Tally:
     accept_hist: list[int]
     pos_steps: list[int] | None = None
     pos_tokens: list[int] | None = None
-
-    @classmethod
-    def of(cls, drafted: Sequence[int], accepted: Sequence[int], positions: Sequence[int] | None = None) -> "Tally":
-        """Steps j verified drafted[j] tokens, accepted the first accepted[j], after positions[j]."""
-        d, a = np.asarray(drafted, np.int64), np.asarray(accepted, np.int64)
-        if d.shape != a.shape:
-            raise ValueError(f"got {len(d)} draft lengths and {len(a)} accepted counts")
-        size = int(d.max(initial=0)) + 1
-        hist, acc = np.zeros(size, np.int64), np.zeros(size, np.int64)
-        given = positions is not None
-        pos = np.asarray(positions if given else (), np.int64)
-        steps, tokens = np.zeros(POSITION_BUCKETS, np.int64), np.zeros(POSITION_BUCKETS, np.int64)
-        totals = np.zeros(5, np.int64)  # steps, tokens, drafts, drafted, accepted (`tally_row`)
-        if not _tally(d, a, pos, given, POSITION_EDGE_ARRAY, hist, acc, steps, tokens, totals):
-            raise ValueError("accepted must be within 0..drafted for every step")
-        n_steps, n_tokens, drafts, n_drafted, n_accepted = totals.tolist()
-        return cls(n_steps, n_tokens, drafts, n_drafted, n_accepted,
-                   hist.tolist() if drafts else [], acc.tolist() if drafts else [],
-                   steps.tolist() if given else None, tokens.tolist() if given else None)
-
-
-@njit(cache=True)
-def _tally(d, a, pos, given, edges, hist, acc, steps, tokens, totals):
-    """`Tally.of`'s counts; False (nothing counted) if some a[j] is outside 0..d[j]."""
-    for j in range(d.shape[0]):
-        if a[j] < 0 or a[j] > d[j]:
-            return False
-    for j in range(d.shape[0]):
-        tally_row(totals, hist, acc, d[j], a[j])
-        if given:
-            tally_position(edges, steps, tokens, pos[j], a[j])
-    return True
 
 
 @njit(cache=True)

@@ -13,7 +13,8 @@ BASE = {"epoch": 0, "step": 0, "policy_version": 1, "rollout_s": 1.0, "reward_s"
 
 def test_response_position_counts_become_list_columns_in_bucket_order():
     stats = SpecStats()
-    stats.record_many([4, 4, 0], [3, 0, 0])
+    for drafted, accepted in ((4, 3), (4, 0), (0, 0)):
+        stats.record(drafted, accepted)
     stats.record_positions([5, 1200, 150], [3, 0, 0])  # [0,100): 4 tokens; [100,300): 1; 1000+: 1
     row = step_row({**BASE, **stats.as_metrics("spec/")}, "histospec")
     assert row["spec_steps_by_response_pos"] == [1, 1, 0, 1]

@@ -15,7 +15,7 @@ import numpy as np
 import numba
 from numba import typed, types
 
-from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, PRIOR, Draft, indexed_history
+from rhymerl.histospec.drafter import MAX_CANDIDATES, PRIOR, indexed_history
 from rhymerl.histospec.engine.kernel import Drafts, HistoryArrays, Params, Rows, SiblingArrays, draft_rows
 from rhymerl.histospec.engine.cpu_tricks import SAMPLE
 from rhymerl.histospec.index import FlatIndex, PromptIndex
@@ -156,28 +156,6 @@ class BatchIndexDrafter:
         self._compiled: dict[Any, Any] = {}  # the kernel's compiled entry point by the token rows' type
         self._warm()
 
-    def propose(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
-                budgets: Sequence[int], tokens: np.ndarray) -> list[Draft]:
-        """Per row r: the own draft of indexes[r] after tokens[row_ids[r], :nums[r]], <= budgets[r]."""
-        if not len(indexes):
-            return []
-        out = self.draft_arrays(indexes, row_ids, nums, budgets, tokens)
-        return [Draft(tuple(d[:k]), n, s, tuple(p[:k])) if k else EMPTY
-                for d, k, n, s, p in zip(out.tokens.tolist(), out.lengths.tolist(), out.match.tolist(),
-                                         out.score.tolist(), out.probs.tolist())]
-
-    def draft_arrays(self, indexes: Sequence[PromptIndex], row_ids: Sequence[int], nums: Sequence[int],
-                     budgets: Sequence[int], tokens: np.ndarray) -> Drafts:
-        """`propose`'s drafts as arrays (`draft_groups`), each distinct index looked up once."""
-        distinct: dict[int, int] = {}
-        groups: list[PromptIndex] = []
-        which = np.empty(len(indexes), dtype=np.int64)
-        for r, ix in enumerate(indexes):
-            which[r] = distinct.setdefault(id(ix), len(groups))
-            if which[r] == len(groups):
-                groups.append(ix)
-        return self.draft_groups(groups, which, row_ids, nums, budgets, tokens)
-
     def draft_groups(self, indexes: Sequence[PromptIndex], which: np.ndarray, row_ids: Sequence[int],
                      nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> Drafts:
         """Row r drafts from indexes[which[r]] (distinct); R x W outputs, W the largest budget."""
@@ -214,7 +192,7 @@ class BatchIndexDrafter:
         self.slots, self.sides = FlatSlots(self.spec.max_match), SideSlots()
         try:
             for dtype in (np.int32, np.int64):
-                self.propose([index, index], [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype))
+                self.draft_groups([index], np.zeros(2, np.int64), [0, 0], [2, 2], [2, 2], np.array([[1, 2]], dtype))
             self.retain([])  # typed-list item assignment compiles too
         finally:
             self.slots, self.sides = saved

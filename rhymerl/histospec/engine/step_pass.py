@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from rhymerl.histospec.engine.requests import (BUDGET, DRAFTED, KEY_MIX, N, PROMPT, RESUME, SIB, STEP, TREE,
-                                               TREE_N, RequestTable, StepLedger, account_row, count_bin, row_key,
+                                               TREE_N, RequestTable, StepLedger, account_row, row_key,
                                                take_keys)
 from rhymerl.config.spec import COST_MEMORY_STEPS
 from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
@@ -251,8 +251,8 @@ def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
 
 
 class AcceptanceCalibration:
-    """Measured acceptance by estimate (`Draft.probs`): `record` counts verified drafts, `rows` maps
-    estimates to calibrated chances. Bins start with `prior` pseudo-tokens; the table is nondecreasing."""
+    """Measured acceptance by estimate (`Draft.probs`): `begin` counts verified drafts into `drafted` /
+    `accepted` (`requests.count_bin`), `rows` maps estimates to calibrated chances. Bins start with `prior` pseudo-tokens; the table is nondecreasing."""
     def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
         self.bins = bins
         self.prior = prior
@@ -260,25 +260,9 @@ class AcceptanceCalibration:
         self.accepted = np.zeros(bins)
         self.tokens = 0  # draft tokens recorded
         self._table: np.ndarray | None = None
-        none = np.zeros(0, np.int64)
-        _count_bins(np.zeros((0, 1)), none, none, np.zeros(1), np.zeros(1))  # compile now, not in a step
 
     def _bin(self, p: np.ndarray) -> np.ndarray:
         return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
-
-    def record(self, probs: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
-        """`record_rows` of drafts given as one estimate list per draft."""
-        lengths = np.fromiter(map(len, probs), np.int64, len(probs))
-        padded = np.zeros((len(probs), int(lengths.max(initial=0))))
-        for i, p in enumerate(probs):
-            padded[i, :len(p)] = p
-        self.record_rows(padded, lengths, np.asarray(accepted, np.int64))
-
-    def record_rows(self, probs: np.ndarray, lengths: np.ndarray, accepted: np.ndarray) -> None:
-        """`record` of drafts given padded: draft i's estimates are probs[i, :lengths[i]]."""
-        counted = _count_bins(np.asarray(probs, np.float64), np.asarray(lengths, np.int64),
-                              np.asarray(accepted, np.int64), self.drafted, self.accepted)
-        self.counted(counted)
 
     def counted(self, tokens: int) -> None:
         """Note `tokens` more draft tokens counted into `drafted` / `accepted` (by a compiled pass)."""
@@ -297,17 +281,6 @@ class AcceptanceCalibration:
     def rows(self, probs: np.ndarray) -> np.ndarray:
         """Calibrated chances for estimates `probs` (R x W), made nonincreasing along each row."""
         return np.minimum.accumulate(self.table()[self._bin(np.asarray(probs, np.float64))], axis=1)
-
-
-@njit(cache=True)
-def _count_bins(probs, lengths, accepted, drafted, hits):
-    """Count each draft token probs[i, :lengths[i]] in its bin (hits when j < accepted[i]); how many."""
-    counted = 0
-    for i in range(probs.shape[0]):
-        for j in range(min(lengths[i], probs.shape[1])):
-            count_bin(probs[i, j], j < accepted[i], drafted, hits)
-            counted += 1
-    return counted
 
 
 def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:

@@ -114,21 +114,7 @@ def verify(draft: Sequence[int], response: Sequence[int], pos: int, stats: SpecS
     return accepted
 
 
-def build_history_index(prompt: Sequence[int], history: Sequence[Sequence[int]],
-                        rewards: Sequence[float] | None, config: SpecConfig) -> PromptIndex:
-    """The prompt's index over its history (oldest first; `drafter.indexed_history`), prompt as prefix."""
-    return new_index(config, history, rewards, prefix=prompt)
-
-
-Group = tuple[Sequence[int], Sequence[Sequence[int]], "PromptIndex | None"]  # prompt, responses, history index
-
-
-def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], config: SpecConfig,
-                 index: PromptIndex | None = None, stats: SpecStats | None = None,
-                 recent: RecentTree | None = None) -> SpecStats:
-    """One prompt's group in lockstep; its counters. `index` (HistoSpec only; fresh per group) grows with
-    the siblings; `recent`, the cross-prompt tree, is fed the tokens as emitted."""
-    return replay_batch([(prompt, responses, index)], config, stats, recent)
+Group = tuple[Sequence[int], Sequence[Sequence[int]], PromptIndex | None]  # prompt, responses, history index
 
 
 def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats | None = None,
@@ -139,7 +125,7 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
     for prompt, responses, index in groups:
         prompt = [int(t) for t in prompt]
         if config.method == "histospec":
-            index = index if index is not None else build_history_index(prompt, (), None, config)
+            index = index if index is not None else new_index(config, prefix=prompt)
             drafter: Drafter = histospec_drafter(config, index, recent)
         else:
             drafter = NgramDrafter(config.min_match, config.max_match)
@@ -221,8 +207,7 @@ def replay(records: Iterable[RecordedResponse], config: SpecConfig,
             if config.method == "histospec":
                 hist = history_for(by_prompt[pid], epoch, config.history_epochs)
                 t0 = time.perf_counter()
-                index = build_history_index(prompt, [h.token_ids for h in hist],
-                                            [h.reward for h in hist], config)
+                index = new_index(config, [h.token_ids for h in hist], [h.reward for h in hist], prefix=prompt)
                 stats.index_seconds += time.perf_counter() - t0
                 stats.index_tokens += index.num_tokens
             batch.append((prompt, [r.token_ids for r in group], index))
@@ -326,9 +311,3 @@ def responses_per_step(records: Iterable[RecordedResponse]) -> int:
     """The median number of responses one training step generated (by epoch and step)."""
     counts = Counter((r.epoch, r.step) for r in records)
     return int(statistics.median(counts.values())) if counts else 0
-
-
-def replay_settings(records: Sequence[RecordedResponse],
-                    configs: Mapping[str, SpecConfig]) -> dict[str, ReplayReport]:
-    """Replay the same records under several named settings (for tuning)."""
-    return {name: replay(records, cfg) for name, cfg in configs.items()}

@@ -210,18 +210,3 @@ def test_max_spec_factor_ties_the_draft_to_the_match():
     assert histospec_drafter(SpecConfig(max_spec_factor=0.0), index).propose([2, 3], 8).tokens == (4, 5, 6, 7, 8)
     with pytest.raises(ConfigError, match="spec.max_spec_factor"):
         SpecConfig(max_spec_factor=-1.0)
-
-
-def test_spec_stats_record_many_equals_record_one_by_one():
-    # An engine step's counts in one call are the same counters as one call per request.
-    from rhymerl.histospec.stats import SpecStats
-
-    drafted, accepted = [0, 3, 5, 5, 1, 0], [0, 3, 2, 0, 1, 0]
-    one, many = SpecStats(), SpecStats()
-    for d, a in zip(drafted, accepted):
-        one.record(d, a)
-    many.record_many(drafted, accepted)
-    many.record_many([], [])
-    assert one == many
-    with pytest.raises(ValueError):
-        many.record_many([2], [3])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from rhymerl.histospec.stats import POSITION_EDGES, SpecStats, Tally, position_labels
+from rhymerl.histospec.stats import POSITION_EDGES, SpecStats, position_labels
+
+from helpers.histospec_calls import counted
 
 
 def test_steps_land_in_their_position_bucket_with_the_tokens_they_emitted():
@@ -29,25 +30,20 @@ def test_merge_adds_buckets_and_metrics_name_them():
     assert "spec/steps_pos0_100" not in SpecStats().as_metrics("spec/")  # nothing recorded: no columns
 
 
-def test_a_tally_adds_what_recording_step_by_step_adds():
-    # Rule: SpecStats.add(Tally.of(d, a, p)) == record(d[j], a[j]) for each j + record_positions(p, a);
-    # positions=False leaves the buckets alone; an accepted count outside 0..drafted is refused.
+def test_counted_steps_add_what_recording_step_by_step_adds():
+    # Rule: an engine step's counts (a Tally added to SpecStats) == record(d[j], a[j]) for each j +
+    # record_positions(p, a); positions=False leaves the buckets alone.
     rng = np.random.default_rng(3)
     d = rng.integers(0, 9, 300)
     d[:40] = 0
     a = (d * rng.random(300)).astype(np.int64)
     p = rng.integers(0, 3000, 300)
-    one, tallied, lifetime = SpecStats(), SpecStats(), SpecStats()
+    one = SpecStats()
     for dj, aj in zip(d.tolist(), a.tolist()):
         one.record(dj, aj)
     one.record_positions(p, a)
-    tally = Tally.of(d, a, p)
-    tallied.add(tally)
-    lifetime.add(tally, positions=False)
-    assert tallied == one
+    assert counted(d, a, p) == one
+    lifetime = counted(d, a, p, with_positions=False)
     assert lifetime.draft_len_hist == one.draft_len_hist and lifetime.pos_steps == [0, 0, 0, 0]
-    empty = SpecStats()
-    empty.add(Tally.of([0, 0], [0, 0]))
+    empty = counted([0, 0], [0, 0], [5, 5])
     assert (empty.steps, empty.tokens, empty.draft_len_hist) == (2, 2, [])
-    with pytest.raises(ValueError, match="within 0..drafted"):
-        Tally.of([2, 1], [1, 2])

@@ -8,6 +8,7 @@ from rhymerl.histospec.engine.batch import BatchIndexDrafter, FlatSlots
 from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, histospec_drafter
 from rhymerl.histospec.index import FlatIndex, PromptIndex
 from rhymerl.config.spec import SpecConfig
+from helpers.histospec_calls import draft_arrays, propose
 
 
 def rhyming(rng, vocab, length, count, change):
@@ -42,8 +43,7 @@ def random_case(rng):
         for j, resp in enumerate(live):
             at = int(rng.integers(1, length + 1))
             if siblings and rng.random() < 0.6:  # a sibling, grown to a random point
-                sib = ix.add(resp[:int(rng.integers(0, length + 1))].tolist())
-                ix.set_reward(sib, round(float(rng.random()), 1))
+                ix.add(resp[:int(rng.integers(0, length + 1))].tolist(), round(float(rng.random()), 1))
             row = np.zeros(130, dtype=np.int64)
             row[:len(prompt)], row[len(prompt):len(prompt) + at] = prompt, resp[:at]
             indexes.append(ix)
@@ -66,21 +66,21 @@ def test_batch_drafts_equal_the_python_drafter(seed, dtype, limit):
         indexes, rows, nums = [indexes[i] for i in mix], rows[mix].astype(dtype), [nums[i] for i in mix]
         budgets = rng.integers(1, 17, len(nums)).tolist()
         drafter = BatchIndexDrafter(spec, max_candidates=limit)
-        got = drafter.propose(indexes, range(len(nums)), nums, budgets, rows)
+        got = propose(drafter, indexes, range(len(nums)), nums, budgets, rows)
         for ix, row, n, b, draft in zip(indexes, rows, nums, budgets, got):
             python = histospec_drafter(spec, ix)
             python.max_candidates = limit
             assert draft == python.own(row[:n].tolist(), b)
-        _, lens, _, _, probs = drafter.draft_arrays(indexes, range(len(nums)), nums, budgets, rows)
+        _, lens, _, _, probs = draft_arrays(drafter, indexes, range(len(nums)), nums, budgets, rows)
         assert not probs[np.arange(probs.shape[1])[None, :] >= lens[:, None]].any()  # 0 past each length
 
 
 def test_no_rows_and_rows_without_a_history_or_match():
     spec = SpecConfig()
     bd = BatchIndexDrafter(spec)
-    assert bd.propose([], [], [], [], np.zeros((0, 4), np.int32)) == []
+    assert propose(bd, [], [], [], [], np.zeros((0, 4), np.int32)) == []
     ix = PromptIndex([0.0], 1, 7)  # history not attached yet, no siblings
-    assert bd.propose([ix], [0], [3], [4], np.array([[1, 2, 3]], np.int32)) == [EMPTY]
+    assert propose(bd, [ix], [0], [3], [4], np.array([[1, 2, 3]], np.int32)) == [EMPTY]
 
 
 def test_slots_are_shared_per_history_and_freed_when_dropped():
@@ -91,7 +91,7 @@ def test_slots_are_shared_per_history_and_freed_when_dropped():
     slots.retain([b])
     assert len(slots) == 1 and slots.slot(a) == 0  # a's slot was freed, then reused
     bd = BatchIndexDrafter(spec)
-    assert bd.propose([a], [0], [2], [4], np.array([[1, 2]], np.int32))[0].tokens == (3, 4)
+    assert propose(bd, [a], [0], [2], [4], np.array([[1, 2]], np.int32))[0].tokens == (3, 4)
     # a history indexed to another depth is refused: the kernel reads max_match-deep runs as in position order
     with pytest.raises(ValueError, match="max_match 5 cannot be drafted with max_match 7"):
         slots.slot(PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=5))
@@ -104,10 +104,10 @@ def test_a_siblings_slot_follows_its_arrays_when_they_grow():
     seq = ix.add([5, 6, 7])
     bd = BatchIndexDrafter(SpecConfig(min_match=2, max_spec_factor=0.0))
     row = np.array([[5, 6, 10, 11]], np.int32)
-    assert bd.propose([ix], [0], [2], [3], row)[0].tokens == (7,)  # after 5 6 the sibling has 7
+    assert propose(bd, [ix], [0], [2], [3], row)[0].tokens == (7,)  # after 5 6 the sibling has 7
     k = bd.sides.slot(ix.side)
     ix.extend(seq, list(range(10, 200)))  # outgrows the first arrays
-    assert bd.propose([ix], [0], [4], [3], row)[0].tokens == (12, 13, 14)  # 10 11 -> 12 13 14
+    assert propose(bd, [ix], [0], [4], [3], row)[0].tokens == (12, 13, 14)  # 10 11 -> 12 13 14
     assert bd.sides.slot(ix.side) == k and np.array_equal(bd.sides.lists[0][k], ix.side.tok)
     bd.retain([])
     assert len(bd.sides) == 0 and len(bd.slots) == 0

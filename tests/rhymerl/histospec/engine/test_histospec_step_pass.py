@@ -11,6 +11,7 @@ from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
+from helpers.histospec_calls import record_calibration
 
 
 def _table(drafted, n, plen, probs):
@@ -23,7 +24,7 @@ def _table(drafted, n, plen, probs):
 
 def test_begin_counts_each_verified_draft_as_recording_it_one_by_one():
     # Rule: the counts flushed into SpecStats equal SpecStats.record + record_positions of every row;
-    # the lifetime's equal them without positions; the calibration equals record_rows.
+    # the lifetime's equal them without positions; the calibration equals counting each draft's estimates.
     rng = np.random.default_rng(3)
     drafted, sizes = np.array([3, 0, 5, 4, 2]), np.array([2, 1, 6, 1, 3])  # accepted: 1, 0, 5, 0, 2
     n, plen = np.array([40, 130, 520, 1500, 60]), np.array([10, 10, 10, 10, 50])
@@ -45,7 +46,7 @@ def test_begin_counts_each_verified_draft_as_recording_it_one_by_one():
     assert stats == want
     assert lifetime.draft_len_hist == want.draft_len_hist and lifetime.pos_steps == [0, 0, 0, 0]
     reference = AcceptanceCalibration()
-    reference.record_rows(probs, drafted, accepted)
+    record_calibration(reference, [p[:d] for p, d in zip(probs.tolist(), drafted.tolist())], accepted)
     assert calibration.tokens == reference.tokens and (calibration.accepted == reference.accepted).all()
     ledger.flush(stats, lifetime)  # flushed counts are gone: a second flush adds nothing
     assert stats == want

@@ -9,6 +9,7 @@ import pytest
 
 from rhymerl.histospec.engine.step_pass import (MIN_OBSERVATIONS, AcceptanceCalibration, StepCostModel,
                                            position_acceptance, tail_rows, trim_drafts)
+from helpers.histospec_calls import record_calibration
 
 
 def test_cost_model_recovers_the_line_through_noisy_steps():
@@ -79,7 +80,7 @@ def test_calibration_maps_estimates_to_measured_acceptance():
     # table pools the two (monotone in the estimate) and a draft's chances never rise along it.
     cal = AcceptanceCalibration(bins=20, prior=0.0001)
     for _ in range(100):
-        cal.record([[0.95, 0.95, 0.95, 0.95], [0.55]], accepted=[1, 1])
+        record_calibration(cal, [[0.95, 0.95, 0.95, 0.95], [0.55]], accepted=[1, 1])
     table = cal.table().tolist()
     assert table == sorted(table)
     assert table[19] == pytest.approx(table[11], rel=1e-3)

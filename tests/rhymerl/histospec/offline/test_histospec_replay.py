@@ -5,8 +5,9 @@ import dataclasses
 import pytest
 
 from rhymerl.config.spec import SpecConfig
-from rhymerl.histospec.offline.replay import (RecordedResponse, accepted_prefix, build_history_index,
-                                      history_for, replay, replay_group, replay_settings)
+from rhymerl.histospec.offline.replay import RecordedResponse, accepted_prefix, history_for, replay
+from rhymerl.histospec.drafter import new_index
+from helpers.histospec_calls import replay_group
 
 PROMPT = (100, 101, 102)
 HIST = tuple(range(1, 11))  # 1..10
@@ -21,7 +22,7 @@ def test_identical_response_replays_with_additive_budget():
     # Additive rule on an exact repeat: the prefill samples 1; drafts of 2 (all taken), 4 (all taken),
     # then 1 left, drafted but not taken (a response's last token is the model's own).
     cfg = SpecConfig(siblings=False, budget_rule="additive")
-    index = build_history_index(PROMPT, [HIST], [1.0], cfg)
+    index = new_index(cfg, [HIST], [1.0], prefix=PROMPT)
     s = replay_group(PROMPT, [HIST], cfg, index)
     assert (s.steps, s.tokens, s.drafted, s.accepted) == (3, 9, 7, 6)
     assert s.mean_accepted_length == pytest.approx(9 / 3)
@@ -33,7 +34,7 @@ def test_divergence_resets_the_budget_and_ends_drafting():
     # nothing matches.
     response = (1, 2, 3, 4, 5, 60, 61, 62)
     cfg = SpecConfig(siblings=False, budget_rule="additive")
-    s = replay_group(PROMPT, [response], cfg, build_history_index(PROMPT, [HIST], None, cfg))
+    s = replay_group(PROMPT, [response], cfg, new_index(cfg, [HIST], prefix=PROMPT))
     assert (s.steps, s.tokens, s.drafted, s.accepted) == (4, 7, 6, 3)
     assert s.mean_accepted_length == 1.75
 
@@ -75,7 +76,7 @@ def test_prompt_lookup_loses_ties_to_history():
     prompt, history, response = (1, 5, 6, 2), (1, 7, 7), (1, 7, 7, 0)
     cfg = SpecConfig(min_match=1, max_match=1, siblings=False, recent_responses=0, max_spec_factor=0,
                      budget_rule="fixed", max_budget=2)
-    s = replay_group(prompt, [response], cfg, build_history_index(prompt, [history], None, cfg))
+    s = replay_group(prompt, [response], cfg, new_index(cfg, [history], prefix=prompt))
     # 7 7 taken whole (the prompt's 5 6 would be none), then the response's last token
     assert (s.drafts, s.drafted, s.accepted, s.accept_len_hist) == (1, 2, 2, [0, 0, 1])
 
@@ -107,7 +108,7 @@ def test_replay_reports_per_epoch():
 
 def test_replay_settings_compare_methods():
     records = [RecordedResponse("p", e, HIST, 1.0, PROMPT) for e in (0, 1)]
-    reports = replay_settings(records, {"histospec": SpecConfig(siblings=False, budget_rule="additive"),
-                                        "ngram": SpecConfig(method="ngram")})
+    settings = {"histospec": SpecConfig(siblings=False, budget_rule="additive"), "ngram": SpecConfig(method="ngram")}
+    reports = {name: replay(records, cfg) for name, cfg in settings.items()}
     assert reports["histospec"].overall().accepted == 6  # epoch 1: the exact-repeat case above
     assert reports["ngram"].overall().accepted == 0  # 1..10 never repeats itself

@@ -1,0 +1,74 @@
+"""HistoSpec calls only the tests make, written over the production API: a batch drafter's drafts
+as `Draft`s, one prompt's replay, the calibration and the step counters counted from plain lists."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rhymerl.config.spec import SpecConfig
+from rhymerl.histospec.drafter import EMPTY, Draft, RecentTree
+from rhymerl.histospec.engine.batch import BatchIndexDrafter
+from rhymerl.histospec.engine.kernel import Drafts
+from rhymerl.histospec.engine.requests import Counts, count_bin
+from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
+from rhymerl.histospec.index import PromptIndex
+from rhymerl.histospec.offline.replay import replay_batch
+from rhymerl.histospec.stats import POSITION_EDGE_ARRAY, SpecStats, tally_position, tally_row
+
+
+def draft_arrays(drafter: BatchIndexDrafter, indexes: Sequence[PromptIndex], row_ids: Sequence[int],
+                 nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> Drafts:
+    """Row r drafts from indexes[r] after tokens[row_ids[r], :nums[r]] (`draft_groups`, each distinct
+    index once)."""
+    seen: dict[int, int] = {}
+    groups: list[PromptIndex] = []
+    which = np.empty(len(indexes), np.int64)
+    for r, ix in enumerate(indexes):
+        which[r] = seen.setdefault(id(ix), len(groups))
+        if which[r] == len(groups):
+            groups.append(ix)
+    return drafter.draft_groups(groups, which, row_ids, nums, budgets, tokens)
+
+
+def propose(drafter: BatchIndexDrafter, indexes: Sequence[PromptIndex], row_ids: Sequence[int],
+            nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> list[Draft]:
+    """`draft_arrays` as the Python drafter's `Draft`s (`HistoSpecDrafter.own` of each row)."""
+    if not len(indexes):
+        return []
+    out = draft_arrays(drafter, indexes, row_ids, nums, budgets, tokens)
+    return [Draft(tuple(d[:k]), n, s, tuple(p[:k])) if k else EMPTY
+            for d, k, n, s, p in zip(out.tokens.tolist(), out.lengths.tolist(), out.match.tolist(),
+                                     out.score.tolist(), out.probs.tolist())]
+
+
+def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], config: SpecConfig,
+                 index: PromptIndex | None = None, stats: SpecStats | None = None,
+                 recent: RecentTree | None = None) -> SpecStats:
+    """One prompt's group replayed in lockstep (`replay_batch` of one group); its counters."""
+    return replay_batch([(prompt, responses, index)], config, stats, recent)
+
+
+def record_calibration(cal: AcceptanceCalibration, probs: Sequence[Sequence[float]],
+                       accepted: Sequence[int]) -> None:
+    """Count verified drafts in `cal` as the engine's step does: draft i's estimates probs[i], of
+    which the first accepted[i] tokens were accepted."""
+    for p, a in zip(probs, accepted):
+        for j, x in enumerate(p):
+            count_bin(float(x), j < a, cal.drafted, cal.accepted)
+    cal.counted(sum(len(p) for p in probs))
+
+
+def counted(drafted: Sequence[int], accepted: Sequence[int], positions: Sequence[int],
+            with_positions: bool = True) -> SpecStats:
+    """New `SpecStats` with steps j (drafted[j] tokens, the first accepted[j] accepted, after
+    positions[j] response tokens) counted as the engine counts a step's rows (`requests.Counts`)."""
+    counts = Counts(int(max(drafted, default=0)))
+    totals, hist, acc, steps, tokens = counts.arrays
+    for d, a, p in zip(drafted, accepted, positions):
+        tally_row(totals, hist, acc, int(d), int(a))
+        tally_position(POSITION_EDGE_ARRAY, steps, tokens, int(p), int(a))
+    stats = SpecStats()
+    counts.flush(stats, with_positions)
+    return stats
