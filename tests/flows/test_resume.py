@@ -1,6 +1,10 @@
-"""Resuming a run: the pure decisions (next step, reused lake rows) and one end-to-end resume."""
+"""Resuming a run: the pure decisions (next step, reused lake rows) and one end-to-end run that is
+interrupted twice and resumed each time: first its reward plug-in (a file reading an extra dataset
+column, beside a built-in) breaks, then its trainer dies after a step's lake commit."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from helpers.proc import kill_and_wait
@@ -82,16 +86,82 @@ def test_prompts_digest_depends_on_order():
 
 # ---------------------------------------------------------------- end to end (slow)
 
+# The reward plug-in, written by the test so it can break it and fix it. `scale` is an extra dataset column.
+REWARD_FN = '''
+from pathlib import Path
+
+
+def scaled_length(prompt, completion, row):
+    """Longer responses score more, up to the row's `scale` at 64 characters."""
+    if Path({marker!r}).exists() and {breaks}:
+        with open({raised_log!r}, "a") as log:  # how many times it was called broken
+            log.write(row["question"] + "\\n")
+        raise RuntimeError("the marker file is there")
+    return row["scale"] * min(len(completion), 64) / 64
+'''
+FUNCTIONS, WEIGHTS = ["gsm8k", "reward_fn.py:scaled_length"], [1.0, 0.5]
+
+
+def _write_task(folder, num: int) -> None:
+    """`num` built-in problems as data.jsonl with an extra `scale` column, and the broken plug-in."""
+    from rhymerl.data.builtin import builtin_problems
+
+    rows = [{"question": p.question, "answer": p.solution, "scale": 0.5 + 0.75 * (i % 3)}
+            for i, p in enumerate(builtin_problems(num=num, seed=3))]
+    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_plugin(folder, breaks=True)
+
+
+def _write_plugin(folder, breaks: bool) -> None:
+    (folder / "reward_fn.py").write_text(REWARD_FN.format(
+        marker=str(folder / "break-it"), breaks=breaks, raised_log=str(folder / "raised.log")))
+
+
+def _check_reward_failure(err, lake_url: str, raised_log) -> None:
+    """The plug-in raised in epoch 1: the message names the function, the prompt and the exception;
+    the failed step wrote nothing; its chunk was scored once (neither again on the driver nor retried)."""
+    from storage.lake import Lake
+
+    lake = Lake(lake_url)
+    message = str(err.value)
+    prompt_ids = {r["prompt_id"] for r in lake.sql("SELECT DISTINCT prompt_id FROM rollouts").to_pylist()}
+    assert "'scaled_length'" in message and "RuntimeError: the marker file is there" in message
+    assert any(f"on prompt {pid}:" in message for pid in prompt_ids), message
+    assert lake.sql("SELECT DISTINCT epoch, step FROM rollouts ORDER BY ALL").to_pylist() == [
+        {"epoch": 0, "step": 0}, {"epoch": 0, "step": 1}]
+    assert lake.sql("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 2}]
+    assert len(raised_log.read_text().splitlines()) == 1
+
+
+def _check_rewards(lake_url: str, run_id: str, tracking: str, result: dict, data, rows: int) -> None:
+    """Every row's reward is what the functions and weights give its response and dataset row,
+    the reused step's rows included, and MLflow has each function's per-step mean."""
+    from helpers.rewards import check_lake_rewards, check_reward_metrics, jsonl_rows
+
+    from storage.lake import Lake
+
+    assert check_lake_rewards(lake_url, run_id, FUNCTIONS, WEIGHTS, jsonl_rows(data)) == rows
+    values = Lake(lake_url).sql("SELECT reward_values['scaled_length'] AS v FROM rollouts").to_pylist()
+    assert any(r["v"] > 0 for r in values)  # the plug-in's column is not trivially zero
+    check_reward_metrics(lake_url, run_id, tracking, result["mlflow_run_id"], ["gsm8k", "scaled_length"])
+    assert all("reward/scaled_length" in h and "accuracy" in h for h in result["history"])
+
+
 @pytest.mark.slow
-def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_model, tmp_path, monkeypatch):
-    # In-run trainer restarts off, the trainer's process is SIGKILLed before epoch 1: global step 2
-    # rolls out and commits its lake rows, then its training fails the run with the exact resume
-    # command. The resumed run trains that step on its committed rows and finishes: every step
-    # once, every row once, the same steps and policy versions as an uninterrupted run, one MLflow run.
+def test_reward_failure_then_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_model, tmp_path,
+                                                                 monkeypatch):
+    # 1. The reward plug-in breaks at epoch 1: the run stops naming it and the prompt, and the lake
+    #    keeps nothing of the failed step. 2. `--resume` after the fix goes on; in-run trainer
+    #    restarts off, its trainer's process is SIGKILLed before epoch 1: global step 2 rolls out and
+    #    commits its lake rows, then its training fails the run with the exact resume command.
+    # 3. The second resume trains that step on its committed rows and finishes: every step once,
+    # every row once (its reward what the functions give it), the same steps and policy versions as
+    # an uninterrupted run, one MLflow run.
     from mlflow.tracking import MlflowClient
 
     import flows.run
     from rhymerl.config.run import config_to_dict, load_config
+    from rhymerl.data.rewards import RewardFunctionError
     from rhymerl.policy.lr_schedule import lr_at
     from storage.checkpoints import CheckpointStore, checkpoint_url
     from storage.lake import Lake
@@ -100,28 +170,39 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
 
     import ray
 
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # the data file and the plug-in are given relative to here
+    _write_task(tmp_path, 6)
+    marker, raised_log = tmp_path / "break-it", tmp_path / "raised.log"
     per_step, n, lake_url, tracking = 3, 4, str(tmp_path / "lake"), f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = load_config(None, [
-        f'model.path="{tiny_model}"', "epochs=2", "data.num_prompts=6", f"rollout.prompts_per_step={per_step}",
-        f"rollout.n={n}", "rollout.num_workers=1", "rollout.max_tokens=48", f'lake.url="{lake_url}"',
+        f'model.path="{tiny_model}"', "epochs=2", 'data.dataset="data.jsonl"', "data.num_prompts=6",
+        f"rollout.prompts_per_step={per_step}", f"rollout.n={n}", "rollout.num_workers=1", "rollout.max_tokens=48", f'lake.url="{lake_url}"',
         f'tracking.uri="{tracking}"', "train.lr=1e-2", "train.weight_decay=0.5", "pipe.gantt=false",
         "recovery.trainer_restarts=0", 'train.lr_schedule="linear"',
+        f"reward.functions={json.dumps(FUNCTIONS)}", f"reward.weights={json.dumps(WEIGHTS)}",
     ])
     real_history, killed = flows.run._epoch_history, []
 
-    def history_killing_the_trainer(ctx, st, epoch, *args):  # the start of an epoch, before its steps
-        if epoch == 1 and not killed:  # epoch 1 of the interrupted run
+    def history_interrupting(ctx, st, epoch, *args):  # the start of an epoch, before its steps
+        if epoch == 1 and not marker.exists():  # epoch 1 of the first run: its plug-in breaks
+            marker.write_text("")
+        elif epoch == 1 and not killed:  # epoch 1 of the first resume: its trainer dies
             killed.append(ray.get(st.trainer.info.remote())["pid"])
             kill_and_wait(killed[0])
         return real_history(ctx, st, epoch, *args)
 
-    monkeypatch.setattr(flows.run, "_epoch_history", history_killing_the_trainer)
-    with pytest.raises(TrainerLost) as err:
+    monkeypatch.setattr(flows.run, "_epoch_history", history_interrupting)
+    with pytest.raises(RewardFunctionError) as err:
         flows.run.run_flow(config=config_to_dict(cfg))
     [crashed] = Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist()
     run_id = crashed["run_id"]
     assert crashed["status"] == "failed"
+    _check_reward_failure(err, lake_url, raised_log)
+    _write_plugin(tmp_path, breaks=False)  # the fix
+    with pytest.raises(TrainerLost) as err:
+        flows.run.run_flow(config=config_to_dict(cfg), resume=run_id)
+    assert Lake(lake_url).sql("SELECT run_id, status FROM runs").to_pylist() == [
+        {"run_id": run_id, "status": "failed"}]
     assert f"rhymerl run --resume {run_id} --lake {lake_url}" in str(err.value)
     store = CheckpointStore(checkpoint_url(lake_url))
     assert store.steps(run_id) == [0, 1]  # step 2 was committed to the lake, never trained
@@ -137,7 +218,8 @@ def test_crash_after_lake_commit_then_resume(prefect_harness, local_ray, tiny_mo
     plan = retrain_plan_task(latest, retrain_config_task(latest, 1, ["data.num_prompts=3", "data.seed=5"]), 1)
     warm = flows.run.run_flow(config=plan["config"], resume=plan["resume"])
 
-    assert result["run_id"] == run_id
+    assert result["run_id"] == run_id and marker.exists()  # the fixed code runs, marker or not
+    _check_rewards(lake_url, run_id, tracking, result, tmp_path / "data.jsonl", 4 * per_step * n)
     lake = Lake(lake_url)
     counts = lake.sql("SELECT epoch, step, count(*) AS n, min(policy_version) AS v0, max(policy_version) AS v1 "
                       "FROM rollouts WHERE run_id = ? GROUP BY epoch, step ORDER BY ALL", [run_id]).to_pylist()

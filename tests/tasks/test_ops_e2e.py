@@ -4,7 +4,8 @@ secret anywhere the runs leave traces.
 
 One Prefect server, MLflow UI and worker (infra.servers.ServerStack, as `rhymerl ui` runs them)
 serve the whole module on free ports, with their state in a temporary folder. The worker and
-the flow runs it starts see fake AWS credentials in their environment.
+the flow runs it starts see fake AWS credentials in their environment. The runs train the
+session's `tiny_model` (conftest; already built when the flow tests ran before this module).
 """
 
 from __future__ import annotations
@@ -46,16 +47,6 @@ def stack(tmp_path_factory):
                                       ("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)))
     with ServerStack(cfg, say=print) as running, temporary_settings({PREFECT_API_URL: cfg.prefect_api_url}):
         yield running, home
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rhymerl.policy.build import BuildSettings, build_model
-
-    # What it learns does not matter here: a few steps of a 2-layer model (one thread: the cores
-    # are shared) keep the build short.
-    spec = BuildSettings(num_layers=2, steps=5, stop_loss=0.0, warmup_steps=1, threads=1, eval_problems=0)
-    return build_model(tmp_path_factory.mktemp("model") / "tiny", spec, progress=False)
 
 
 def _run(name: str, parameters: dict[str, Any], timeout: float = 600):

