@@ -4,7 +4,6 @@ row is, per-request budgets, siblings, settings from `additional_config`, the bu
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.engine.requests import PromptTable

@@ -41,7 +41,7 @@ from rhymerl.config.spec import SpecConfig, has_arctic_inference
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.data.records import Prompt, prompt_id_of
 from rhymerl.vllm.engine import EngineSettings, SamplingSettings, VllmEngine
-from rhymerl.vllm.spec_guard import GuardReport, EngineSpeculation, SpeculationStatus, shutdown_llm, vllm_version
+from rhymerl.vllm.spec_guard import GuardReport, SpeculationStatus, shutdown_llm, vllm_version
 
 K = 3  # draft tokens per step
 # HistoSpec with a fixed budget of K and no batch trimming: the longest drafts the history allows.
