@@ -132,6 +132,12 @@ class BatchDrafter:
         self.ledger.flush(self._stats, self._lifetime)
         return self._lifetime
 
+    @lifetime.setter
+    def lifetime(self, lifetime: SpecStats) -> None:
+        # The vLLM proposer carries a drafter's lifetime over to the next step's drafter.
+        self.ledger.flush(self._stats, self._lifetime)
+        self._lifetime = lifetime
+
     def catch_up(self, due: np.ndarray, steady: np.ndarray, kind: str) -> np.ndarray:
         """Tokens each row adds this step to `kind` ("side" or "tree"): its due up to `steady`, plus a
         share of the step's allowance, first rows first (the rest counted in `lagging`)."""
