@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT_PACKAGES = ("rhymerl", "storage", "tasks", "flows", "workers", "cli", "infra")
-README_SECTIONS = ("The two commands", "What a run gives you", "Your own model and data",
+README_SECTIONS = ("The two commands", "What a run gives you", "Your own model, data and reward",
                    "What speed to expect", "Architecture", "Documentation")
 README_MAX_LINES = 150
 FIRST_SCREEN = 40  # lines a reader sees before scrolling

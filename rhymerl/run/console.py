@@ -7,9 +7,12 @@ streams on the terminal. `RunConsole`, a logging handler, writes to that stream 
 - the start lines: the MLflow run, and the Prefect UI link when a Prefect server is used
   (from the run flow's start record, `extra={"rhymerl_start": {...}}`);
 - one progress line per step (from `extra={"rhymerl_step": record}` on the step's log line):
-  a bar of the epoch, reward, accuracy, tokens per verification, tok/s and the ETA; then one
-  line per finished epoch, followed by the held-out evaluation's figures when one ran after it (and
-  before the first epoch), from `extra={"rhymerl_eval": {"epoch": ..., "line": ...}}`;
+  a bar of the epoch, reward, accuracy, tokens per verification, how many of the step's prompts
+  came with HistoSpec history from earlier epochs ("hist 12/16": the step's bundles, summed over
+  workers; none in epoch 0, where drafts come from siblings and the cross-prompt tree), tok/s
+  and the ETA; then one line per finished epoch, followed by the held-out evaluation's figures
+  when one ran after it (and before the first epoch), from `extra={"rhymerl_eval": {"epoch": ...,
+  "line": ...}}`;
 - warnings from RhymeRL's own code and its flow and task runs (a skipped prompt, a restarted
   worker, speculation refused by the guard), first line only.
 
@@ -128,6 +131,8 @@ class RunConsole(logging.Handler):
         done = step + 1
         bar = "#" * round(_BAR * done / self.steps_per_epoch)
         spec = f" | {rec['spec/mean_accepted_length']:.2f} tok/verify" if "spec/mean_accepted_length" in rec else ""
+        if "spec/history_prompts" in rec:  # HistoSpec's bundles were made (not for ngram/suffix or a reused step)
+            spec += f" | hist {rec['spec/history_prompts_with_history']:.0f}/{rec['spec/history_prompts']:.0f}"
         lines = [f"epoch {epoch} [{bar:<{_BAR}}] step {done}/{self.steps_per_epoch} | reward "
                  f"{rec['reward_mean']:.3f}{accuracy_part(rec)}{spec} | "
                  f"{rec['rollout_tokens_per_s']:.0f} tok/s | step {rec['step_s']:.1f}s | ETA {duration(eta)}"]

@@ -108,3 +108,16 @@ def test_an_evaluation_shows_its_line_after_the_epoch_line():
                            rhymerl_eval={"epoch": 0, "line": "eval after epoch 0 (3 prompts x 1): reward 0.333"}))
     lines = out.getvalue().splitlines()
     assert lines[1].startswith("epoch 0 done") and lines[2] == "  eval after epoch 0 (3 prompts x 1): reward 0.333"
+
+
+def test_the_step_line_says_how_many_prompts_had_history_when_histospec_made_bundles():
+    # Rule: "hist W/P" = the step's prompts with earlier epochs' responses / its prompts; only when
+    # HistoSpec's bundles were made (no such fields with ngram, suffix or speculation off).
+    out = io.StringIO()
+    console = RunConsole(out, total_steps=4, steps_per_epoch=2, environ={})
+    bundles = {"spec/history_prompts": 16.0, "spec/history_prompts_with_history": 12.0}
+    console.handle(_record("prefect.task_runs", logging.INFO, "raw", rhymerl_step=_step(1, 0, 2, **bundles)))
+    console.handle(_record("prefect.task_runs", logging.INFO, "raw", rhymerl_step=_step(1, 1, 3)))
+    lines = out.getvalue().splitlines()
+    assert "| 3.00 tok/verify | hist 12/16 | 1234 tok/s" in lines[0], lines[0]
+    assert "hist" not in lines[1] and "hist" not in lines[2]
