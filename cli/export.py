@@ -9,7 +9,7 @@ the config and tokenizer (`model.path`, or the built-in model, built if this mac
 cached) come from the config the run stored in the lake. OUT is a new local folder or an fsspec
 URL. An unknown run or epoch, a run without checkpoints or an existing OUT is one line on stderr
 naming the problem and the fix (exit code 2), found before any weight is read. A finished run's
-final model is already at `<lake>/_exports/<run_id>` (docs/operations.md).
+final model is already at `<lake>/_exports/<run_id>` (docs/exported-models.md).
 """
 
 from __future__ import annotations

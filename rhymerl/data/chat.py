@@ -18,8 +18,8 @@ renders one row so a template that fails is found before anything starts.
 
 `DEFAULT_CHAT_TEMPLATE` is a small ChatML-like template (``<|im_start|>role\\n...<|im_end|>\\n``)
 for a tokenizer that has none, such as the built-in byte-level one (`rhymerl.policy.build`);
-`install_default_chat_template` sets it. A model writing ChatML ends its turn with
-`DEFAULT_STOP` (the byte-level tokenizer has no such token, so it is a stop string there).
+`install_default_chat_template` sets it. Turns end at the model's end-of-sequence token as for any
+prompt: a real chat model's tokenizer brings its own template and end-of-turn token.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any, Sequence
 from rhymerl.errors import ConfigError
 
 ROLES = ("user", "system", "assistant", "tool")
-DEFAULT_STOP = "<|im_end|>"
 DEFAULT_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -93,4 +93,4 @@ def format_summary(rows: Sequence[dict], run_id: str, lake: str, tracking: str, 
             f"lake: {lake}   (rhymerl lake sql \"SELECT epoch, count(*), avg(reward) FROM rollouts GROUP BY epoch\")\n"
             f"MLflow: {tracking}  run {mlflow_run_id}"
             + (f"\nmodel: {export}   (a Hugging Face folder: AutoModelForCausalLM.from_pretrained, "
-               "vllm.LLM; docs/operations.md)" if export else ""))
+               "vllm.LLM; docs/exported-models.md)" if export else ""))
