@@ -116,3 +116,12 @@ def add_lake_options(parser: argparse.ArgumentParser) -> None:
 
 
 __all__ = ["FORMATS", "add_lake_options", "format_rows", "guarded", "lake_url", "print_table"]
+
+
+def run_alone(register: Callable[[Any], None], argv: list[str] | None = None) -> int:
+    """Run the commands one `register(subparsers)` adds, without the rest of `rhymerl` (a module's
+    `python -m cli.NAME ...` entry, and its tests)."""
+    parser = argparse.ArgumentParser(prog="rhymerl")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.common import guarded, lake_url
+from cli.common import guarded, lake_url, run_alone
 
 
 def _run_config(url: str, run_id: str) -> Any:
@@ -112,10 +112,7 @@ def register(subparsers: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m cli.export export ...`: the command without the rest of `rhymerl`."""
-    parser = argparse.ArgumentParser(prog="rhymerl")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return run_alone(register, argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from cli.common import add_lake_options, guarded, lake_url, print_table
+from cli.common import add_lake_options, guarded, lake_url, print_table, run_alone
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -136,10 +136,7 @@ def register(subparsers: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m cli.lake lake ...`: the same commands without the rest of `rhymerl`."""
-    parser = argparse.ArgumentParser(prog="rhymerl")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return run_alone(register, argv)
 
 
 if __name__ == "__main__":
