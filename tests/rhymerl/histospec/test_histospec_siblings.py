@@ -89,7 +89,7 @@ def test_wider_rows_keep_every_code_and_more_rows_keep_every_answer():
     for _ in range(ROWS):
         side.add(base[:30].tolist())
         ref.add(base[:30].tolist())
-    table, links, cols = side.table.copy(), side.links.copy(), side.tok.shape[1]
+    table, links = side.table.copy(), side.links.copy()
     side.reserve(200, 0)  # wider rows
     filed = (int(side.lens.max()) + 1) * ROWS  # the links of positions 0..the longest end (the rest unwritten)
     assert side.tok.shape == (ROWS, 256) and (side.table == table).all() and (side.links[:filed] == links[:filed]).all()
