@@ -13,10 +13,16 @@ from ray.exceptions import RayActorError
 
 from rhymerl.data.records import Prompt, Sample
 from rhymerl.data.rewards import RewardScore, RewardSet
-from rhymerl.run.evaluation import score_samples, split_prompts
+from rhymerl.run.evaluation import split_prompts
 from rhymerl.vllm.engine import SamplingSettings
+from workers.stream import Scoring
 
-score_share = ray.remote(score_samples)  # the same, as a Ray task
+
+def _score(scoring: Scoring, samples: list[Sample]) -> list[RewardScore]:
+    return scoring.score(samples)
+
+
+score_share = ray.remote(_score)  # a share's scores, as a step's chunks are scored (workers.stream)
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def run_eval(workers: list, prompts: list[Prompt], spec: SamplingSettings, rewar
             guard.recover(w, exc)
             pending[workers[w].evaluate.remote(shares[w], spec)] = w
             continue
-        scoring[w] = (samples, score_share.remote(rewards, shares[w], samples))
+        scoring[w] = (samples, score_share.remote(Scoring.of(rewards, shares[w]), samples))
     out_samples: list[Sample] = []
     out_scores: list[RewardScore] = []
     for w in sorted(scoring):  # shares are contiguous: worker order is the eval set's order

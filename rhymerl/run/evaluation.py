@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from rhymerl.config.run import RunConfig
 from rhymerl.config.task import EvalConfig
 from rhymerl.data.records import Prompt, Sample
-from rhymerl.data.rewards import RewardScore, RewardSet
+from rhymerl.data.rewards import RewardScore
 from rhymerl.vllm.engine import SamplingSettings
 
 BEFORE_TRAINING = -1  # the `epoch` of the evaluation before the first epoch
@@ -53,12 +53,6 @@ def split_prompts(prompts: Sequence[Prompt], workers: int) -> list[list[Prompt]]
         shares.append(list(prompts[start:end]))
         start = end
     return shares
-
-
-def score_samples(rewards: RewardSet, prompts: Sequence[Prompt], samples: Sequence[Sample]) -> list[RewardScore]:
-    """Each sample's score by the run's reward functions (the prompt's text and dataset row)."""
-    by_id = {p.prompt_id: p for p in prompts}
-    return [rewards.score(by_id[s.prompt_id].text, s.text, by_id[s.prompt_id].row, s.prompt_id) for s in samples]
 
 
 def eval_rows(run_id: str, epoch: int, global_step: int, policy_version: int, prompts: Sequence[Prompt],

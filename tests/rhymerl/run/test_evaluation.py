@@ -9,7 +9,8 @@ from rhymerl.config.task import EvalConfig
 from rhymerl.data.records import Prompt, Sample
 from rhymerl.data.rewards import RewardScore, load_reward_set
 from rhymerl.run.evaluation import (BEFORE_TRAINING, eval_due, eval_line, eval_metrics, eval_rows, eval_sampling,
-                                    opening_eval, score_samples, split_prompts)
+                                    opening_eval, split_prompts)
+from workers.stream import Scoring
 
 
 def _prompt(i: int, answer: str = "3") -> Prompt:
@@ -67,7 +68,7 @@ def test_rows_and_figures_from_the_run_reward_functions(tmp_path):
     rewards = load_reward_set(["gsm8k", f"{plugin}:brevity"], [1.0, 2.0])
     prompts = [_prompt(0), _prompt(1)]
     samples = [_sample(0, 0, "#### 3", tokens=4), _sample(1, 0, "#### 4", tokens=2)]
-    scores = score_samples(rewards, prompts, samples)
+    scores = Scoring.of(rewards, prompts).score(samples)
     rows = eval_rows("r1", BEFORE_TRAINING, 0, 0, prompts, samples, scores)
     assert [(r["prompt_id"], r["prompt_index"], r["correct"], r["tokens"]) for r in rows] == [
         ("p0", 10, True, 4), ("p1", 11, False, 2)]
