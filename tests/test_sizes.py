@@ -1,5 +1,6 @@
-"""Sizes a reader can hold: no product module over 400 lines, no function over 80, and `rhymerl/`'s
-top level at most 8 entries besides `__init__.py` (one concern per folder)."""
+"""Sizes a reader can hold: no product module over 400 lines, no function over 80, `rhymerl/`'s
+top level at most 8 entries besides `__init__.py` (one concern per folder), and HistoSpec (all its
+subfolders) at most 3,500 lines in at most 18 files."""
 
 import ast
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("rhymerl", "storage", "tasks", "flows", "workers", "cli", "infra")
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_TOP_ENTRIES = 400, 80, 8
+MAX_HISTOSPEC_LINES, MAX_HISTOSPEC_FILES = 3500, 18
 
 
 def product_modules(root: Path) -> list[Path]:
@@ -45,6 +47,12 @@ def test_product_modules_and_functions_fit_on_a_screen():
 def test_rhymerl_top_level_is_grouped_by_concern():
     entries = top_entries(ROOT / "rhymerl")
     assert len(entries) <= MAX_TOP_ENTRIES, entries
+
+
+def test_histospec_stays_in_three_small_parts():
+    files = sorted((ROOT / "rhymerl" / "histospec").rglob("*.py"))
+    lines = sum(len(f.read_text().splitlines()) for f in files)
+    assert len(files) <= MAX_HISTOSPEC_FILES and lines <= MAX_HISTOSPEC_LINES, (len(files), lines)
 
 
 def test_size_rules_have_power(tmp_path):

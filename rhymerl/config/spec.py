@@ -14,7 +14,7 @@ from rhymerl.errors import ConfigError
 from rhymerl.config.options import option
 
 METHODS = ("histospec", "ngram", "suffix")  # spec.method: RhymeRL's drafter, then vLLM's two model-free ones
-BUDGET_RULE_NAMES = ("additive", "doubling", "fixed")  # spec.budget_rule (`rhymerl.histospec.drafter.BUDGET_RULES`)
+BUDGET_RULE_NAMES = ("additive", "doubling", "fixed")  # spec.budget_rule (`rhymerl.histospec.drafter.rule_of`)
 COST_MEMORY_STEPS = 100  # spec.cost_memory's default
 
 

@@ -1,6 +1,6 @@
 """The reference drafter (`HistoSpecDrafter`, the oracle of the engine's batch path), vLLM's n-gram
 lookup for comparison (`NgramDrafter`), the cross-prompt tree (`RecentTree`), the budget rules
-(`BUDGET_RULES`), and their builders from a `SpecConfig`.
+(`BudgetRule`), and their builders from a `SpecConfig`.
 
 The drafter follows the `MAX_CANDIDATES` most recent occurrences of the longest context tail in the
 prompt's index; at a branch it takes the most occurrences (reward-weighted: the highest reward sum),
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -235,64 +235,33 @@ class NgramDrafter:
 
 
 @dataclass(frozen=True)
-class AdditiveBudget:
-    """The paper's rule: start 2, +2 after a fully accepted draft, back to 2 on a rejection."""
-    start: int = 2
-    step: int = 2
-    cap: int = 32
-
-    @property
-    def initial(self) -> int:
-        return min(self.start, self.cap)
+class BudgetRule:
+    """A draft budget within [initial, cap] that adapts to each verified draft. "additive" (the paper's):
+    +2 after a fully accepted draft, back to `initial` on a rejection; "doubling" (the public code's):
+    x2, halved on a rejection; "fixed" (vLLM's n-gram method): always `cap`. No draft: no change."""
+    kind: str = "fixed"
+    cap: int = 16
+    initial: int = 16
 
     def update(self, budget: int, drafted: int, accepted: int) -> int:
         """Next budget after a step that drafted `drafted` tokens of which `accepted` were taken."""
-        if drafted == 0:
+        if drafted == 0 or self.kind == "fixed":
             return budget
-        return min(budget + self.step, self.cap) if accepted >= drafted else self.initial
+        if accepted >= drafted:
+            return min(budget + 2 if self.kind == "additive" else budget * 2, self.cap)
+        return self.initial if self.kind == "additive" else max(budget // 2, self.initial)
 
 
-@dataclass(frozen=True)
-class DoublingBudget:
-    """The public code's rule: double after a fully accepted draft, halve on a rejection."""
-    low: int = 2
-    high: int = 16
-
-    @property
-    def initial(self) -> int:
-        return min(self.low, self.high)
-
-    def update(self, budget: int, drafted: int, accepted: int) -> int:
-        if drafted == 0:
-            return budget
-        return min(budget * 2, self.high) if accepted >= drafted else max(budget // 2, self.initial)
-
-
-@dataclass(frozen=True)
-class FixedBudget:
-    """Always the same budget (vLLM's n-gram method drafts a fixed k)."""
-    k: int = 8
-
-    @property
-    def initial(self) -> int:
-        return self.k
-
-    def update(self, budget: int, drafted: int, accepted: int) -> int:
-        return self.k
-
-
-BudgetRule = AdditiveBudget | DoublingBudget | FixedBudget
-# spec.budget_rule -> the rule, given the run's max_budget (the engine's num_speculative_tokens)
-BUDGET_RULES: dict[str, Callable[[int], BudgetRule]] = {
-    "additive": lambda max_budget: AdditiveBudget(cap=min(32, max_budget)),
-    "doubling": lambda max_budget: DoublingBudget(high=min(16, max_budget)),
-    "fixed": lambda max_budget: FixedBudget(max_budget),
-}
+def rule_of(kind: str, max_budget: int) -> BudgetRule:
+    """Rule `kind` (spec.budget_rule) for a run whose drafts are at most `max_budget` tokens: additive
+    up to 32, doubling up to 16, fixed at max_budget; additive and doubling start at 2."""
+    cap = {"additive": min(32, max_budget), "doubling": min(16, max_budget)}.get(kind, max_budget)
+    return BudgetRule(kind, cap, cap if kind == "fixed" else min(2, cap))
 
 
 def budget_rule(spec: SpecConfig) -> BudgetRule:
     """The configured budget rule, capped at `max_budget`."""
-    return BUDGET_RULES[spec.budget_rule](spec.max_budget)
+    return rule_of(spec.budget_rule, spec.max_budget)
 
 
 def indexed_history(spec: SpecConfig, prompt: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,

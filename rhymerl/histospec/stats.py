@@ -80,13 +80,10 @@ class SpecStats:
 
     def merge(self, other: "SpecStats") -> None:
         """Add `other`'s counts into these."""
-        for name in ("steps", "tokens", "drafts", "drafted", "accepted", "drafter_seconds",
-                     "index_seconds", "index_tokens"):
+        self.add(Tally(other.steps, other.tokens, other.drafts, other.drafted, other.accepted, other.draft_len_hist,
+                       other.accept_len_hist, other.pos_steps, other.pos_tokens))
+        for name in ("drafter_seconds", "index_seconds", "index_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.pos_steps = [a + b for a, b in zip(self.pos_steps, other.pos_steps)]
-        self.pos_tokens = [a + b for a, b in zip(self.pos_tokens, other.pos_tokens)]
-        _add_into(self.draft_len_hist, other.draft_len_hist)
-        _add_into(self.accept_len_hist, other.accept_len_hist)
 
     @property
     def drafted_at(self) -> list[int]:

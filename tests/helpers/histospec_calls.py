@@ -11,7 +11,7 @@ from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.drafter import EMPTY, Draft, RecentTree
 from rhymerl.histospec.engine.batch import BatchIndexDrafter
 from rhymerl.histospec.engine.kernel import Drafts
-from rhymerl.histospec.engine.requests import Counts, count_bin
+from rhymerl.histospec.engine.requests import KEY_MIX, Counts, RequestTable, count_bin, row_key, take_keys
 from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
 from rhymerl.histospec.index import PromptIndex
 from rhymerl.histospec.offline.replay import replay_batch
@@ -72,3 +72,17 @@ def counted(drafted: Sequence[int], accepted: Sequence[int], positions: Sequence
     stats = SpecStats()
     counts.flush(stats, with_positions)
     return stats
+
+
+def row_keys(tokens: np.ndarray, rows: Sequence[int], ends: Sequence[int]) -> np.ndarray:
+    """`requests.row_key` of each (row, end): the keys a `RequestTable` files requests under."""
+    return np.array([row_key(tokens, int(r), int(e), KEY_MIX) for r, e in zip(rows, ends)], np.uint64)
+
+
+def find(table: RequestTable, keys: np.ndarray) -> np.ndarray:
+    """The slots `table` holds under `keys` (-1: none), each entry taken out once matched, as
+    `step_pass.begin` finds a step's requests."""
+    found = np.empty(len(keys), np.int64)
+    left = take_keys(table.keys, table.slots, table.index, np.asarray(keys, np.uint64), found)
+    table.keys, table.slots = table.keys[:left], table.slots[:left]
+    return found

@@ -24,22 +24,6 @@ BUDGET, N, DRAFTED, PROMPT, SIB, SIB_N, TREE, TREE_N, FORECAST, PLEN, STEP, FAIL
 KEY_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, KEY_TAIL + 1, dtype=np.uint64) | np.uint64(1)
 
 
-def row_keys(tokens: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The keys (`row_key`) of the requests in `rows` holding `ends` tokens, in one compiled call."""
-    rows, ends = np.asarray(rows, np.int64), np.asarray(ends, np.int64)
-    out = np.zeros(len(rows), dtype=np.uint64)
-    if len(rows):
-        _keys(tokens, rows, ends, KEY_MIX, out)
-    return out
-
-
-@njit(cache=True)
-def _keys(tokens, rows, ends, mix, out):
-    """out[j]: `row_key` of row rows[j] at ends[j]."""
-    for j in range(rows.shape[0]):
-        out[j] = row_key(tokens, rows[j], ends[j], mix)
-
-
 @njit(cache=True)
 def row_key(tokens, row, end, mix):
     """sum_t tokens[row, end - KEY_TAIL + t] * mix[t] + end * mix[KEY_TAIL] (mod 2**64)."""
@@ -141,11 +125,6 @@ class RequestTable:
         self.slots = np.zeros(0, dtype=np.int64)
         self.index = np.full(4 * capacity, -1, dtype=np.int64)  # the keys' positions by hash (`_index`)
         self._free = list(range(capacity - 1, -1, -1))
-        for dtype in (np.int32, np.int64):  # compile (or load) the kernels now, not inside a step
-            row_keys(np.zeros((1, 1), dtype), np.zeros(1, np.int64), np.ones(1, np.int64))
-        self.keep(np.ones(1, np.uint64), np.zeros(1, np.int64), 0, 1)
-        self.find(np.ones(1, np.uint64))
-        self.keep(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0, 1)
 
     def alloc(self) -> int:
         """A free slot, its fields reset (the arrays double when full)."""
@@ -158,13 +137,6 @@ class RequestTable:
         self.fields[:, slot] = 0
         self.fields[[PROMPT, SIB, TREE], slot] = -1
         return slot
-
-    def find(self, keys: np.ndarray) -> np.ndarray:
-        """The slots stored under `keys` (-1: not found), each entry taken out once matched."""
-        found = np.empty(len(keys), np.int64)
-        left = take_keys(self.keys, self.slots, self.index, np.asarray(keys, np.uint64), found)
-        self.keys, self.slots = self.keys[:left], self.slots[:left]
-        return found
 
     def keep(self, keys: np.ndarray, slots: np.ndarray, step: int, grace: int) -> None:
         """Store this step's requests under their new keys; unseen entries stay `grace` steps, then are freed."""

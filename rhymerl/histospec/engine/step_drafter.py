@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from rhymerl.histospec.bundle import HistoryBundle
-from rhymerl.histospec.drafter import (TREE_CHUNK, FixedBudget, HistoSpecDrafter, RecentTree, asks_tree, budget_rule,
+from rhymerl.histospec.drafter import (TREE_CHUNK, HistoSpecDrafter, RecentTree, asks_tree, budget_rule,
                                        histospec_drafter, indexed_history, new_recent)
 from rhymerl.histospec.engine import step_pass
 from rhymerl.histospec.engine.batch import BatchIndexDrafter, HistoryBuilds, SideSlots
@@ -153,7 +153,7 @@ class BatchDrafter:
 
     def _adapt_budgets(self, rows: step_pass.StepRows) -> int:
         """Adapt the continuing requests' budgets to their verified drafts; the tokens the step processed."""
-        if not isinstance(self.rule, FixedBudget):  # the fixed rule's update is the identity
+        if self.rule.kind != "fixed":  # the fixed rule's update is the identity
             req, old = self.requests, rows.slots >= 0
             for slot, d, a in zip(rows.slots[old].tolist(), rows.drafted[old].tolist(), rows.accepted[old].tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Hashable, Iterable, Literal, Mapping, Sequence
 
-from rhymerl.histospec.drafter import (TREE_CHUNK, Drafter, FixedBudget, NgramDrafter, RecentTree, budget_rule,
+from rhymerl.histospec.drafter import (TREE_CHUNK, Drafter, NgramDrafter, RecentTree, budget_rule, rule_of,
                                        histospec_drafter, new_index, new_recent)
 from rhymerl.histospec.index import PromptIndex
 from rhymerl.config.spec import SpecConfig, require_arctic_inference
@@ -80,17 +80,6 @@ class ReplayReport:
             total.merge(stats)
         return total
 
-    def rows(self) -> list[dict]:
-        """One plain dict per epoch (for tables and JSON)."""
-        return [
-            {"epoch": e, "mean_accepted_length": s.mean_accepted_length,
-             "acceptance_rate": s.acceptance_rate, "steps": s.steps, "tokens": s.tokens,
-             "drafted": s.drafted, "accepted": s.accepted,
-             "acceptance_by_position": s.acceptance_by_position(), "index_tokens": s.index_tokens,
-             "drafter_us_per_step": 1e6 * s.drafter_seconds / s.steps if s.steps else 0.0}
-            for e, s in sorted(self.per_epoch.items())
-        ]
-
 
 def prefilled(prompt: Sequence[int], response: Sequence[int]) -> int:
     """Tokens of `response` emitted before its first draft: 1 with a known prompt (the prefill's), else 0."""
@@ -138,7 +127,7 @@ def replay_batch(groups: Sequence[Group], config: SpecConfig, stats: SpecStats |
     if config.method == "histospec":
         rule, tail = budget_rule(config), config.context_tail  # the drafter reads only the context's tail
     else:
-        rule, tail = FixedBudget(config.max_budget), None  # vLLM's n-gram method has no adaptive budget
+        rule, tail = rule_of("fixed", config.max_budget), None  # vLLM's n-gram method has no adaptive budget
     pos = [prefilled(row[0], row[1]) for row in rows]
     held = [0] * len(rows)  # tokens of each response in the recent tree
     budget = [rule.initial] * len(rows)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from rhymerl.errors import ConfigError
-from rhymerl.histospec.drafter import (AdditiveBudget, DoublingBudget, FixedBudget, HistoSpecDrafter,
+from rhymerl.histospec.drafter import (BudgetRule, HistoSpecDrafter, rule_of,
                                        NgramDrafter, PRIOR, budget_rule, histospec_drafter)
 from helpers.histospec_oracle import SuffixIndex
 from rhymerl.histospec.sibling_table import STRIDE
@@ -116,31 +116,31 @@ def _run_rule(rule, outcomes):
 
 def test_additive_rule_sequence():
     # Paper's rule: +2 on full acceptance, back to 2 on a rejection, capped.
-    assert _run_rule(AdditiveBudget(), [True, True, True, False, True]) == [2, 4, 6, 8, 2]
-    assert _run_rule(AdditiveBudget(cap=5), [True, True, True]) == [2, 4, 5]
-    assert AdditiveBudget().update(6, 0, 0) == 6  # a step without a draft changes nothing
+    assert _run_rule(rule_of("additive", 32), [True, True, True, False, True]) == [2, 4, 6, 8, 2]
+    assert _run_rule(BudgetRule("additive", cap=5, initial=2), [True, True, True]) == [2, 4, 5]
+    assert rule_of("additive", 32).update(6, 0, 0) == 6  # a step without a draft changes nothing
 
 
 def test_doubling_rule_sequence():
     # Public code's rule: double on full acceptance up to 16, halve on a rejection down to 2.
     outcomes = [True] * 4 + [False] * 4
-    assert _run_rule(DoublingBudget(), outcomes) == [2, 4, 8, 16, 16, 8, 4, 2]
+    assert _run_rule(rule_of("doubling", 16), outcomes) == [2, 4, 8, 16, 16, 8, 4, 2]
 
 
 def test_partial_acceptance_is_a_rejection():
-    assert AdditiveBudget().update(8, 8, 7) == 2
-    assert DoublingBudget().update(8, 8, 7) == 4
+    assert rule_of("additive", 32).update(8, 8, 7) == 2
+    assert rule_of("doubling", 16).update(8, 8, 7) == 4
 
 
 def test_default_budget_rule_is_fixed():
     # Measured (replay of a default run): with drafts capped by match length and scored, a fixed
     # budget of 16 reached a higher mean accepted length than doubling.
-    assert isinstance(budget_rule(SpecConfig()), FixedBudget) and SpecConfig().max_budget == 16
+    assert budget_rule(SpecConfig()).kind == "fixed" and SpecConfig().max_budget == 16
 
 
 def test_spec_config_budget_respects_max_budget():
     assert budget_rule(SpecConfig(budget_rule="additive", max_budget=8)).cap == 8
-    assert budget_rule(SpecConfig(budget_rule="doubling", max_budget=32)).high == 16
+    assert budget_rule(SpecConfig(budget_rule="doubling", max_budget=32)).cap == 16
     assert budget_rule(SpecConfig(budget_rule="fixed", max_budget=5)).initial == 5
 
 

@@ -186,7 +186,9 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
 def test_request_key_is_its_length_and_tail():
     # O(1) per request: the state key reads the length and the last KEY_TAIL tokens, not the whole
     # row; all rows' keys come from one gather. Different length or tail: different key.
-    from rhymerl.histospec.engine.requests import KEY_TAIL, row_keys
+    from helpers.histospec_calls import row_keys
+
+    from rhymerl.histospec.engine.requests import KEY_TAIL
 
     rows = np.stack([np.arange(100, dtype=np.int32)] * 3)
     rows[1, :50] = 0
@@ -202,25 +204,27 @@ def test_request_key_is_its_length_and_tail():
 def test_equal_keys_each_find_their_own_state():
     # Two requests with the same length and tail (siblings that began alike) keep two states; a
     # state not seen for STATE_GRACE_STEPS steps is freed.
+    from helpers.histospec_calls import find
+
     from rhymerl.histospec.engine.requests import RequestTable
 
     table = RequestTable(width=4)
     x, y, z = table.alloc(), table.alloc(), table.alloc()
     table.keep(np.array([5, 7, 5], np.uint64), np.array([x, y, z]), step=0, grace=4)
     # equal keys pair in order (x before z); a key stored once is found once; an unknown key finds none
-    assert table.find(np.array([5, 5, 5, 9, 7, 7], np.uint64)).tolist() == [x, z, -1, -1, y, -1]
+    assert find(table, np.array([5, 5, 5, 9, 7, 7], np.uint64)).tolist() == [x, z, -1, -1, y, -1]
     assert len(table) == 0
     a, b = table.alloc(), table.alloc()
     table.step[[a, b]] = 1
     table.keep(np.array([3, 3], np.uint64), np.array([a, b]), step=1, grace=4)
-    assert sorted(table.find(np.array([3, 3, 3], np.uint64)).tolist()) == [-1, a, b]
+    assert sorted(find(table, np.array([3, 3, 3], np.uint64)).tolist()) == [-1, a, b]
     table.keep(np.array([], np.uint64), np.array([], np.int64), step=2, grace=4)  # both gone from the table
     assert len(table) == 0
     c = table.alloc()
     table.step[c] = 2
     table.keep(np.array([4], np.uint64), np.array([c]), step=2, grace=4)
     table.keep(np.array([], np.uint64), np.array([], np.int64), step=5, grace=4)  # unseen, within grace
-    assert table.find(np.array([4], np.uint64)).tolist() == [c]
+    assert find(table, np.array([4], np.uint64)).tolist() == [c]
     table.keep(np.array([4], np.uint64), np.array([c]), step=5, grace=4)
     table.keep(np.array([], np.uint64), np.array([], np.int64), step=9, grace=4)  # past grace: freed
     assert len(table) == 0 and table.alloc() == c

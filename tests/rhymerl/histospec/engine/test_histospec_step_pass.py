@@ -6,12 +6,12 @@ import numpy as np
 
 from rhymerl.histospec.engine import step_pass
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
-from rhymerl.histospec.engine.requests import RequestTable, StepLedger, row_keys
+from rhymerl.histospec.engine.requests import RequestTable, StepLedger
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
 from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
-from helpers.histospec_calls import record_calibration
+from helpers.histospec_calls import record_calibration, row_keys
 
 
 def _table(drafted, n, plen, probs):
