@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -102,3 +104,42 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
 
     out = tmp_path_factory.mktemp("model") / "tiny"
     return build_model(out, BuildSettings(steps=30, eval_problems=0), progress=False)
+
+
+# ---------------------------------------------------------------- two workers (`make test`)
+
+RUN_FIXTURES = ("prefect_harness", "local_ray")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def worker_group(path: str) -> str:
+    """The worker group of a test file: every file that names the session's Ray or Prefect harness
+    fixture runs on one worker (they share those, and their runs' engines load both cores); the vLLM
+    engine tests on one worker (their engines are package- and module-scoped); any other file is
+    its own group. Whole files, so a module-scoped fixture is never built twice. Read from the
+    file's text, so the controller, which collects nothing, groups as the workers do."""
+    if any(name in Path(path).read_text() for name in RUN_FIXTURES):
+        return "runs"
+    return "vllm-engines" if "/tests/rhymerl/vllm/" in path else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The two longest groups first (`worker_group`), so under `-n 2 --dist loadgroup` each worker
+    starts on one of them and the short files fill the gaps; the order changes only between files."""
+    rank = {"runs": 0, "vllm-engines": 1}
+    items.sort(key=lambda item: rank.get(worker_group(item.path.as_posix()), 2))  # stable within a file
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup` by `worker_group`: pytest-xdist's own `xdist_group` marks rename node ids,
+    which pytest 9's node ids no longer allow, so the scheduler asks `worker_group` instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByTestGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group((ROOT / nodeid.split("::")[0]).as_posix())
+
+    return ByTestGroup(config, log)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.rhyming import CHANGE, SAMPLES, Forward, rhyming_group
 from bench.spec_scale_bench import UNBUILT
@@ -36,6 +37,7 @@ def test_forward_pass_spins_or_sleeps():
         assert (cpu > 0.02) if busy else (cpu < 0.02)
 
 
+@pytest.mark.bench  # a numba-compiling subprocess (~40 s): `make bench` runs it
 def test_spec_scale_bench_quick_json(tmp_path):
     out = tmp_path / "scale.json"
     cmd = [sys.executable, "-m", "bench.spec_scale_bench", "--quick", "--spec", "engine", "--json", "--json-out",
