@@ -210,12 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run RL training (a Prefect flow; rollouts and training on Ray)",
-                         description="Run GRPO training. Settings come from a TOML file, the environment "
+                         description="Run GRPO training. Settings come from TOML files, the environment "
                                      "(RHYMERL_LAKE, RHYMERL_MODEL, RHYMERL_DATASET, MLFLOW_TRACKING_URI, "
                                      "MLFLOW_EXPERIMENT_NAME) and --set overrides, in rising precedence; "
                                      "RAY_ADDRESS and PREFECT_API_URL pick the Ray cluster and Prefect server.")
-    run.add_argument("--config", help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in "
-                                       "defaults; with --resume, the run's stored config)")
+    run.add_argument("--config", action="append", metavar="FILE",
+                     help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in defaults; with "
+                          "--resume, the run's stored config); repeat it to layer files: each later file overrides "
+                          "the earlier ones key by key, e.g. --config configs/gpu-qwen2.5-7b.toml "
+                          "--config configs/cluster.toml")
     run.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                      help="override settings, e.g. --set rollout.n=8 train.lr=1e-4 (repeatable)")
     run.add_argument("--lake", help="lake URL (local folder or s3://bucket/prefix); same as --set lake.url=...")

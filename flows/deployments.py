@@ -28,15 +28,18 @@ def check_inputs(config: dict, resume: str | None = None) -> None:
 
 
 @flow(name="rhymerl-train", flow_run_name="train-{config_file}")
-def train(config_file: str = "configs/default.toml", overrides: list[str] | None = None) -> dict:
+def train(config_file: str = "configs/default.toml", overrides: list[str] | None = None,
+          config_layers: list[str] | None = None) -> dict:
     """Train a policy with GRPO: one run of `rhymerl run`.
 
     Args:
         config_file: TOML run config, relative to the project folder ("" = built-in defaults).
-        overrides: settings on top of the file, one `key=value` each, values in TOML syntax,
+        overrides: settings on top of the files, one `key=value` each, values in TOML syntax,
             e.g. `epochs=2`, `rollout.n=8`, `lake.url="s3://bucket/lake"`. No credentials here.
+        config_layers: more TOML files over `config_file`, in order, each overriding the earlier
+            ones key by key (`rhymerl run --config A --config B`), e.g. `["configs/cluster.toml"]`.
     """
-    config = train_config_task(config_file, overrides)
+    config = train_config_task(config_file, overrides, config_layers)
     check_inputs(config)
     from flows.run import run_flow
 

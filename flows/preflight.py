@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
 from rhymerl.config.run import RunConfig
-from rhymerl.run.preflight import (Finding, check_config, check_dataset, check_model, check_resources,
+from rhymerl.run.preflight import (Finding, Machine, check_config, check_dataset, check_model, check_resources,
                                local_machine, parse_ray_address)
 from storage.checkpoints import checkpoint_url
 from storage.fs import source_options
@@ -25,9 +25,11 @@ from storage.probe import checkpoint_problems, lake_problems, tcp_problem, track
 Check = Callable[[], list[Finding]]
 
 
-def checks(cfg: RunConfig, environ: Mapping[str, str], resume: str | None = None) -> dict[str, Check]:
+def checks(cfg: RunConfig, environ: Mapping[str, str], resume: str | None = None,
+           machine: Machine | None = None) -> dict[str, Check]:
     """The named checks of a run with config `cfg` in environment `environ` (continuing run
-    `resume`, if given), in report order."""
+    `resume`, if given), in report order; a local run's resources are checked against `machine`
+    (default: this one)."""
     ray_address = environ.get("RAY_ADDRESS", "").strip()
     return {
         "config": lambda: check_config(cfg),
@@ -37,7 +39,7 @@ def checks(cfg: RunConfig, environ: Mapping[str, str], resume: str | None = None
         "tracking": lambda: [Finding("tracking", m) for m in tracking_problems(cfg.tracking.uri)],
         "ray": lambda: _ray_findings(ray_address),
         "prefect": lambda: _prefect_findings(environ.get("PREFECT_API_URL", "").strip()),
-        "resources": lambda: check_resources(cfg, local_machine(),
+        "resources": lambda: check_resources(cfg, machine or local_machine(),
                                              cluster=ray_address not in ("", "local")),
     }
 
@@ -60,14 +62,15 @@ def _lake_findings(cfg: RunConfig, resume: str | None) -> list[Finding]:
 
 
 def run_checks(cfg: RunConfig, environ: Mapping[str, str], debug: bool = False,
-               resume: str | None = None) -> list[Finding]:
-    """Every problem with the run's inputs, in report order; [] = the run may start.
+               resume: str | None = None, machine: Machine | None = None) -> list[Finding]:
+    """Every problem with the run's inputs, in report order; [] = the run may start. `machine` is
+    what a local run may use (default: this machine; a test gives the machine a config is written for).
 
     A check that raises reports that as its finding (with the traceback on stderr under `debug`)
     rather than letting the run start on an input nobody could check. Under `debug` each
     check's time goes to stderr.
     """
-    named = checks(cfg, environ, resume)
+    named = checks(cfg, environ, resume, machine)
     with ThreadPoolExecutor(max_workers=len(named)) as pool:  # the probes mostly wait on sockets
         futures = {name: pool.submit(_timed, name, check, debug) for name, check in named.items()}
         results = {name: future.result() for name, future in futures.items()}

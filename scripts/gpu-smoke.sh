@@ -3,12 +3,12 @@
 # the trainer on its own GPU, weight sync, lake, MLflow). For GPU machines only; not run in CI.
 #
 #   scripts/gpu-smoke.sh                                  # built-in tiny model: no download needed
-#   scripts/gpu-smoke.sh /models/Qwen2.5-0.5B-Instruct /data/gsm8k_train.jsonl
+#   scripts/gpu-smoke.sh models/Qwen2.5-0.5B-Instruct data/gsm8k_train.jsonl  # docs/cluster.md's downloads
 #
 # Needs `make setup EXTRA=gpu` (or the rhymerl-gpu image: PYTHON=python). Uses every GPU: with
 # G >= 2 GPUs, min(3, G-1) engines and the trainer on its own GPU; with one GPU, one engine and
-# the trainer share it (placement.share_gpu). Writes to $SMOKE_DIR (default a new temp folder)
-# unless RHYMERL_LAKE / MLFLOW_TRACKING_URI say otherwise; exits non-zero unless every step's rows
+# the trainer share it (placement.share_gpu). Writes where the configs say, ./lake and ./mlflow.db
+# (or RHYMERL_LAKE / MLFLOW_TRACKING_URI); exits non-zero unless every step's rows of this run
 # reached the lake. Extra arguments after the dataset are passed to `rhymerl run` (e.g. --set ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ MODEL="${1:-${RHYMERL_MODEL:-}}"
 DATASET="${2:-${RHYMERL_DATASET:-}}"
 shift $(( $# > 2 ? 2 : $# ))
 PYTHON="${PYTHON:-.venv/bin/python}"
-SMOKE_DIR="${SMOKE_DIR:-$(mktemp -d -t rhymerl-gpu-smoke-XXXX)}"
+NAME="gpu-smoke-$(date -u +%Y%m%d%H%M%S)"   # the run id's prefix: this run's rows in a shared lake
 
 die() { echo "gpu-smoke: $*" >&2; exit 2; }
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this script needs an NVIDIA GPU machine"
@@ -46,17 +46,18 @@ else
   # bf16 engines (every GPU attention backend takes it), fp32 trainer.
   CONFIG=(--config configs/default.toml --set 'model.path=""' data.dataset=builtin model.dtype=bfloat16 train.dtype=float32)
 fi
-LAKE="${RHYMERL_LAKE:-$SMOKE_DIR/lake}"
-TRACKING="${MLFLOW_TRACKING_URI:-sqlite:///$SMOKE_DIR/mlflow.db}"
-echo "gpu-smoke: $GPUS GPU(s), $WORKERS engine(s); lake $LAKE; MLflow $TRACKING"
+LAKE=$("$PYTHON" -m cli.main run "${CONFIG[@]}" "$@" --print-config 2>/dev/null \
+  | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["lake"]["url"])') || die "the config does not resolve"
+echo "gpu-smoke: $GPUS GPU(s), $WORKERS engine(s); run $NAME-... in lake $LAKE"
 
-"$PYTHON" -m cli.main run "${CONFIG[@]}" --set epochs=1 "data.num_prompts=$PROMPTS" \
+"$PYTHON" -m cli.main run "${CONFIG[@]}" --set "name=\"$NAME\"" epochs=1 "data.num_prompts=$PROMPTS" \
   "rollout.num_workers=$WORKERS" "rollout.prompts_per_step=$(( PROMPTS / 2 ))" rollout.n=4 \
-  "tracking.uri=\"$TRACKING\"" checkpoint.every_steps=0 "${PLACE[@]}" --lake "$LAKE" "$@"
+  checkpoint.every_steps=0 "${PLACE[@]}" "$@"
 
 EXPECTED=$(( PROMPTS * 4 ))
-ROWS=$("$PYTHON" -m cli.main lake sql "SELECT count(*) AS n FROM rollouts" --lake "$LAKE" --format csv | tail -1)
-echo "gpu-smoke: $ROWS rows in the lake (expected $EXPECTED)"
-[ "$ROWS" = "$EXPECTED" ] || die "the lake has $ROWS rows, expected $EXPECTED"
-"$PYTHON" -m cli.main lake sql "SELECT step, reward_mean, tokens_per_s, rollout_s, train_s, sync_s FROM steps ORDER BY step" --lake "$LAKE"
+THIS_RUN="run_id LIKE '$NAME-%'"
+ROWS=$("$PYTHON" -m cli.main lake sql "SELECT count(*) AS n FROM rollouts WHERE $THIS_RUN" --lake "$LAKE" --format csv | tail -1)
+echo "gpu-smoke: $ROWS rows of this run in the lake (expected $EXPECTED)"
+[ "$ROWS" = "$EXPECTED" ] || die "the lake has $ROWS rows of this run, expected $EXPECTED"
+"$PYTHON" -m cli.main lake sql "SELECT step, reward_mean, tokens_per_s, rollout_s, train_s, sync_s FROM steps WHERE $THIS_RUN ORDER BY step" --lake "$LAKE"
 echo "gpu-smoke: ok"

@@ -65,13 +65,17 @@ def _overrides(value: Any) -> list[str]:
 
 
 @task(name="resolve-config", cache_policy=NO_CACHE)
-def train_config_task(config_file: str, overrides: list[str] | None) -> dict[str, Any]:
-    """The run config from a TOML file (relative to the project) and `key=value` overrides, with
-    the worker's environment settings between them, as `rhymerl run` does; validated."""
+def train_config_task(config_file: str, overrides: list[str] | None,
+                      config_layers: list[str] | None = None) -> dict[str, Any]:
+    """The run config from a TOML file (relative to the project), the files of `config_layers` over it
+    in order, and `key=value` overrides, with the worker's environment settings between the files and
+    the overrides, as `rhymerl run --config FILE --config LAYER ...` does; validated."""
+    files = [f for f in (config_file, *(config_layers or [])) if f]
     try:
-        cfg = load_config(config_file or None, _overrides(overrides), env=os.environ)
+        cfg = load_config(files, _overrides(overrides), env=os.environ)
     except ConfigError as exc:
-        raise ConfigError(f"invalid parameters (config_file={config_file!r}, overrides): {exc}") from None
+        raise ConfigError(f"invalid parameters (config_file={config_file!r}, config_layers, overrides): "
+                          f"{exc}") from None
     data = config_to_dict(cfg)
     _refuse_credentials(data, "overrides")
     return data

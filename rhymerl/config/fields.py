@@ -19,7 +19,7 @@ from rhymerl.errors import ConfigError
 def check(cond: bool, key: str, msg: str) -> None:
     """Raise ConfigError naming `key` with `msg` unless `cond`."""
     if not cond:
-        raise ConfigError(f"config key '{key}': {msg}")
+        raise ConfigError(f"config key '{key}': {msg}", key=key)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -58,7 +58,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         check(isinstance(value, str), key, f"expected a string, got {value!r}")
         return value
-    raise ConfigError(f"config key '{key}': unsupported type {tp}")
+    raise ConfigError(f"config key '{key}': unsupported type {tp}", key=key)
 
 
 def _describe(tp: Any) -> str:
@@ -76,7 +76,7 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown config key '{full}'; allowed keys here: {', '.join(names)}")
+            raise ConfigError(f"unknown config key '{full}'; allowed keys here: {', '.join(names)}", key=full)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             check(isinstance(value, dict), full, "expected a table of settings")

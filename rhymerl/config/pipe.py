@@ -14,7 +14,7 @@ from rhymerl.errors import ConfigError
 
 def _check(cond: bool, key: str, msg: str) -> None:
     if not cond:
-        raise ConfigError(f"config key '{key}': {msg}")
+        raise ConfigError(f"config key '{key}': {msg}", key=key)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Typed, frozen run configuration: one dataclass per component, composed into `RunConfig`.
 
-Configs come from a TOML file plus `key.sub=value` overrides. Every value is checked at
-construction; errors name the offending key and what it accepts, so a typo never silently
-falls back to a default.
+Configs come from TOML files (layered: later files override earlier ones key by key), the
+environment and `key.sub=value` overrides. Every value is checked at construction; errors name the
+offending key (and the file that set it) and what it accepts, so a typo never silently falls back
+to a default.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from rhymerl.config.environment import env_layer, merge
-from rhymerl.config.fields import apply_overrides, build, check
+from rhymerl.config.fields import apply_overrides, build, check, flatten
 from rhymerl.config.options import option
 from rhymerl.errors import ConfigError
 from rhymerl.config.pipe import PipeConfig
@@ -278,20 +279,58 @@ def resolve_config(data: dict[str, Any], overrides: list[str] | None = None,
     return config_from_dict(apply_overrides(layered, overrides or []))
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+ConfigPaths = str | Path | Sequence[str | Path] | None  # one TOML file, several (layers), or none
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """One TOML config file as nested dicts; a ConfigError naming the file if it is missing or not TOML."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist; pass an existing TOML file to --config")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+
+
+def load_config(paths: ConfigPaths = None, overrides: list[str] | None = None,
                 env: Mapping[str, str] | None = None) -> RunConfig:
-    """Load a TOML config file (optional), then the environment's settings if `env` is given (the
-    CLI passes os.environ; None = ignore the environment), then `key=value` overrides."""
+    """Load TOML config files (optional), then the environment's settings if `env` is given (the
+    CLI passes os.environ; None = ignore the environment), then `key=value` overrides.
+
+    Several files are layers, in order: each later file overrides the earlier ones key by key
+    (tables merged at every depth; a value or list replaced whole), so a small file such as
+    configs/cluster.toml can move a run onto a cluster. A bad key or value that a file set is
+    reported with that file's name.
+    """
+    files = [paths] if isinstance(paths, (str, Path)) else list(paths or [])
+    layers = [(Path(f), read_config_file(f)) for f in files]
     data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist; pass an existing TOML file to --config")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
-    return resolve_config(data, overrides, env)
+    for _, layer in layers:
+        data = merge(data, layer)
+    try:
+        return resolve_config(data, overrides, env)
+    except ConfigError as exc:
+        source = _file_that_set(exc.key, layers, overrides or [], env)
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}", key=exc.key) from None
+
+
+def _file_that_set(key: str, layers: list[tuple[Path, dict[str, Any]]], overrides: list[str],
+                   env: Mapping[str, str] | None) -> Path | None:
+    """The last of `layers` that set `key` (or keys under it: an unknown section); None when no file
+    did, or when --set or the environment set it over the files."""
+    if not key:
+        return None
+    base = key.split("[", 1)[0]  # reward.functions[1] -> reward.functions
+
+    def sets(keys) -> bool:
+        return any(k == base or k.startswith(base + ".") for k in keys)
+
+    if sets(o.split("=", 1)[0].strip() for o in overrides) or sets(flatten(env_layer(env or {}))):
+        return None
+    return next((path for path, layer in reversed(layers) if sets(flatten(layer))), None)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

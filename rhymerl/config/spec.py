@@ -90,7 +90,7 @@ class SpecConfig:
     def __post_init__(self) -> None:
         def check(cond: bool, key: str, msg: str) -> None:
             if not cond:
-                raise ConfigError(f"config key 'spec.{key}': {msg}")
+                raise ConfigError(f"config key 'spec.{key}': {msg}", key=f"spec.{key}")
 
         check(self.method in METHODS, "method",
               f"got {self.method!r}; allowed values: {', '.join(map(repr, METHODS))}")

@@ -81,6 +81,21 @@ def test_train_config_names_the_bad_field():
         train_config_task.fn("", "epochs=3")
 
 
+def test_train_config_layers_files_as_rhymerl_run_does(monkeypatch):
+    # Rule: config_layers go over config_file in order (`rhymerl run --config A --config B`).
+    from tasks.ops import train_config_task
+
+    for name in ("RHYMERL_LAKE", "MLFLOW_TRACKING_URI", "RHYMERL_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    gpu, cluster = str(ROOT / "configs" / "gpu-qwen2.5-0.5b.toml"), str(ROOT / "configs" / "cluster.toml")
+    cfg = train_config_task.fn(gpu, ["epochs=1"], [cluster])
+    assert (cfg["lake"]["url"], cfg["tracking"]["uri"]) == ("s3://rhymerl/lake", "http://127.0.0.1:5000")
+    assert (cfg["model"]["path"], cfg["epochs"]) == ("models/Qwen2.5-0.5B-Instruct", 1)
+    assert train_config_task.fn(gpu, [], [])["lake"]["url"] == "lake"
+    with pytest.raises(ConfigError, match="missing.toml does not exist"):
+        train_config_task.fn(gpu, [], [cluster, "missing.toml"])
+
+
 def test_credentials_in_parameters_are_refused_without_echoing_them():
     from tasks.ops import inline_credentials, train_config_task
 

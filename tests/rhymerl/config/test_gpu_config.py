@@ -21,7 +21,8 @@ NODE_GPUS = {"gpu-qwen2.5-0.5b.toml": 4, "gpu-qwen2.5-7b.toml": 8}
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.name)
 def test_gpu_config_validates_and_fits_its_node(path):
     cfg = load_config(path)
-    assert cfg.model.path.startswith("/") and cfg.data.dataset.endswith((".jsonl", ".parquet"))
+    # Downloaded into the repository's models/ and data/ (docs/cluster.md), read from there as they are.
+    assert cfg.model.path.startswith("models/") and cfg.data.dataset == "data/gsm8k_train.jsonl"
     assert cfg.rollout.num_workers >= 2 and cfg.model.dtype == "bfloat16" and cfg.train.dtype == "float32"
     assert cfg.model.max_model_len >= cfg.rollout.max_tokens + 128  # room for a GSM8K prompt
     gpus = NODE_GPUS[path.name]

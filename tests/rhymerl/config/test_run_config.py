@@ -92,3 +92,39 @@ def test_streamed_training_is_off_by_default_and_refused_where_it_cannot_stream(
         load_config(None, ["train.stream=true", "train.updates_per_step=2"])
     with pytest.raises(ConfigError, match=r"'train.stream'.*world_size = 1 \(got 2\).*train.world_size=1"):
         load_config(None, ["train.stream=true", "train.world_size=2"])
+
+
+def test_config_files_layer_key_by_key(tmp_path):
+    # Rule: later files override earlier ones per key; tables merge at every depth, a list is replaced.
+    base, layer = tmp_path / "base.toml", tmp_path / "layer.toml"
+    base.write_text('epochs = 3\n[rollout]\nn = 4\nmax_tokens = 99\n[reward]\nfunctions = ["gsm8k", "math"]\n'
+                    'weights = [1.0, 1.0]\n')
+    layer.write_text('[rollout]\nn = 6\n[reward]\nfunctions = ["math"]\nweights = [2.0]\n[lake]\nurl = "s3://b/l"\n')
+    cfg = load_config([base, layer])
+    assert (cfg.epochs, cfg.rollout.n, cfg.rollout.max_tokens) == (3, 6, 99)
+    assert (cfg.reward.functions, cfg.reward.weights, cfg.lake.url) == (("math",), (2.0,), "s3://b/l")
+    assert load_config([layer, base]).rollout.n == 4  # the order decides
+    # the environment and --set still come on top of every file
+    cfg = load_config([base, layer], ["rollout.n=8"], env={"RHYMERL_LAKE": "elsewhere"})
+    assert (cfg.rollout.n, cfg.lake.url) == (8, "elsewhere")
+    assert load_config([]) == load_config(None) == RunConfig()
+
+
+def test_a_bad_layer_is_named(tmp_path):
+    base, layer = tmp_path / "base.toml", tmp_path / "layer.toml"
+    base.write_text("[rollout]\nn = 4\n")
+    with pytest.raises(ConfigError, match=r"config file .*missing\.toml does not exist"):
+        load_config([base, tmp_path / "missing.toml"])
+    layer.write_text("[rollout\n")
+    with pytest.raises(ConfigError, match=r"config file .*layer\.toml is not valid TOML"):
+        load_config([base, layer])
+    # Rule: a bad key or value names the file that set it last...
+    layer.write_text("[rollout]\nn = 1\n")
+    with pytest.raises(ConfigError, match=r"^\S*layer\.toml: config key 'rollout.n': must be >= 2"):
+        load_config([base, layer])
+    layer.write_text("[rolout]\nn = 4\n")
+    with pytest.raises(ConfigError, match=r"^\S*layer\.toml: unknown config key 'rolout'"):
+        load_config([base, layer])
+    # ...and no file when --set set it over the files
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.n': must be >= 2"):
+        load_config([base], ["rollout.n=1"])
