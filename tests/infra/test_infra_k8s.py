@@ -5,20 +5,23 @@ namespace; kustomization lists every file; the GPU worker group asks for GPUs (r
 limits, as Kubernetes requires for extended resources) and the head for none; images are pinned;
 Deployments select their own pods and Services select a Deployment's pods; every ConfigMap,
 Secret and PVC a pod refers to is created here or documented as the user's; the variables are those
-of docs/cluster.md. What a live cluster adds (CRDs installed, storage classes, GPUs present) is not checked.
+of docs/cluster.md; the model and dataset paths are compose's and the docs', and mounted where read. What a live cluster adds (CRDs installed, storage classes, GPUs present) is not checked.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 
 import pytest
 
-from helpers.infra import ROOT, image_pinned, load_yaml_docs, settings_table, undocumented
+from helpers.infra import ROOT, SETTINGS_DOC, image_pinned, load_yaml_docs, settings_table, undocumented
 from rhymerl.config.environment import CONFIG_ENV
 
 K8S = ROOT / "infra" / "k8s"
+COMPOSE = ROOT / "infra" / "compose.yaml"
+PATH_SETTINGS = ("RHYMERL_MODEL", "RHYMERL_DATASET")  # files the pods read from their mounts
 USER_SECRETS = {"rhymerl-s3": {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"},
                 "rhymerl-db": {"MLFLOW_BACKEND_STORE_URI"}}  # created by the user (docs/cluster.md)
 CLUSTER_SCOPED = {"Namespace"}
@@ -184,3 +187,31 @@ def test_job_template_placeholders_are_declared_and_render(objects):
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == declared["image"]["default"] and job["metadata"]["namespace"] == "rhymerl"
     assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
+
+
+def _under(path: str, mounts: set[str]) -> bool:
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts)
+
+
+def _compose_mounts(volumes: list[str]) -> set[str]:
+    """Container paths of compose's short-form volumes, `host:container[:mode]` (host may be ${VAR:-dir})."""
+    return {re.search(r":(/[^:]*)(?::ro|:rw)?$", v).group(1) for v in volumes}
+
+
+def test_model_and_dataset_paths_agree_with_compose_and_docs(objects):
+    # Rule: one path per setting on every platform, documented, and mounted in every pod that reads it.
+    (compose,) = load_yaml_docs(COMPOSE)
+    settings, docs = _settings(objects), SETTINGS_DOC.read_text()
+    readers = {name: _compose_mounts(svc.get("volumes", [])) for name, svc in compose["services"].items()
+               if "RHYMERL_DATASET" in (svc.get("environment") or {})}
+    for owner, spec in _pod_specs(objects):
+        for c in spec["containers"]:
+            if {"name": "rhymerl-settings"} in [s.get("configMapRef") for s in c.get("envFrom", [])]:
+                readers[owner] = {m["mountPath"] for m in c.get("volumeMounts", [])}
+    assert len(readers) >= 6, sorted(readers)  # 3 compose services, head, GPU group, flow-run Jobs
+    for key in PATH_SETTINGS:
+        path = compose["x-rhymerl-env"][key]
+        assert settings[key] == path, f"{key}: compose {path!r}, Kubernetes {settings[key]!r}"
+        assert f"`{path}`" in docs, f"docs/cluster.md never names {key}'s path {path}"
+        unmounted = sorted(owner for owner, mounts in readers.items() if not _under(path, mounts))
+        assert not unmounted, f"{key}={path} is on no volume of {unmounted}"
