@@ -107,7 +107,8 @@ class ShardedTrainer(Trainer):
     """A `Trainer` that is rank `spec.rank` of `spec.world_size`: same contract, sharded state.
 
     Every public method is collective: all ranks call it, in the same order, with the same
-    arguments (the whole batch to `train_step`). Results are the group's on every rank.
+    arguments (the whole batch to `train_step`). Results are the group's on every rank:
+    `sequence_logprobs` (inherited) runs the whole batch on every rank, so their passes line up.
     """
 
     def __init__(self, model_dir: str, cfg: TrainConfig, spec: DistSpec, **kwargs) -> None:
@@ -146,10 +147,6 @@ class ShardedTrainer(Trainer):
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self._optimizer_step()
         return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-
-    @torch.no_grad()
-    def sequence_logprobs(self, batch: list[TrainExample]) -> list[list[float]]:
-        raise NotImplementedError("the sharded trainer computes log-probs inside train_step only")
 
     @torch.no_grad()
     def engine_tensors(self, device: str | torch.device = "cpu") -> Iterable[tuple[str, torch.Tensor]]:

@@ -2,7 +2,8 @@
 
 Two spawned processes form the group; each case builds a fresh ShardedTrainer per rank and
 writes the updated whole weights, which are compared with the single-process Trainer's.
-Resharding: a checkpoint written by 2 ranks resumes on 1, and one written by 1 resumes on 2.
+Resharding: a checkpoint written by 2 ranks resumes on 1, and one written by 1 resumes on 2; the
+ranks' log-probs are those of the weights they hold.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
     version = load_trainer(trainer, f"{out_dir}/ckpt-1")
     trainer.train_step(BATCH)
     weights = trainer.state_dict_for_engine()
+    logprobs = trainer.sequence_logprobs(BATCH)  # collective: both ranks run the whole batch
     if rank == 0:
-        torch.save({"weights": weights, "version": version}, f"{out_dir}/resumed-from-1.pt")
+        torch.save({"weights": weights, "version": version, "logprobs": logprobs}, f"{out_dir}/resumed-from-1.pt")
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,17 @@ def test_checkpoint_of_one_rank_resumes_on_two(model_dir: str, two_rank_results:
     for name, tensor in _two_steps(model_dir).items():
         if not name.endswith("k_proj.bias"):
             torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=1e-4)
+
+
+def test_two_ranks_give_the_log_probs_of_their_weights(model_dir: str, two_rank_results: dict) -> None:
+    # Rule: the sharded trainer's sequence_logprobs are those one trainer computes with the same weights.
+    got = two_rank_results["resumed-from-1"]
+    single = Trainer(model_dir, _cfg("token", 0.1, 1), threads=1)
+    single.model.load_state_dict(got["weights"])
+    want = single.sequence_logprobs(BATCH)
+    assert [len(row) for row in got["logprobs"]] == [len(ex.response_ids) for ex in BATCH]
+    for row, expected in zip(got["logprobs"], want):
+        assert row == pytest.approx(expected, abs=1e-5)
 
 
 def test_activation_checkpointing_changes_no_update(model_dir: str) -> None:
