@@ -198,7 +198,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     project_env()
-    return int(importlib.import_module(f"bench.{BENCHES[args.which]}").main(args.options) or 0)
+    try:
+        entry = importlib.import_module(f"bench.{BENCHES[args.which]}")
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench":  # a benchmark's own import failing is its error, shown as it is
+            raise
+        print("error: the benchmarks are not in this install (the images leave bench/ out); "
+              "run them from a source checkout with `make bench`", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return int(entry.main(args.options) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,8 +8,9 @@ What stands in for what this machine lacks, each outside the configs:
 - The GPU configs' model and data (models/Qwen2.5-*-Instruct, data/gsm8k_train.jsonl: downloads, not
   in the repository) are a folder with the real model's config.json fields the checks read
   (architecture, positions, vocabulary size), one tensor and a tokenizer, and as many GSM8K-format
-  rows as the config takes, given as RHYMERL_MODEL and RHYMERL_DATASET, the documented overrides.
-  `test_without_its_download_...` shows that these two checks are the only ones they stand in for.
+  rows as the config takes, given as RHYMERL_MODEL and RHYMERL_DATASET, the documented overrides;
+  `test_in_a_container_...` puts them at the config's own paths instead, as the containers' mounts
+  do. `test_without_its_download_...` shows that these two checks are the only ones they stand in for.
 - The machine: the resources check judges each config against the machine it is written for (a
   GPU config against its node of 4 or 8 GPUs, the rest against a 2-core CPU box with no GPU);
   `test_on_a_cpu_machine_...` shows the GPU configs fail there on resources alone.
@@ -69,12 +70,13 @@ def input_problems(files: list[Path], env: Mapping[str, str], machine: Machine) 
     return [str(f) for f in run_checks(cfg, env, machine=machine)]
 
 
-def write_download(config: RunConfig, folder: Path) -> dict[str, str]:
-    """RHYMERL_MODEL and RHYMERL_DATASET for the stand-ins of a config's downloads (module docstring);
-    {} for a config that downloads nothing."""
+def write_download(config: RunConfig, folder: Path, own_paths: bool = False) -> dict[str, str]:
+    """The stand-ins of a config's downloads (module docstring) in `folder`, and RHYMERL_MODEL and
+    RHYMERL_DATASET naming them; {} for a config that downloads nothing. With `own_paths`, at the
+    config's own relative paths under `folder`, and {}: nothing to override."""
     env: dict[str, str] = {}
     if config.model.path in DOWNLOADS:
-        model = folder / "model"
+        model = folder / (config.model.path if own_paths else "model")
         model.mkdir(parents=True)
         fields = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **DOWNLOADS[config.model.path]}
         (model / "config.json").write_text(json.dumps(fields))
@@ -84,10 +86,11 @@ def write_download(config: RunConfig, folder: Path) -> dict[str, str]:
     if config.data.dataset.startswith("data/"):
         rows = [{"question": f"Tom has {i} apples and buys 2 more. How many now?", "answer": f"{i} + 2 = {i + 2}\n"
                  f"#### {i + 2}"} for i in range(config.data.num_prompts)]
-        data = folder / "gsm8k_train.jsonl"
+        data = folder / (config.data.dataset if own_paths else "gsm8k_train.jsonl")
+        data.parent.mkdir(parents=True, exist_ok=True)
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         env["RHYMERL_DATASET"] = str(data)
-    return env
+    return {} if own_paths else env
 
 
 class _Stub(BaseHTTPRequestHandler):
@@ -156,6 +159,17 @@ def test_a_run_config_starts_on_the_cluster_with_its_layer(path, cluster_env, tm
     assert layered.model == load_config(path).model and layered.train == load_config(path).train
     env = {**cluster_env, **write_download(layered, tmp_path)}
     assert input_problems([path, CLUSTER], env, CPU_BOX) == []  # a cluster's resources are Ray's
+
+
+@pytest.mark.parametrize("name", sorted(NODE_GPUS))
+def test_in_a_container_a_gpu_config_reads_its_own_model_and_data(name, cluster_env, tmp_path, monkeypatch):
+    # A container of infra/compose.yaml or infra/k8s: the images' working folder with models/ and
+    # data/ mounted in it, and no RHYMERL_MODEL or RHYMERL_DATASET: the config's own paths are read.
+    path = ROOT / "configs" / name
+    assert write_download(load_config(path), tmp_path, own_paths=True) == {}
+    monkeypatch.chdir(tmp_path)
+    assert not {"RHYMERL_MODEL", "RHYMERL_DATASET"} & set(cluster_env)
+    assert input_problems([path, CLUSTER], cluster_env, CPU_BOX) == []
 
 
 @pytest.mark.parametrize("name", sorted(NODE_GPUS))
