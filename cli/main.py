@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -20,17 +21,20 @@ from cli.export import register as register_export
 from cli.lake import register as register_lake
 from cli.spec_replay import register as register_spec
 from cli.ui import register as register_ui
+from cli.version import VersionAction
 from infra.environment import project_env
+from infra.stop import EXIT_CODES, Stop, deferred
 
 DEFAULT_CONFIG = "configs/default.toml"
-# Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error,
-# 2 bad input (nothing started, or stopped before training), 3 an actor lost for good (resume),
-# 4 a reward function failed mid-run (fix it, resume), 130 interrupted (Ctrl-C; resume).
+# Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error mid-run,
+# 2 bad input found by the checks before anything started, 3 an actor lost for good (resume),
+# 4 a reward function failed mid-run (fix it, resume), 130 Ctrl-C (SIGINT) and 143 SIGTERM (resume).
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUN_LOST = 3
 EXIT_REWARD_FAILED = 4
-EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
+EXIT_INTERRUPTED = EXIT_CODES[signal.SIGINT]  # 130, the shells' convention for Ctrl-C
+EXIT_TERMINATED = EXIT_CODES[signal.SIGTERM]  # 143
 
 
 def _default_config() -> str | None:
@@ -101,59 +105,89 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _train(cfg, args: argparse.Namespace) -> int:
     """Run the flow with the console of docs/console-and-errors.md: without --verbose, every log
     line (engines, Ray, libraries, Prefect) goes to logs/<run_id>/run.log and the terminal shows
-    the start lines, one line per step, warnings that matter and the final table."""
-    from rhymerl.config.run import config_to_dict
-    from rhymerl.run.console import RunConsole
+    the start lines, one line per step, warnings that matter and the final table. From the banner
+    on, SIGTERM and Ctrl-C stop the run the same way (`infra.stop`). Returns the exit code."""
     from rhymerl.data.records import new_run_id
 
     run_id = args.resume or new_run_id(cfg.name)
     log_file = Path("logs") / run_id / "run.log"
     out, err = _open_console(cfg, run_id, log_file, args.verbose)
-    from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
-    from infra.local_api import local_api
-    from rhymerl.data.datasets import DatasetError
-    from rhymerl.data.rewards import RewardFunctionError
-    from rhymerl.run.report import format_summary
-    from storage.lake import LakeError
-    from tasks.recovery import TrainerLost
-    from workers.guard import WorkerLost, resume_command
-
-    if not args.verbose:  # after Prefect's import: its logging setup replaces the root's handlers
-        # an estimate until the run's start line gives the real count (skipped prompts, num_prompts = 0)
-        per_epoch = cfg.steps_per_epoch(cfg.data.num_prompts or cfg.rollout.prompts_per_step)
-        logging.getLogger().addHandler(RunConsole(out, cfg.epochs * per_epoch, per_epoch, os.environ))
-    see = "see above" if args.verbose else f"the log: {log_file}"
+    stop = Stop(note_fd=_fileno(err))
     t0 = time.perf_counter()
     try:
-        with local_api():  # Prefect's temporary API, with short retry waits (infra/local_api.py)
-            result = run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
-    except RewardFunctionError as exc:  # the user's code failed mid-run: the step wrote nothing to the lake
-        print(f"error: {str(exc).strip().splitlines()[0]}\nfix the reward function, then continue the run with: "
-              f"{resume_command(run_id, cfg.lake.url)}\n(traceback: {see})", file=err)
-        return EXIT_REWARD_FAILED
-    except (DatasetError, LakeError, FileNotFoundError, ValueError) as exc:
-        # Bad input the checks before the start could not see: the log has the traceback;
-        # the user needs the one line that names the problem and the fix.
-        print(f"error: {exc}\n({see})", file=err)
-        return EXIT_BAD_INPUT
-    except (TrainerLost, WorkerLost) as exc:  # an actor died for good; the message says how to resume
-        print(f"error: {exc}\n({see})", file=err)
-        return EXIT_RUN_LOST
-    except KeyboardInterrupt:
-        print(f"interrupted; continue with: rhymerl run --resume {run_id} --lake {cfg.lake.url}", file=err)
-        return EXIT_INTERRUPTED
-    except Exception as exc:  # a bug or an outage: the traceback goes to the log (and here with --debug)
-        traceback.print_exc()
-        if args.debug and not args.verbose:
-            traceback.print_exc(file=err)
-        print(f"error: {type(exc).__name__}: {exc}\n(traceback: {see}; --debug prints it here)", file=err)
-        return EXIT_FAILED
+        with stop.installed():
+            result = _run_flow(cfg, args, run_id, out, stop)
+    except BaseException as exc:  # every way a started run can end early has its exit code and lines
+        return _stopped(exc, stop, run_id, cfg.lake.url, err,
+                        "see above" if args.verbose else f"the log: {log_file}", args.debug and not args.verbose)
+    from rhymerl.run.report import format_summary
+
     if not args.verbose:  # the flow logged the table to the log file; a person wants it here
         print(format_summary(result["epochs"], run_id, cfg.lake.url, cfg.tracking.uri, result["mlflow_run_id"],
                              result["skipped_prompts"], result.get("export", "")), file=out)
     logs = "" if args.verbose else f"; logs in {log_file.parent}/"
     print(f"run {run_id} done in {time.perf_counter() - t0:.0f}s wall time{logs}", file=out)
     return 0
+
+
+def _run_flow(cfg, args: argparse.Namespace, run_id: str, out, stop: Stop) -> dict:
+    """The run flow's result, run in Prefect's temporary API (with short retry waits,
+    infra/local_api.py); without --verbose the console handler shows its progress on `out`."""
+    # A stop signal raised inside a C extension's import (torch, vLLM) can crash the interpreter:
+    # one that comes during the imports is raised once they are done.
+    with deferred():
+        from flows.run import run_flow  # Prefect, Ray and vLLM: their import-time chatter goes to the log
+        from infra.local_api import local_api
+        from rhymerl.config.run import config_to_dict
+        from rhymerl.run.console import RunConsole
+    if not args.verbose:  # after Prefect's import: its logging setup replaces the root's handlers
+        # an estimate until the run's start line gives the real count (skipped prompts, num_prompts = 0)
+        per_epoch = cfg.steps_per_epoch(cfg.data.num_prompts or cfg.rollout.prompts_per_step)
+        console = RunConsole(out, cfg.epochs * per_epoch, per_epoch, os.environ)
+        logging.getLogger().addHandler(console)
+        stop.on_first = console.stop
+    with local_api():
+        return run_flow(config=config_to_dict(cfg), run_id=run_id, resume=args.resume)
+
+
+def _stopped(exc: BaseException, stop: Stop, run_id: str, lake_url: str, err, see: str, debug: bool) -> int:
+    """The lines on the console and the exit code of a run that ended with `exc` after it started.
+
+    Bad input is the input checks' (exit 2, before anything started); whatever is raised once the
+    run started is one of: a reward function that failed (4), an actor lost for good (3), a stop
+    signal (130 for Ctrl-C, 143 for SIGTERM: `stop` knows which), else an unexpected error (1),
+    whatever its type (a ValueError from torch, vLLM or RhymeRL included), its traceback in the log.
+    """
+    from rhymerl.data.rewards import RewardFunctionError
+    from tasks.recovery import TrainerLost
+    from workers.guard import WorkerLost, resume_command
+
+    resume = resume_command(run_id, lake_url)
+    if isinstance(exc, RewardFunctionError):  # the user's code failed: the step wrote nothing to the lake
+        print(f"error: {str(exc).strip().splitlines()[0]}\nfix the reward function, then continue the run "
+              f"with: {resume}\n(traceback: {see})", file=err)
+        return EXIT_REWARD_FAILED
+    if isinstance(exc, (TrainerLost, WorkerLost)):  # the message says how to resume
+        print(f"error: {exc}\n({see})", file=err)
+        return EXIT_RUN_LOST
+    if isinstance(exc, KeyboardInterrupt) or stop.signum is not None:  # the type may not tell which signal
+        print(f"interrupted ({stop.name}); continue with: {resume}", file=err)
+        return stop.exit_code
+    if not isinstance(exc, Exception):  # SystemExit and the like: not ours to translate
+        raise exc
+    traceback.print_exception(exc)  # to the log (stderr is the log file without --verbose)
+    if debug:
+        traceback.print_exception(exc, file=err)
+    print(f"error: {type(exc).__name__}: {exc}\n(traceback: {see}; --debug prints it here)", file=err)
+    return EXIT_FAILED
+
+
+def _fileno(stream) -> int | None:
+    """The stream's file descriptor, or None when it has none (a test's captured stream)."""
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return None
 
 
 def _open_console(cfg, run_id: str, log_file: Path, verbose: bool):
@@ -215,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="RL training for language models with history-drafted rollouts. "
                     "Start with `rhymerl run` (the built-in tiny model and task).",
     )
+    parser.add_argument("--version", action=VersionAction,
+                        help="print RhymeRL's version and its stack's (torch, vLLM, Ray, Prefect, DuckDB, MLflow, "
+                             "Transformers) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run RL training (a Prefect flow; rollouts and training on Ray)",

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from flows.step import RunState, run_step
+from infra.stop import deferred, reclaim
 from rhymerl.config.run import RunConfig, config_from_dict
 from rhymerl.data.records import new_run_id
 from rhymerl.policy.lr_schedule import run_optimizer_steps
@@ -48,6 +49,7 @@ _LIVE: dict[str, tuple[RunContext, RunState]] = {}
 def epoch_flow(run_id: str, epoch: int, start_step: int = 0) -> list[dict]:
     """Every prompt once, in steps of `rollout.prompts_per_step` (from `start_step` when resuming
     mid-epoch: the order depends on seed and epoch only); returns each step's record."""
+    reclaim()  # SIGTERM stops the run as Ctrl-C does, not by Prefect's handler (infra.stop)
     ctx, st = _LIVE[run_id]
     body_start = time.perf_counter()  # the subflow's own start-up (call -> here) is Prefect's
     cfg = ctx.cfg
@@ -99,6 +101,7 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
 
     With `resume`, continue that run from its last checkpoint: same run id, lake rows and MLflow run.
     """
+    reclaim()  # SIGTERM stops the run as Ctrl-C does, not by Prefect's handler (infra.stop)
     cfg: RunConfig = config_from_dict(config)
     log = get_run_logger()
     run_id = resume or run_id or new_run_id(cfg.name)
@@ -153,11 +156,15 @@ def run_flow(config: dict[str, Any], run_id: str | None = None, resume: str | No
         plot_task(st.tracking, quote(st.history))
         exported = _export(ctx, st, log)
         status = "finished"
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (infra.stop): MLflow and the lake record it as killed
+        status = "killed"
+        raise
     finally:
-        _drain(st.background, log)  # a failed run still gets what it submitted
-        finish_run_task(ctx, st.tracking, st.workers + ([st.trainer] if st.trainer is not None else []),
-                        st.started_ray, status)
         _LIVE.pop(run_id, None)
+        with deferred():  # a stop signal now waits until the actors and Ray are stopped
+            _drain(st.background, log)  # a failed or stopped run still gets what it submitted
+            finish_run_task(ctx, st.tracking, st.workers + ([st.trainer] if st.trainer is not None else []),
+                            st.started_ray, status)
     summary = epoch_summary(st.history)
     mlflow_run_id = st.tracking.mlflow_run_id if st.tracking is not None else ""
     log.info("\n%s", format_summary(summary, run_id, cfg.lake.url, cfg.tracking.uri, mlflow_run_id, skipped,

@@ -19,7 +19,8 @@ one process, and evaluating every event against none costs the server CPU for no
 `local_api()` is the context `rhymerl run` trains in: it starts the API as a child process
 (same command line and environment as Prefect's own temporary server), points this process's
 Prefect settings at it, and stops it when the process exits (after Prefect's log and event
-workers drained, as Prefect does for its own). With PREFECT_API_URL set it does nothing.
+workers drained, as Prefect does for its own); a process killed outright (SIGKILL) takes the API
+with it (Linux's parent-death signal). With PREFECT_API_URL set it does nothing.
 `rhymerl ui`'s server (`infra.servers.ServerStack`) runs the same wrapped app, with the UI and
 every service, from `infra.servers.api_argv`.
 """
@@ -28,9 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import ctypes
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +50,8 @@ SERVER_RETRY_WAITS_S = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 _HEADER = b"retry-after"
 # A fresh database's migrations can take about Prefect's own 20 s limit on a small machine.
 FIRST_START_S = 180.0
+PARENT_ENV = "RHYMERL_API_PARENT_PID"  # the process whose death stops the temporary API (_die_with_parent)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 Message = dict[str, Any]
@@ -125,7 +131,22 @@ def create_app() -> RetryAfter503:
     """uvicorn's factory: Prefect's API app (settings from the environment), wrapped."""
     from prefect.server.api.server import create_app as prefect_app
 
+    _die_with_parent()
     return RetryAfter503(prefect_app())
+
+
+def _die_with_parent() -> None:
+    """In the temporary API's process: exit (SIGTERM) when the process that started it dies, however
+    it dies, SIGKILL included (Linux's parent-death signal; `PARENT_ENV` names that process). Nothing
+    elsewhere, or for a server `rhymerl ui` started (it does not set the variable)."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        return  # not allowed here (a sandbox): the parent's atexit stop still applies
+    if os.getppid() != int(parent):  # the parent died before the setting took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _server_env() -> dict[str, str]:
@@ -135,7 +156,10 @@ def _server_env() -> dict[str, str]:
 
     return {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
             "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-            "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+            "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # the parent-death signal follows the thread that started the child: the main thread lives as
+            # long as the process, another thread may end first
+            PARENT_ENV: str(os.getpid()) if threading.current_thread() is threading.main_thread() else ""}
 
 
 def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:
@@ -150,7 +174,12 @@ def start_api(timeout_s: float) -> tuple[str, Callable[[], None]]:
             argv, env=_server_env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True), log)
     url = f"http://127.0.0.1:{port}/api"
-    if not wait_http(f"{url}/health", timeout_s, child.alive, lambda b: b.strip() == b"true", poll_s=0.2):
+    try:
+        up = wait_http(f"{url}/health", timeout_s, child.alive, lambda b: b.strip() == b"true", poll_s=0.2)
+    except BaseException:  # a stop signal while it starts: it must not outlive this process
+        child.stop()
+        raise
+    if not up:
         state = "exited" if not child.alive() else f"did not answer in {timeout_s:.0f}s"
         child.stop()
         raise ServerError(f"{child.name} {state}; its log {log} ends with:\n{child.tail()}\n"

@@ -15,7 +15,7 @@ import logging
 
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from rhymerl.policy.lr_schedule import run_optimizer_steps
 from tasks.resume import Restored, restore_task
@@ -23,7 +23,7 @@ from tasks.setup import RunContext
 from tasks.steps import sync_task
 from workers.guard import WorkerGuard, resume_command
 from workers.sync import WeightsMismatch, sync_settings
-from workers.trainer_group import start_trainer, stop_trainer
+from workers.trainer_group import TrainerGroup, start_trainer, stop_trainer
 
 
 def _log() -> logging.Logger:
@@ -42,15 +42,23 @@ class TrainerLost(RuntimeError):
 
 
 def trainer_lost(trainer, exc: BaseException) -> bool:
-    """True when `exc`, or an exception it came from, says the `trainer` actor died."""
-    actor_id = trainer._actor_id.hex() if trainer is not None else None
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, RayActorError) and getattr(exc, "actor_id", None) == actor_id:
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    """True when `exc`, or an exception it came from, says the `trainer` actor died; for a group of
+    ranks (`train.world_size` > 1), when any rank died. A dead rank other than rank 0 fails the
+    step through rank 0's collective (a gloo or NCCL error naming no actor), so a group whose call
+    failed is asked which of its ranks are still alive."""
+    if trainer is None:
+        return False
+    ranks = trainer.ranks if isinstance(trainer, TrainerGroup) else [trainer]
+    actor_ids = {rank._actor_id.hex() for rank in ranks}
+    chain, cause = [], exc
+    while cause is not None and all(cause is not c for c in chain):
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(c, RayActorError) and getattr(c, "actor_id", None) in actor_ids for c in chain):
+        return True
+    # asked only when Ray was involved: a reward function's error, say, needs no round trip
+    return isinstance(trainer, TrainerGroup) and any(isinstance(c, RayError) for c in chain) \
+        and bool(trainer.dead_ranks())
 
 
 def lost_message(run_id: str, lake_url: str, why: str) -> str:

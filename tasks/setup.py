@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import SettingsContext, get_settings_context
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
+from infra.stop import reclaim
 from rhymerl.config.run import RunConfig, config_to_dict
 from rhymerl.config.task import Source
 from rhymerl.config.fields import flatten
@@ -105,25 +106,32 @@ def load_rewards_task(cfg: RunConfig) -> RewardSet:
 
 
 def init_ray(num_workers: int) -> bool:
-    """Join RAY_ADDRESS's cluster if set, else start a local Ray; True if we started it."""
+    """Join RAY_ADDRESS's cluster if set, else start a local Ray; True if we started it. `ray.init`
+    installs a SIGTERM handler of its own (`sys.exit`): the run's stop handler takes it back
+    (`infra.stop`; nothing when no run installed one)."""
     if ray.is_initialized():
         return False
+    _start_ray(num_workers)
+    reclaim()
+    return True
+
+
+def _start_ray(num_workers: int) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
-        return True
+        return
     # Logical CPUs: one per engine plus one for reward tasks; the trainer takes none
     # (see workers.actors.placement_for). Without the spare CPU reward tasks never schedule.
     for _ in range(2):
         try:
             ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
-            return True
+            return
         except Exception as exc:  # Ray raises a bare Exception when its raylet misses a fixed 30 s
             if "timed out during startup" not in str(exc):
                 raise
             ray.shutdown()  # a loaded machine: try again rather than fail the run
     ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
-    return True
 
 
 @task(name="start-actors", cache_policy=NO_CACHE)

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from rhymerl.config.run import RunConfig
 from workers.actors import Placement, ShardedCheckpoints, TrainerWorker, placement_for
@@ -134,6 +135,23 @@ class TrainerGroup:
     def kill(self) -> None:
         for rank in self.ranks:
             ray.kill(rank)
+
+    def dead_ranks(self, timeout_s: float = 30.0) -> list[int]:
+        """The ranks Ray reports dead, asked all at once and waited for up to `timeout_s`. A rank that
+        dies leaves the others failing (or, on NCCL, waiting) in a collective, with an error that
+        names no actor: this is how the flow tells a lost rank from any other failure of a step. A
+        rank still busy when the time is up (blocked in a collective) counts as alive."""
+        refs = [rank.info.remote() for rank in self.ranks]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for index, ref in enumerate(refs):
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append(index)
+        return dead
 
 
 def launch_trainer(model_dir: str, cfg: RunConfig, place: Placement, threads: int, total_steps: int = 0) -> Any:

@@ -32,6 +32,7 @@ from rhymerl.run.report import accuracy_part, epoch_summary
 # Loggers whose warnings matter to a person running training: RhymeRL's own modules, and the
 # Prefect run loggers that flow and task code (`get_run_logger()`) write through.
 _OWN_LOGGERS = ("rhymerl", "tasks", "flows", "storage", "prefect.flow_runs", "prefect.task_runs")
+_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")  # Prefect's engines report each run's end there
 _BAR = 12  # characters of the per-epoch progress bar
 
 
@@ -83,6 +84,12 @@ class RunConsole(logging.Handler):
         self.seen = 0  # steps this process ran (a resumed run starts past 0)
         self.epoch_records: list[dict] = []
         self.epoch_started = self.started
+        self.stopping = False  # a stop signal came (`stop()`)
+
+    def stop(self) -> None:
+        """The run is stopping on a signal: Prefect's engines now report every flow and task run it
+        cuts short as crashed, at error level; those lines stay in the log, the stop's own lines say it."""
+        self.stopping = True
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -104,6 +111,8 @@ class RunConsole(logging.Handler):
         evaluation = getattr(record, "rhymerl_eval", None)
         if evaluation is not None:  # after its epoch's line (or before the first step's)
             return [f"  {evaluation['line']}"]
+        if self.stopping and record.levelno >= logging.ERROR and record.name.startswith(_RUN_LOGGERS):
+            return []
         if record.levelno >= logging.WARNING and record.name.startswith(_OWN_LOGGERS):
             first = record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else ""
             return [f"{record.levelname.lower()}: {first}"]

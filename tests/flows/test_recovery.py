@@ -142,6 +142,35 @@ def test_streamed_rollout_reruns_every_request_planned_on_a_dead_worker(local_ra
     assert pids == [str(restart.new_pid)] * 4 and out.discarded == 2
 
 
+def test_a_killed_trainer_rank_counts_as_the_trainer_lost(local_ray, tmp_path):
+    # A real 2-rank FSDP2 group (gloo) on Ray; rank 1's process is SIGKILLed. Rule: the next step
+    # fails through rank 0's collective with an error that names no dead actor of its own, and the
+    # run still sees the trainer lost (so it restarts it from a checkpoint, or exits 3 with the
+    # resume command), not an unexpected error (exit 1).
+    import ray
+    from helpers.sharded import BATCH, tiny_qwen2
+    from ray.exceptions import RayActorError
+
+    from rhymerl.config.run import RunConfig, TrainConfig
+    from workers.actors import Placement
+    from workers.trainer_group import launch_trainer, stop_trainer
+
+    cfg = RunConfig(train=TrainConfig(lr=1e-2, micro_batch_size=2, world_size=2))
+    on_cpu = Placement(worker_cpus=1, worker_gpus=0, trainer_cpus=0, trainer_gpus=0)
+    group = launch_trainer(tiny_qwen2(tmp_path / "qwen2"), cfg, on_cpu, threads=2)
+    try:
+        assert not trainer_lost(group, RuntimeError("a step failed"))  # nothing from Ray: not asked
+        kill_and_wait(ray.get(group.ranks[1].info.remote())["pid"])
+        with pytest.raises(Exception) as failed:
+            ray.get(group.train_step.remote(BATCH))
+        rank0 = group.ranks[0]._actor_id.hex()
+        assert not (isinstance(failed.value, RayActorError) and failed.value.actor_id == rank0)
+        assert group.dead_ranks() == [1]
+        assert trainer_lost(group, failed.value)
+    finally:
+        stop_trainer(group)
+
+
 # ---------------------------------------------------------------- end to end (slow)
 
 def _config(tiny_model, tmp_path, *extra):

@@ -8,6 +8,7 @@ import urllib.request
 
 import httpx
 import pytest
+from helpers.proc import processes_with_env
 
 from infra.local_api import RETRY_AFTER_S, RetryAfter503, local_api, start_api
 
@@ -145,3 +146,49 @@ def test_the_temporary_api_starts_answers_and_stops(tmp_path, monkeypatch):
         stop()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/health", timeout=2)
+
+
+PARENT = """
+import sys, time
+from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
+from infra.local_api import start_api
+with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: sys.argv[1]}):
+    url, stop = start_api(timeout_s=180)
+print(url, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_temporary_api_dies_with_a_process_killed_outright(tmp_path, monkeypatch):
+    # Rule: the API is bound to the process that started it: SIGKILL (no atexit, no handler) takes
+    # it along (Linux's parent-death signal), though it runs in a session of its own.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, f"sqlite+aiosqlite:///{tmp_path / 'api.db'}"],
+                              cwd=root, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        url = parent.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as resp:
+            assert resp.read().strip() == b"true"
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+    deadline = time.monotonic() + 60  # generous: a loaded machine; it goes within a second normally
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2).close()
+        except OSError:
+            return
+        time.sleep(0.5)
+    left = processes_with_env("RHYMERL_API_PARENT_PID", str(parent.pid))
+    for pid in left:  # not left behind by this test either
+        os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the temporary API at {url} outlived the process that started it: {left}")

@@ -77,6 +77,21 @@ def test_only_warnings_of_rhymerl_and_its_runs_reach_the_console():
                                            "warning: skipped 3 prompts longer than the engine allows"]
 
 
+def test_a_stopping_run_leaves_the_engines_crash_reports_to_the_log():
+    # Rule: after a stop signal, Prefect's "crashed" errors for every run it cut short are not shown
+    # (the stop's own lines say what happened); RhymeRL's warnings still are.
+    out = io.StringIO()
+    console = RunConsole(out, 4, 2, {})
+    crash = _record("prefect.flow_runs", logging.ERROR, "Crash detected! Execution was aborted by an interrupt signal.")
+    console.handle(crash)
+    console.stop()
+    for rec in (crash, _record("prefect.task_runs", logging.ERROR, "Finished in state Crashed('...')"),
+                _record("prefect.flow_runs", logging.WARNING, "background work failed: lake unreachable")):
+        console.handle(rec)
+    assert out.getvalue().splitlines() == ["error: Crash detected! Execution was aborted by an interrupt signal.",
+                                           "warning: background work failed: lake unreachable"]
+
+
 def test_helpers():
     assert (duration(12.4), duration(245), duration(3720)) == ("12s", "4m05s", "1h02m")
     assert prefect_ui_link("http://127.0.0.1:4200/api/", "f") == "http://127.0.0.1:4200/runs/flow-run/f"
