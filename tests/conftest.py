@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -104,6 +105,21 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
 
     out = tmp_path_factory.mktemp("model") / "tiny"
     return build_model(out, BuildSettings(steps=30, eval_problems=0), progress=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_on_a_closed_capture():
+    """After each test, drop log handlers writing to a stream that is closed by now. A library that
+    sets up logging inside a test (Prefect, imported by a run's code) binds its console handler to
+    that test's captured stderr; once the capture closes, the next record any later test logs
+    would print "--- Logging error ---" into that test's own captured output."""
+    yield
+    loggers = [logging.getLogger()] + [x for x in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(x, logging.Logger)]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if getattr(getattr(handler, "stream", None), "closed", False):
+                logger.removeHandler(handler)
 
 
 # ---------------------------------------------------------------- two workers (`make test`)
