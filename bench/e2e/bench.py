@@ -3,7 +3,7 @@
     rhymerl bench e2e [--json] [--quick] [--seeds 3] [--epochs 4] [--prompts 128] [--workers 2]
                       [--config configs/default.toml] [--set KEY=VALUE ...] [--out bench/out/e2e]
                       [--resume] [--report-only] [--scale-workers 64] [--scale-max-tokens 8192]
-                      [--cost-json SURFACE.json [--cost-model qwen2-7b]]
+                      [--cost-json SURFACE.json [--cost-model qwen2-7b@h200]]
 
 Two arms, the same config, seeds and prompts, run in one invocation:
 
@@ -263,8 +263,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-workers", type=int, default=64, help="scale estimate: workers (default 64)")
     p.add_argument("--scale-max-tokens", type=int, default=8192,
                    help="scale estimate: response token cap (default 8192)")
-    p.add_argument("--cost-json", help="scale estimate: a measured cost surface (scripts/gpu-costmodel.py) "
-                                       "instead of the assumed GPU-like cost model")
+    p.add_argument("--cost-json", help="scale estimate: a cost surface, measured (scripts/gpu-costmodel.py) or "
+                                       "roofline (bench/results/cost-surface-roofline.json), instead of the "
+                                       "assumed GPU-like cost model")
     p.add_argument("--cost-model", help="scale estimate: which model of --cost-json (needed if it holds several)")
     p.add_argument("--run-one", help=argparse.SUPPRESS)  # child mode: one run, its records to this file
     p.add_argument("--arm", help=argparse.SUPPRESS)

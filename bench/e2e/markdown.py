@@ -147,14 +147,16 @@ def scale_section(report: dict) -> list[str]:
 
 
 def _cost_text(s: dict) -> str:
-    """Where the scale estimate's cost model came from: assumed, or a measured cost surface."""
+    """Where the scale estimate's cost model came from: assumed, or a measured or roofline cost surface."""
     c = s["cost"]
     per_iter = f"{1e3 * c['base_s']:.2f} ms per iteration + {1e3 * c['per_seq_s']:.4f} ms per running request"
     if s.get("cost_source", "assumed") == "assumed":
         return (f"a GPU-like cost model ({per_iter}, {c['capacity']} requests at once) where verifying drafts "
                 "costs the stated share of an iteration")
-    return (f"the cost model fitted to a measured decode-step surface of {s['cost_source']} "
-            f"(scripts/gpu-costmodel.py; {per_iter} at a 1,024-token context, {c['capacity']} requests at once), "
+    kind, script = (("roofline", "scripts/roofline-surface.py") if "(roofline)" in s["cost_source"]
+                    else ("measured", "scripts/gpu-costmodel.py"))
+    return (f"the cost model fitted to a {kind} decode-step surface of {s['cost_source']} "
+            f"({script}; {per_iter} at a 1,024-token context, {c['capacity']} requests at once), "
             "whose verification overhead is the surface's for this arm's drafted tokens per step")
 
 

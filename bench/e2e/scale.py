@@ -27,9 +27,9 @@ Streamed training (train.stream) with the trainer on GPUs of its own: training i
 cost per token); each arm's groups train in the order its simulated rollout finishes them, and
 only what is left when the rollout ends stays in the step (`rhymerl.histopipe.train_overlap`).
 
-With a measured cost surface (`scripts/gpu-costmodel.py`, `rhymerl bench e2e --cost-json`) the
-cost model and the verification overhead come from it instead (`surface_settings`): the
-per-iteration cost at a mean context of `SURFACE_CONTEXT` tokens, and the overhead of feeding
+With a cost surface (measured, `scripts/gpu-costmodel.py`, or roofline, `scripts/roofline-surface.py`;
+`rhymerl bench e2e --cost-json`) the cost model and the verification overhead come from it
+instead (`surface_settings`): the per-iteration cost at a mean context of `SURFACE_CONTEXT` tokens, and the overhead of feeding
 1 + (drafted tokens per verification step, measured) tokens per sequence at half the capacity.
 """
 
@@ -75,7 +75,7 @@ SURFACE_CONTEXT = 1024
 
 
 def surface_settings(spec: ScaleSettings, surface: CostSurface, drafted_per_step: float) -> ScaleSettings:
-    """`spec` with the cost model and verification overhead taken from a measured `surface`."""
+    """`spec` with the cost model and verification overhead taken from a cost `surface`."""
     capacity = spec.cost.capacity
     cost = surface.cost_model(SURFACE_CONTEXT, query=1.0, capacity=capacity)
     overhead = surface.verify_overhead(1.0 + drafted_per_step, capacity / 2, SURFACE_CONTEXT)

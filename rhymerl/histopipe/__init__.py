@@ -2,7 +2,8 @@
 
 - `forecast`: per-prompt length forecasts from lake records, priors for unseen prompts, quality.
 - `costmodel`: one worker under continuous batching, calibrated from measured timings.
-- `cost_surface`: a measured decode-step cost surface (GPU) turned into a `CostModel`.
+- `cost_surface`: a decode-step cost surface (GPU; measured or roofline) turned into a `CostModel`.
+- `roofline`: the analytic roofline surface per device and model shape, in the cost surface format.
 - `schedule`: policies (naive, round_robin, lpt, tier2, oracle) from forecasts to an assignment.
 - `simulator`: discrete-event replay of a step on W workers, straggler migration, bubble ratio.
 - `migration`: straggler migration in the real run: who moves, and joining prefix and continuation.

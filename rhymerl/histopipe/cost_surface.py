@@ -1,4 +1,4 @@
-"""A measured decode-step cost surface (scripts/gpu-costmodel.py) turned into a `CostModel`.
+"""A decode-step cost surface, measured (scripts/gpu-costmodel.py) or roofline, turned into a `CostModel`.
 
 The surface holds the seconds of one forward of `batch` sequences, each feeding `query` new
 tokens over `context` cached tokens. It is fitted as
@@ -8,10 +8,8 @@ tokens over `context` cached tokens. It is fitted as
 `base_s` is what an iteration pays whatever its size (streaming the weights, launching kernels),
 `token_s` the compute per new token (projections, MLP, logits), `kv_s` reading a sequence's cached
 K/V once per iteration, and `attn_s` the attention arithmetic per new token per cached token.
-The `kv_s` term is why verification is cheap on a GPU: decode attention is bound by reading
-the cache, which a step does once however many query tokens it feeds; a fit without it overstates
-a verification's overhead many times over (`bench/results/cost-surface-nvidia-h200.json`,
-docs/benchmarks.md).
+The `kv_s` term is reading the cache, which a step does once however many query tokens it
+feeds; `token_s` is the compute that grows with them (docs/benchmarks.md).
 Fitted by non-negative least squares on relative error (every point weighs the same whether it
 took 5 ms or 500 ms). A GPU below its compute roof is flat in batch and then linear, so the fit
 is a chord through that knee: its r2 and worst relative error are kept so a report can say how
@@ -91,9 +89,11 @@ def fit_surface(points: Sequence[Mapping[str, float]], model: str = "", device: 
 
 
 def load_cost_surface(path: str | Path, model: str | None = None) -> CostSurface:
-    """The fitted surface of `model` in the JSON `scripts/gpu-costmodel.py` wrote at `path`.
+    """The fitted surface of `model` in the JSON at `path`: measured (`scripts/gpu-costmodel.py`) or
+    analytic (`scripts/roofline-surface.py`, one entry per model and device).
 
     `model` may be omitted when the file holds one model; otherwise the error lists the choices.
+    A model's own "device" overrides the file's (a roofline file holds several devices).
     """
     doc = json.loads(Path(path).read_text())
     if doc.get("format") != FORMAT:
@@ -104,4 +104,4 @@ def load_cost_surface(path: str | Path, model: str | None = None) -> CostSurface
         model = next(iter(models))
     if model not in models:
         raise ValueError(f"{path}: model {model!r} not in the surface; choose one of {sorted(models)}")
-    return fit_surface(models[model]["points"], model=model, device=doc.get("device", ""))
+    return fit_surface(models[model]["points"], model=model, device=models[model].get("device", doc.get("device", "")))
