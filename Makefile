@@ -112,8 +112,7 @@ ui: $(STAMP)
 
 # Everything but the benchmark smoke tests (`bench` marker), which `make bench` runs. Two workers:
 # one runs the end-to-end runs (one Ray, one Prefect harness), the other the vLLM engine tests, and
-# both share the rest (tests/conftest.py groups them). The runs wait on engines a good part of the
-# time, so the two together take ~25% less wall time than one after the other on 2 cores.
+# both share the rest (tests/conftest.py groups them). The suite's time: docs/benchmarks.md.
 test: $(STAMP) $(ARCTIC_STAMP) browser compose-tool
 	$(BIN)/python -m pytest -q -rs --durations=25 -m "not bench" -n 2 --dist loadgroup
 
