@@ -31,7 +31,8 @@ import pyarrow as pa
 # spec_steps_by_response_pos and spec_tokens_by_response_pos (verification by response position).
 # 6: the evals table (held-out evaluation samples); rollouts gain reward_values (each reward function's
 # value); `correct` is NULL when no function judges correctness, and `formatted` is no longer written (NULL).
-SCHEMA_VERSION = 6
+# 7: steps gain the goodput controller's spec_proposed, spec_step_predicted_s and spec_step_measured_s.
+SCHEMA_VERSION = 7
 
 
 class SchemaError(ValueError):
@@ -105,7 +106,7 @@ STEPS_SCHEMA = _schema("steps", [
     _col("spec_method", pa.string(), "Speculative drafter of the step ('histospec', 'ngram'); NULL: off."),
     _col("spec_steps", pa.int64(), "Verification steps (engine decode steps summed over requests)."),
     _col("spec_tokens", pa.int64(), "Tokens emitted by those steps (accepted drafts + 1 each)."),
-    _col("spec_drafted", pa.int64(), "Draft tokens proposed."),
+    _col("spec_drafted", pa.int64(), "Draft tokens verified (what the goodput controller kept of spec_proposed)."),
     _col("spec_accepted", pa.int64(), "Draft tokens accepted by the verifier."),
     _col("spec_mean_accepted_length", pa.float64(),
          "spec_tokens / spec_steps: tokens per verification step, bonus token counted."),
@@ -117,6 +118,12 @@ STEPS_SCHEMA = _schema("steps", [
     _col("spec_tokens_by_response_pos", pa.list_(pa.int64()),
          "[b]: tokens those steps emitted; / spec_steps_by_response_pos[b]: tokens per verification "
          "at that response position."),
+    _col("spec_proposed", pa.int64(), "Draft tokens the drafter proposed before the goodput controller trimmed "
+         "them (NULL before schema 7)."),
+    _col("spec_step_predicted_s", pa.float64(), "Mean seconds per engine step the goodput controller forecast for "
+         "the steps it shaped (NULL: controller off or before schema 7)."),
+    _col("spec_step_measured_s", pa.float64(), "Mean measured seconds of those engine steps: beside "
+         "spec_step_predicted_s, how well the controller's cost fit holds."),
     _col("spec_drafter_s", pa.float64(), "Seconds the drafter spent proposing (summed over workers)."),
     _col("spec_history_s", pa.float64(),
          "Seconds to cut the step's per-worker HistoSpec bundles (summed over workers; prepared during "

@@ -58,6 +58,8 @@ _STEP_COLUMNS = {"rollout_s": "rollout_s", "reward_s": "reward_s", "train_s": "t
 _OPTIONAL_COLUMNS = {"accuracy": "accuracy",
                      "spec/steps": "spec_steps", "spec/tokens": "spec_tokens", "spec/drafted": "spec_drafted",
                      "spec/accepted": "spec_accepted", "spec/mean_accepted_length": "spec_mean_accepted_length",
+                     "spec/proposed": "spec_proposed", "spec/predicted_step_s": "spec_step_predicted_s",
+                     "spec/measured_step_s": "spec_step_measured_s",
                      "spec/drafter_seconds": "spec_drafter_s", "spec/history_build_s": "spec_history_s",
                      "bubble_ratio": "bubble_ratio", "makespan_s": "makespan_s",
                      "forecast_spearman": "forecast_spearman",
@@ -86,7 +88,7 @@ def step_row(record: dict, spec_method: str | None = None) -> dict:
         values["migrations"] = int(values["migrations"])
     if "spec/steps" in record:
         values["spec_method"] = spec_method
-        for col in ("spec_steps", "spec_tokens", "spec_drafted", "spec_accepted"):
+        for col in ("spec_steps", "spec_tokens", "spec_drafted", "spec_accepted", "spec_proposed"):
             values[col] = int(values[col])
         values["spec_acceptance_by_pos"] = [
             record[k] for k in sorted((k for k in record if k.startswith("spec/acceptance_pos")),

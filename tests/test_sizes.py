@@ -8,7 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("rhymerl", "storage", "tasks", "flows", "workers", "cli", "infra")
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_TOP_ENTRIES = 400, 80, 8
-MAX_HISTOSPEC_LINES, MAX_HISTOSPEC_FILES = 3500, 18
+# HistoSpec's three parts, with the goodput controller that judges every method's drafts (`goodput.py`).
+MAX_HISTOSPEC_LINES, MAX_HISTOSPEC_FILES = 3800, 18
 
 
 def product_modules(root: Path) -> list[Path]:

@@ -33,6 +33,11 @@ class SpecStats:
     drafter_seconds: float = 0.0  # time spent proposing (including indexes built on first use)
     index_seconds: float = 0.0  # time spent building history indexes
     index_tokens: int = 0  # tokens in the history indexes built (prompt prefixes, and the prompt's own sequence)
+    # The goodput controller's side: `drafted` counts the tokens it kept for verification.
+    proposed: int = 0  # draft tokens the drafter proposed before the controller trimmed them
+    timed_steps: int = 0  # engine steps timed against the controller's forecast
+    predicted_s: float = 0.0  # the controller's forecast of those steps' seconds, summed
+    measured_s: float = 0.0  # their measured seconds, summed
     # Per POSITION_EDGES bucket: steps and tokens emitted (only the engine's drafter fills these).
     pos_steps: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
     pos_tokens: list[int] = field(default_factory=lambda: [0] * POSITION_BUCKETS)
@@ -82,8 +87,15 @@ class SpecStats:
         """Add `other`'s counts into these."""
         self.add(Tally(other.steps, other.tokens, other.drafts, other.drafted, other.accepted, other.draft_len_hist,
                        other.accept_len_hist, other.pos_steps, other.pos_tokens))
-        for name in ("drafter_seconds", "index_seconds", "index_tokens"):
+        for name in ("drafter_seconds", "index_seconds", "index_tokens", "proposed", "timed_steps", "predicted_s",
+                     "measured_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def timed_step(self, predicted: float, measured: float) -> None:
+        """Count one engine step the controller forecast at `predicted` s that took `measured` s."""
+        self.timed_steps += 1
+        self.predicted_s += predicted
+        self.measured_s += measured
 
     @property
     def drafted_at(self) -> list[int]:
@@ -126,7 +138,11 @@ class SpecStats:
             f"{prefix}drafter_seconds": self.drafter_seconds,
             f"{prefix}index_seconds": self.index_seconds,
             f"{prefix}index_tokens": float(self.index_tokens),
+            f"{prefix}proposed": float(max(self.proposed, self.drafted)),
         }
+        if self.timed_steps:  # mean seconds per engine step, forecast and measured
+            out[f"{prefix}predicted_step_s"] = self.predicted_s / self.timed_steps
+            out[f"{prefix}measured_step_s"] = self.measured_s / self.timed_steps
         for j, rate in enumerate(self.acceptance_by_position()):
             out[f"{prefix}acceptance_pos{j}"] = rate
         if any(self.pos_steps):  # e.g. spec/steps_pos0_100, spec/tokens_pos1000_inf

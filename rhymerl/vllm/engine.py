@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
@@ -266,7 +266,9 @@ class VllmEngine:
             return None
         now = _vllm_spec_counters(self.llm.get_metrics())
         before, self._counters = self._counters, now
-        return stats_from_counters({k: _minus(v, before.get(k)) for k, v in now.items()})
+        stats = stats_from_counters({k: _minus(v, before.get(k)) for k, v in now.items()})
+        gate = self.llm.collective_rpc("rhymerl_goodput_stats")[0]  # the controller's side, if on
+        return replace(stats, **gate) if gate else stats
 
 
 @dataclass(frozen=True)

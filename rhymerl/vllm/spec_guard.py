@@ -245,6 +245,9 @@ class EngineSpeculation:
     self_check: bool = True  # False skips the start-up self-check, explicitly
     check_rows: int = DEFAULT_ROWS
     check_alpha: float = DEFAULT_ALPHA
+    # > 0: the goodput controller trims a stock drafter's drafts, its cost fit remembering this many
+    # steps (`rhymerl.vllm.draft_gate`); 0: drafts verified as proposed (HistoSpec runs its own).
+    goodput_memory: int = 0
 
     def __post_init__(self) -> None:
         if self.verifier not in VERIFIERS:
@@ -291,6 +294,8 @@ def start_guarded(build: Callable[..., Any], spec: EngineSpeculation) -> tuple[A
     try:
         if spec.verifier == "exact":
             llm.collective_rpc("rhymerl_install_exact_verifier")
+        if spec.goodput_memory:
+            llm.collective_rpc("rhymerl_install_goodput", args=(spec.goodput_memory,))
     except Exception as exc:  # noqa: BLE001 - a verifier that cannot be installed is refused
         report = GuardReport(passed=False, vllm_version=vllm_version(), error=f"install failed: {exc}")
         return _refuse(build, llm, what, report)

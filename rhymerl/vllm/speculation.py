@@ -29,12 +29,13 @@ def engine_speculation(spec: SpecConfig, **guard: Any) -> EngineSpeculation | No
     if not spec.enabled:
         return None
     common = dict(num_speculative_tokens=spec.max_budget, verifier=spec.verifier, **guard)
+    gate = dict(goodput_memory=spec.cost_memory if spec.cost_aware else 0)  # stock drafters: the controller
     if spec.method == "ngram":
         return EngineSpeculation("ngram", options=(("prompt_lookup_max", spec.max_match),
-                                                   ("prompt_lookup_min", spec.min_match)), **common)
+                                                   ("prompt_lookup_min", spec.min_match)), **gate, **common)
     if spec.method == "suffix":  # vLLM's stock suffix decoding; drafts of up to max_budget tokens
         require_arctic_inference()  # fail here, naming the fix, not inside the engine's worker
-        return EngineSpeculation("suffix", **common)
+        return EngineSpeculation("suffix", **gate, **common)
     return EngineSpeculation("custom_class", model=PROPOSER_CLASS,
                              additional_config=((HISTOSPEC_KEY, dataclasses.asdict(spec)),), **common)
 

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from rhymerl.policy.weight_group import GroupAddress, open_group
+from rhymerl.vllm.draft_gate import install_gate, take_gate_stats
 from rhymerl.vllm.spec_guard import GuardReport, self_check, vllm_version
 from rhymerl.vllm.spec_verify import KERNELS, skip_empty_verification
 
@@ -181,6 +182,14 @@ class WeightSyncExtension:
         """Drop every request but `keep` from vLLM's suffix drafter (see `forget_requests`)."""
         cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
         return 0 if cache is None else forget_requests(cache, set(keep))
+
+    def rhymerl_install_goodput(self, cost_memory: int) -> bool:
+        """Put the goodput controller behind this worker's stock drafter (`draft_gate.install_gate`)."""
+        return install_gate(self.model_runner, cost_memory)
+
+    def rhymerl_goodput_stats(self) -> dict | None:
+        """The stock drafter's goodput counters since the last call; None without the controller."""
+        return take_gate_stats(self.model_runner)
 
     def rhymerl_spec_stats(self) -> dict | None:
         """HistoSpec's acceptance counters since the last call, as a dict of `SpecStats` fields;

@@ -12,7 +12,7 @@ from rhymerl.histospec.drafter import EMPTY, Draft, RecentTree
 from rhymerl.histospec.engine.batch import BatchIndexDrafter
 from rhymerl.histospec.engine.kernel import Drafts
 from rhymerl.histospec.engine.requests import KEY_MIX, Counts, RequestTable, count_bin, row_key, take_keys
-from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
+from rhymerl.histospec.goodput import AcceptanceCalibration, bucket_of
 from rhymerl.histospec.index import PromptIndex
 from rhymerl.histospec.offline.replay import replay_batch
 from rhymerl.histospec.stats import POSITION_EDGE_ARRAY, SpecStats, tally_position, tally_row
@@ -51,12 +51,13 @@ def replay_group(prompt: Sequence[int], responses: Sequence[Sequence[int]], conf
 
 
 def record_calibration(cal: AcceptanceCalibration, probs: Sequence[Sequence[float]],
-                       accepted: Sequence[int]) -> None:
+                       accepted: Sequence[int], positions: Sequence[int] | None = None) -> None:
     """Count verified drafts in `cal` as the engine's step does: draft i's estimates probs[i], of
-    which the first accepted[i] tokens were accepted."""
-    for p, a in zip(probs, accepted):
+    which the first accepted[i] tokens were accepted, after positions[i] response tokens (None: 0)."""
+    buckets = bucket_of(positions if positions is not None else [0] * len(probs))
+    for p, a, b in zip(probs, accepted, buckets.tolist()):
         for j, x in enumerate(p):
-            count_bin(float(x), j < a, cal.drafted, cal.accepted)
+            count_bin(float(x), j < a, cal.drafted[b], cal.accepted[b])
     cal.counted(sum(len(p) for p in probs))
 
 

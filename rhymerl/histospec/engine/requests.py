@@ -237,10 +237,12 @@ def account_row(fields, probs, s, size, step_counts, life_counts, edges, cal_dra
     a = min(size - 1, d)
     tally_row(step_counts[0], step_counts[1], step_counts[2], d, a)
     tally_row(life_counts[0], life_counts[1], life_counts[2], d, a)
-    tally_position(edges, step_counts[3], step_counts[4], fields[N, s] - fields[PLEN, s], a)
+    position = fields[N, s] - fields[PLEN, s]
+    tally_position(edges, step_counts[3], step_counts[4], position, a)
     counted = min(d, probs.shape[1])
+    bucket = np.searchsorted(edges, position, side="right")  # calibrated per response-position bucket
     for i in range(counted):
-        count_bin(probs[s, i], i < a, cal_drafted, cal_hits)
+        count_bin(probs[s, i], i < a, cal_drafted[bucket], cal_hits[bucket])
     if backoff > 0 and d > 0:
         back_off_row(fields[FAILS], fields[RESUME], s, a, step, backoff)
     return d, a, counted

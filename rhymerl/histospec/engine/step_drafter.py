@@ -5,7 +5,8 @@
 (`PromptTable`) and opens its sibling sequence and tree response; (2) count what was accepted and adapt
 budgets; (3) grow the siblings and, every `TREE_CHUNK` tokens, the tree, a long prefix catching up at
 most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step; (4) draft every row in one kernel call, then ask
-the tree for rows below `spec.recent_gate` x budget; (5) trim drafts to what pays (`spec.cost_aware`).
+the tree for rows below `spec.recent_gate` x budget; (5) the goodput controller keeps the draft tokens
+that raise expected tokens per second (`spec.cost_aware`, `rhymerl.histospec.goodput`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.histospec.drafter import (TREE_CHUNK, HistoSpecDrafter, RecentTree, asks_tree, budget_rule,
                                        histospec_drafter, indexed_history, new_recent)
+from rhymerl.histospec import goodput
 from rhymerl.histospec.engine import step_pass
 from rhymerl.histospec.engine.batch import BatchIndexDrafter, HistoryBuilds, SideSlots
 from rhymerl.histospec.engine.requests import PromptTable, RequestTable, StepLedger, group
@@ -65,8 +67,10 @@ class BatchDrafter:
         self._mark = np.full(len(self.bundle), -1, np.int64)  # scratch of `group`
         self.requests = RequestTable(max(1, self.k))
         self.step = 0
-        self.cost = step_pass.StepCostModel(decay=1.0 - 1.0 / self.spec.cost_memory)
-        self.calibration = step_pass.AcceptanceCalibration()  # the drafts' estimates vs what was accepted
+        self.cost = goodput.StepCostModel(decay=1.0 - 1.0 / self.spec.cost_memory)
+        self.calibration = goodput.AcceptanceCalibration()  # the drafts' estimates vs what was accepted
+        self.record = goodput.RequestRecord()  # each request's own recent acceptance
+        self._predicted: float | None = None  # the controller's forecast of the step it shaped
         self._stats = initial_stats if initial_stats is not None else SpecStats()
         self._lifetime = SpecStats()  # never reset (take_stats resets `stats`): acceptance per position
         self.ledger = StepLedger(self.requests.width)  # the steps' counts until `stats` / `lifetime` are read
@@ -104,6 +108,7 @@ class BatchDrafter:
         if len(drafting):
             ps = slots[drafting]
             toks, lens, probs = self._drafts(live[drafting], ps, ends[drafting], budgets, token_ids_cpu)
+            self._stats.proposed += int(lens.sum())
             step_pass.finish(req, ps, live[drafting], toks, lens, probs, out)
         if len(new) < len(slots) and self._stamp is not None:
             self._observe(processed, t0 - self._stamp)
@@ -157,6 +162,8 @@ class BatchDrafter:
             req, old = self.requests, rows.slots >= 0
             for slot, d, a in zip(rows.slots[old].tolist(), rows.drafted[old].tolist(), rows.accepted[old].tolist()):
                 req.budget[slot] = self.rule.update(int(req.budget[slot]), d, a)
+        old = rows.slots >= 0
+        self.record.verified(rows.slots[old], rows.accepted[old])
         return rows.processed
 
     def _grow(self, step_rows: step_pass.StepRows, tokens: np.ndarray) -> None:
@@ -226,27 +233,35 @@ class BatchDrafter:
         guess = self.cost.predict(processed)
         if guess is None or seconds < 10 * guess:
             self.cost.observe(processed, seconds)
+            if self._predicted is not None:  # the controller's forecast of this step against the clock
+                self._stats.timed_step(self._predicted, seconds)
+        self._predicted = None
 
     def _trim(self, out: list[list[int]], live: np.ndarray, slots: np.ndarray) -> None:
-        """Shorten this step's drafts to what pays for itself (`step_pass.trim_drafts`)."""
+        """Keep the draft tokens that raise expected tokens per second (`goodput`): chances from the
+        estimates calibrated by response position, times each request's own record."""
         coef = self.cost.coefficients()
         drafts = [out[i] for i in live.tolist()]
         longest = max(map(len, drafts), default=0)
         if coef is None or longest == 0:
             return
         req = self.requests
+        lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
         if self.calibration.tokens:
-            lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
             probs = np.where(np.arange(longest)[None, :] < lengths[:, None], req.probs[slots, :longest], 0.0)
-            q = self.calibration.rows(probs)
+            q = self.calibration.rows(probs, goodput.bucket_of(req.n[slots] - req.plen[slots]))
         else:  # no estimate recorded yet: acceptance by position alone
-            q = np.tile(step_pass.position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest),
+            q = np.tile(goodput.position_acceptance(self.lifetime.accepted_at, self.lifetime.drafted_at, longest),
                         (len(drafts), 1))
+        table, q = q, goodput.adjust(q, self.record.factor(slots))
         forecast = req.forecast[slots]
         remaining = (forecast - (req.n[slots] - req.plen[slots])).tolist()
-        tail = step_pass.tail_rows([r if f else None for r, f in zip(remaining, forecast.tolist())],
-                                   self.spec.tail_fraction)
-        kept = step_pass.trim_drafts(drafts, len(drafts), len(drafts), q, coef, tail)
+        tail = goodput.tail_rows([r if f else None for r, f in zip(remaining, forecast.tolist())],
+                                 self.spec.tail_fraction)
+        kept = goodput.trim_drafts(drafts, len(drafts), len(drafts), q, coef, tail)
+        sizes = np.fromiter(map(len, kept), np.int64, len(kept))
+        self.record.predicted(slots, goodput.within(table, sizes).sum(1))
+        self._predicted = coef[0] + coef[1] * (len(drafts) + int(sizes.sum()))
         for i, slot, draft in zip(live.tolist(), slots.tolist(), kept):
             out[i] = draft
             req.drafted[slot] = len(draft)
@@ -257,6 +272,8 @@ class BatchDrafter:
         req = self.requests
         slots = np.fromiter((req.alloc() for _ in range(len(rows))), np.int64, len(rows))
         req.budget[slots] = self.rule.initial
+        for slot in slots.tolist():
+            self.record.reset(slot)
         lookup = self.table.lookup
         keys = np.fromiter((-1 if k is None else k for k in (lookup(tokens[i], n) for i, n in
                             zip(rows.tolist(), ends.tolist()))), np.int64, len(rows))

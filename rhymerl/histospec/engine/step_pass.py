@@ -1,18 +1,11 @@
 """An engine step's compiled bookkeeping around the drafting call (`begin`: find requests and count
 verified drafts; `plan`: record lengths, pick drafting rows and budgets; `finish`: record and hand
-over the drafts), and the trim of drafts to what pays.
-
-Cost-aware trimming: a step costs about `c0 + c1 * tokens` seconds (`StepCostModel`); draft token j
-of request i is accepted with chance q[i][j] (the drafter's estimate, `AcceptanceCalibration`);
-`trim_drafts` keeps tokens, in decreasing q, while they raise expected tokens per second; rows forecast
-to finish last (`tail_rows`) keep their whole draft. Trimming only shortens drafts: the sampled
-distribution is untouched.
+over the drafts). What the drafts are trimmed to is the goodput controller's (`rhymerl.histospec.goodput`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Collection, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -20,7 +13,7 @@ from numba import njit
 from rhymerl.histospec.engine.requests import (BUDGET, DRAFTED, KEY_MIX, N, PROMPT, RESUME, SIB, STEP, TREE,
                                                TREE_N, RequestTable, StepLedger, account_row, row_key,
                                                take_keys)
-from rhymerl.config.spec import COST_MEMORY_STEPS
+from rhymerl.histospec.goodput import AcceptanceCalibration
 from rhymerl.histospec.stats import POSITION_EDGE_ARRAY
 
 
@@ -156,144 +149,3 @@ def warm() -> None:
         plan(req, rows, np.zeros(1, np.int64), 1, 1, 2)
         finish(req, rows.slots, rows.live, np.ones((1, 1), np.int64), np.ones(1, np.int64), np.ones((1, 1)), [[]])
         req.keep(rows.kept, rows.slots, 1, 1)
-
-
-MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
-CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
-CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
-
-
-@dataclass
-class StepCostModel:
-    """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
-    decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS  # weight of older steps per new one (spec.cost_memory)
-    n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    count: int = 0
-
-    def observe(self, tokens: float, seconds: float) -> None:
-        """Add one step: `tokens` processed in `seconds`."""
-        d = self.decay
-        self.n = d * self.n + 1.0
-        self.sx = d * self.sx + tokens
-        self.sy = d * self.sy + seconds
-        self.sxx = d * self.sxx + tokens * tokens
-        self.sxy = d * self.sxy + tokens * seconds
-        self.count += 1
-
-    def coefficients(self) -> tuple[float, float] | None:
-        """(c0, c1), None before `MIN_OBSERVATIONS` steps; c1 > 0, c0 >= 0: tokens never look free."""
-        if self.count < MIN_OBSERVATIONS or self.n <= 0:
-            return None
-        mx, my = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mx * mx
-        if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
-            c1 = my / max(mx, 1.0)
-            return 0.0, max(c1, 1e-9)
-        c1 = max((self.sxy / self.n - mx * my) / var, 1e-9 * max(my, 1e-9))
-        return max(my - c1 * mx, 0.0), c1
-
-    def predict(self, tokens: float) -> float | None:
-        coef = self.coefficients()
-        return None if coef is None else coef[0] + coef[1] * tokens
-
-
-def position_acceptance(accepted_at: Sequence[int], drafted_at: Sequence[int], length: int) -> list[float]:
-    """q[j < length]: running minimum of (a + 1) / (d + 2), draft token j's chance to be accepted."""
-    out, low = [], 1.0
-    for j in range(length):
-        a = accepted_at[j] if j < len(accepted_at) else 0
-        d = drafted_at[j] if j < len(drafted_at) else 0
-        low = min(low, (a + 1.0) / (d + 2.0))
-        out.append(low)
-    return out
-
-
-def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
-                q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, float],
-                whole: Collection[int] = ()) -> list[list[int]]:
-    """Prefixes of `drafts` maximising expected tokens per second. `base_tokens` / `expected_base`:
-    tokens processed / emitted without drafts; q: R x W, nonincreasing in j; `whole`: rows kept whole."""
-    c0, c1 = coef
-    q = np.asarray(q, dtype=np.float64).reshape(len(drafts), -1)
-    width = q.shape[1]
-    lengths = np.fromiter((min(len(d), width) for d in drafts), np.int64, len(drafts))
-    valid = np.arange(width)[None, :] < lengths[:, None]
-    in_tail = np.zeros(len(drafts), dtype=bool)
-    in_tail[list(whole)] = True
-    keep = np.where(in_tail, lengths, 0)
-    emitted = expected_base + float(q[in_tail[:, None] & valid].sum())
-    seconds = c0 + c1 * (base_tokens + float(keep.sum()))
-    rows, cols = np.nonzero(valid & ~in_tail[:, None])
-    p = q[rows, cols]
-    order = np.lexsort((cols, -p))  # decreasing chance, a draft's earlier token first on ties
-    p, rows = p[order], rows[order]
-    before = emitted + np.cumsum(p) - p  # tokens expected before each candidate is added
-    pays = p * (seconds + c1 * np.arange(p.size)) > c1 * before
-    taken = int(np.argmin(pays)) if not pays.all() else p.size  # every later token has p no larger
-    keep += np.bincount(rows[:taken], minlength=len(drafts))
-    return [list(d[:k]) for d, k in zip(drafts, keep.tolist())]
-
-
-def tail_rows(remaining: Sequence[float | None], fraction: float) -> set[int]:
-    """Rows with remaining >= `fraction` x the longest (None: never; negative: past forecast, always)."""
-    known = [r for r in remaining if r is not None]
-    if fraction <= 0 or not known:
-        return set()
-    longest = max(known)
-    if any(r < 0 for r in known):
-        longest = max(longest, 0.0)
-    cut = fraction * longest
-    return {i for i, r in enumerate(remaining) if r is not None and (r < 0 or r >= cut)}
-
-
-class AcceptanceCalibration:
-    """Measured acceptance by estimate (`Draft.probs`): `begin` counts verified drafts into `drafted` /
-    `accepted` (`requests.count_bin`), `rows` maps estimates to calibrated chances. Bins start with `prior` pseudo-tokens; the table is nondecreasing."""
-    def __init__(self, bins: int = CALIBRATION_BINS, prior: float = CALIBRATION_PRIOR) -> None:
-        self.bins = bins
-        self.prior = prior
-        self.drafted = np.zeros(bins)
-        self.accepted = np.zeros(bins)
-        self.tokens = 0  # draft tokens recorded
-        self._table: np.ndarray | None = None
-
-    def _bin(self, p: np.ndarray) -> np.ndarray:
-        return np.clip((p * self.bins).astype(np.int64), 0, self.bins - 1)
-
-    def counted(self, tokens: int) -> None:
-        """Note `tokens` more draft tokens counted into `drafted` / `accepted` (by a compiled pass)."""
-        if tokens:
-            self.tokens += tokens
-            self._table = None
-
-    def table(self) -> np.ndarray:
-        """[b]: calibrated acceptance of a token whose estimate falls in bin b (nondecreasing in b)."""
-        if self._table is None:
-            centre = (np.arange(self.bins) + 0.5) / self.bins
-            self._table = np.array(_isotonic(list(zip(self.accepted + self.prior * centre,
-                                                      self.drafted + self.prior))))
-        return self._table
-
-    def rows(self, probs: np.ndarray) -> np.ndarray:
-        """Calibrated chances for estimates `probs` (R x W), made nonincreasing along each row."""
-        return np.minimum.accumulate(self.table()[self._bin(np.asarray(probs, np.float64))], axis=1)
-
-
-def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:
-    """Nondecreasing least-squares fit of the ratios a / w (weights w), by pooling adjacent violators."""
-    blocks: list[list[float]] = []  # [sum a, sum w, count]
-    for a, w in pairs:
-        blocks.append([a, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            a2, w2, n2 = blocks.pop()
-            blocks[-1][0] += a2
-            blocks[-1][1] += w2
-            blocks[-1][2] += n2
-    out: list[float] = []
-    for a, w, n in blocks:
-        out.extend([a / w] * int(n))
-    return out

@@ -7,7 +7,7 @@ import numpy as np
 
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.config.spec import SpecConfig
-from rhymerl.histospec.engine.step_pass import MIN_OBSERVATIONS
+from rhymerl.histospec.goodput import MIN_OBSERVATIONS
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 LONG, SHORT = (50, 51), (60, 61)

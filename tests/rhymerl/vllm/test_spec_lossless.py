@@ -190,6 +190,7 @@ class MethodRuns:
     arm: Arm  # T=1 samples
     greedy: list[list]  # two greedy passes over the prompts (the first fills suffix's cache)
     second_pass: SpecStats  # the second greedy pass's drafts
+    gated: SpecStats  # a third greedy pass with the goodput controller behind the drafter (appended to `greedy`)
 
 
 def _method_run(tiny: Setup, method: str) -> MethodRuns:
@@ -206,7 +207,10 @@ def _method_run(tiny: Setup, method: str) -> MethodRuns:
         first = engine.generate(tiny.prompts, GREEDY)
         engine.spec_stats()  # count the second pass alone
         second = engine.generate(tiny.prompts, GREEDY)
-        return MethodRuns(method, arm, [first, second], engine.spec_stats())
+        second_stats = engine.spec_stats()
+        assert engine.llm.collective_rpc("rhymerl_install_goodput", args=(100,)) == [True]
+        third = engine.generate(tiny.prompts, GREEDY)
+        return MethodRuns(method, arm, [first, second, third], second_stats, engine.spec_stats())
     finally:
         shutdown_llm(engine.llm)
 
@@ -347,6 +351,19 @@ def test_vllm_drafters_change_no_greedy_token(method_runs, plain_runs):
     _skip_without_suffix(method_runs)
     (suffix,) = [run.second_pass for run in method_runs if run.method == "suffix"]
     assert suffix.accepted > 0 and suffix.mean_accepted_length > 2, suffix
+
+
+@pytest.mark.slow
+def test_goodput_controller_trims_stock_drafters_in_the_engine(method_runs):
+    # Rule: behind vLLM's stock drafters the controller times the engine's steps against its
+    # forecast and verifies no more than was proposed (the greedy tokens of that pass are checked
+    # above); on this random model n-gram drafts rarely match, so it verifies fewer than proposed.
+    for run in method_runs:
+        gated = run.gated
+        assert gated.timed_steps > 0 and gated.measured_s > 0 and gated.predicted_s > 0, (run.method, gated)
+        assert gated.proposed >= gated.drafted, (run.method, gated)
+    (ngram,) = [run.gated for run in method_runs if run.method == "ngram"]
+    assert ngram.drafted < ngram.proposed, ngram
 
 
 @pytest.mark.slow

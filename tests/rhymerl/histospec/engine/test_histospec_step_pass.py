@@ -9,7 +9,7 @@ from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.engine.requests import RequestTable, StepLedger
 from rhymerl.config.spec import SpecConfig
 from rhymerl.histospec.stats import SpecStats
-from rhymerl.histospec.engine.step_pass import AcceptanceCalibration
+from rhymerl.histospec.goodput import AcceptanceCalibration
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from helpers.histospec_calls import record_calibration, row_keys
 
@@ -46,8 +46,11 @@ def test_begin_counts_each_verified_draft_as_recording_it_one_by_one():
     assert stats == want
     assert lifetime.draft_len_hist == want.draft_len_hist and lifetime.pos_steps == [0, 0, 0, 0]
     reference = AcceptanceCalibration()
-    record_calibration(reference, [p[:d] for p, d in zip(probs.tolist(), drafted.tolist())], accepted)
+    record_calibration(reference, [p[:d] for p, d in zip(probs.tolist(), drafted.tolist())], accepted, n - plen)
     assert calibration.tokens == reference.tokens and (calibration.accepted == reference.accepted).all()
+    assert (calibration.drafted == reference.drafted).all()
+    # each draft is counted in its response-position bucket (30, 120, 510, 1490, 10 tokens written)
+    assert calibration.drafted.sum(1).tolist() == [3 + 2, 0, 5, 4]
     ledger.flush(stats, lifetime)  # flushed counts are gone: a second flush adds nothing
     assert stats == want
 

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from rhymerl.histospec.engine.step_pass import (MIN_OBSERVATIONS, AcceptanceCalibration, StepCostModel,
+from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, AcceptanceCalibration, StepCostModel,
                                            position_acceptance, tail_rows, trim_drafts)
 from helpers.histospec_calls import record_calibration
 
@@ -81,7 +81,7 @@ def test_calibration_maps_estimates_to_measured_acceptance():
     cal = AcceptanceCalibration(bins=20, prior=0.0001)
     for _ in range(100):
         record_calibration(cal, [[0.95, 0.95, 0.95, 0.95], [0.55]], accepted=[1, 1])
-    table = cal.table().tolist()
+    table = cal.table()[0].tolist()  # response-position bucket 0 (the helper's default position)
     assert table == sorted(table)
     assert table[19] == pytest.approx(table[11], rel=1e-3)
     assert table[19] == pytest.approx((100 + 100) / (400 + 100), rel=1e-3)
