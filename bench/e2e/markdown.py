@@ -125,18 +125,27 @@ def scale_section(report: dict) -> list[str]:
     s, arms = sc["spec"], sc["arms"]
     rows = [[name, num(a["makespan_s"], ".1f"), num(a["bubble_ratio"], ".3f"), num(a["rollout_speedup"]),
              num(a["step_speedup"]), num(a.get("step_speedup_streamed"))] for name, a in arms.items()]
+    verify = (f"verification overhead {s['verify_overhead']:.0%} per iteration" if not s.get("surface") else
+              "the drafts of every engine step chosen by the goodput rule (arm rhymerl_fixed: every draft verified)")
     out = [f"Simulated rollout step at {s['workers']} workers, {s['prompts_per_worker']} prompts x n={s['n']} per "
            f"worker, responses capped at {s['max_tokens']} tokens (heavy-tailed, median 1,024), "
            f"{num(s['accepted_len'])} tokens per verification step (this benchmark's RhymeRL arm, late epochs), "
-           f"verification overhead {s['verify_overhead']:.0%} per iteration, rollout {s['rollout_share']:.0%} of "
-           f"the baseline step:", ""]
+           f"{verify}, rollout {s['rollout_share']:.0%} of the baseline step:", ""]
     out += _table(["arm", "makespan s", "bubble", "rollout speed-up", "step speed-up",
                    "step speed-up, streamed training"], rows)
     by_share = ", ".join(f"{k}: {num(v)}x" for k, v in sc["step_speedup_by_rollout_share"].items())
-    by_verify = ", ".join(f"{k}: {num(v)}x" for k, v in sc["rollout_speedup_by_verify_overhead"].items())
     out += ["", f"Step speed-up by rollout share of the step ({sc['measured_rollout_share']} measured here): "
-            f"{by_share}. Rollout speed-up by verification overhead: {by_verify}.", "",
-            "Assumptions: every request's tokens come a per verification step over its whole length "
+            f"{by_share}."]
+    if "rollout_speedup_by_verify_overhead" in sc:
+        out[-1] += " Rollout speed-up by verification overhead: " + ", ".join(
+            f"{k}: {num(v)}x" for k, v in sc["rollout_speedup_by_verify_overhead"].items()) + "."
+    if "controller" in sc:
+        out += ["", "The goodput rule per engine step (mean draft tokens verified per request, 0 = speculation "
+                "off; tokens per second over plain decoding, the rule's and fixed drafts'):", ""]
+        out += _table(["context", "batch", "drafts kept", "speed-up", "fixed drafts", "fixed speed-up"],
+                      [[str(r["context"]), str(r["batch"]), num(r["draft_len"], ".1f"), num(r["speedup"]),
+                        num(r["fixed_draft_len"], ".1f"), num(r["fixed_speedup"])] for r in sc["controller"]["rows"]])
+    out += ["", "Assumptions: every request's tokens come a per verification step over its whole length "
             "(acceptance measured on 160-token responses of a tiny model; long reasoning responses may "
             f"accept more or less); {_cost_text(s)}; a free drafter; "
             "the pipe benchmark's length noise model for forecasts; reward, training and sync unchanged. "
@@ -157,7 +166,8 @@ def _cost_text(s: dict) -> str:
                     else ("measured", "scripts/gpu-costmodel.py"))
     return (f"the cost model fitted to a {kind} decode-step surface of {s['cost_source']} "
             f"({script}; {per_iter} at a 1,024-token context, {c['capacity']} requests at once), "
-            "whose verification overhead is the surface's for this arm's drafted tokens per step")
+            "whose step time at every batch prices the drafts the goodput rule weighs (draft token j accepted "
+            "with chance alpha^j, fitted to the measured tokens per verification and drafted tokens per step)")
 
 
 def markdown(report: dict, plots: dict[str, str]) -> str:

@@ -73,7 +73,7 @@ def build_report(runs: Sequence[dict], spec, scale: dict) -> dict:
     }
     cpu_epochs = overall.get("epochs") or sorted({h["epoch"] for r in runs for h in r["history"]})
     report["cpu"] = {"epochs": cpu_epochs, "arms": cpu_table(runs, cpu_epochs)}
-    report["scale"] = _scale(cmp, scale) if overall.get("rollout_s") else None
+    report["scale"] = scale_estimate(cmp, scale, report["by_position"]) if overall.get("rollout_s") else None
     report["targets"] = _targets(report)
     return report
 
@@ -97,8 +97,9 @@ def _run_shape(runs: Sequence[dict]) -> dict:
             "history_epochs": cfg["spec"]["history_epochs"], "dataset": cfg.get("data", {}).get("dataset")}
 
 
-def _scale(cmp: dict, scale: dict) -> dict | None:
-    """The simulator estimate at `scale` with the RhymeRL arm's acceptance from the late epochs."""
+def scale_estimate(cmp: dict, scale: dict, positions: Sequence[dict] = ()) -> dict | None:
+    """The simulator estimate at `scale` with the RhymeRL arm's acceptance from the late epochs;
+    `positions` (the report's `by_position`) adds the goodput rule's choice per response position."""
     late = [row for row in cmp["epochs"] if row["epoch"] in cmp["overall"]["epochs"]]
     accepted = statistics.fmean(row["accepted_len"]["rhymerl"]["mean"] for row in late)
     base = cmp["overall"]
@@ -111,7 +112,22 @@ def _scale(cmp: dict, scale: dict) -> dict | None:
         drafted = (accepted - 1.0) / rate if rate > 0 else 0.0  # accepted drafts = accepted_len - bonus token
         surface = load_cost_surface(scale["cost_json"], scale.get("cost_model"))
         settings = surface_settings(settings, surface, drafted)
-    return estimate(settings, measured_rollout_share=round(share, 3))
+    return estimate(settings, measured_rollout_share=round(share, 3),
+                    position_accepted=_late_positions(positions, set(cmp["overall"]["epochs"])))
+
+
+def _late_positions(positions: Sequence[dict], epochs: set) -> dict[str, float]:
+    """Tokens per verification per response-position bucket over `epochs`, weighted by steps."""
+    steps: dict[str, float] = {}
+    tokens: dict[str, float] = {}
+    for row in positions:
+        if row["epoch"] not in epochs:
+            continue
+        for bucket, n, tpv in zip(row["buckets"], row["steps"], row["tokens_per_verify"]):
+            if n:
+                steps[bucket] = steps.get(bucket, 0.0) + n
+                tokens[bucket] = tokens.get(bucket, 0.0) + n * tpv
+    return {b: tokens[b] / steps[b] for b in steps}
 
 
 def _targets(report: dict) -> dict:

@@ -28,15 +28,20 @@ cost per token); each arm's groups train in the order its simulated rollout fini
 only what is left when the rollout ends stays in the step (`rhymerl.histopipe.train_overlap`).
 
 With a cost surface (measured, `scripts/gpu-costmodel.py`, or roofline, `scripts/roofline-surface.py`;
-`rhymerl bench e2e --cost-json`) the cost model and the verification overhead come from it
-instead (`surface_settings`): the per-iteration cost at a mean context of `SURFACE_CONTEXT` tokens, and the overhead of feeding
-1 + (drafted tokens per verification step, measured) tokens per sequence at half the capacity.
+`rhymerl bench e2e --cost-json`, `scripts/gpu-estimate.py`) the plain cost model is the surface's at
+a mean context of `SURFACE_CONTEXT` tokens (`surface_settings`), and speculation runs under the
+goodput rule (`rhymerl.histopipe.spec_pace`): every engine step of b running requests verifies only
+the draft tokens that raise expected tokens per second under the surface's step time, none where
+nothing pays, with per-position chances from the measured tokens per verification and draft tokens
+per step. The arm `rhymerl_fixed` verifies every draft (the rule off) for comparison, and
+`controller` lists the rule's mean draft length and speed-up by batch and context.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Mapping
 
 from bench.pipe_bench import heavy_workload
 from rhymerl.histopipe.cost_surface import CostSurface
@@ -44,6 +49,7 @@ from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.forecast import ForecastSettings, build_history, forecast_lengths
 from rhymerl.histopipe.schedule import ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import simulate
+from rhymerl.histopipe.spec_pace import chain_acceptance, draft_table, paced_cost
 from rhymerl.histopipe.train_overlap import streamed_train
 
 
@@ -61,13 +67,21 @@ class ScaleSettings:
     train_share: float = 0.10  # trainer forward/backward share of the baseline step (part of the rest)
     seed: int = 0
     cost: CostModel = CostModel(base_s=0.008, per_seq_s=1.5e-4, capacity=256)
-    cost_source: str = "assumed"  # "assumed" (the GPU-like model above) or "<model> on <device>" (measured)
+    cost_source: str = "assumed"  # "assumed" (the GPU-like model above) or "<model> on <device>" (a surface)
+    surface: CostSurface | None = None  # a decode-step cost surface: speculation under the goodput rule
+    drafted: float = 0.0  # draft tokens offered per verification step (measured; needed with `surface`)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.train_share <= 1.0 - self.rollout_share:
             raise ValueError(f"ScaleSettings: train_share={self.train_share} must be in [0, 1 - rollout_share = "
                              f"{1.0 - self.rollout_share:.2f}] (training is part of the step's non-rollout share)")
+        if self.surface is not None and self.drafted < 0.5:
+            raise ValueError(f"ScaleSettings: drafted={self.drafted}: a cost surface needs the measured draft "
+                             "tokens per verification step (>= 0.5) to model what the goodput rule keeps")
 
+
+CONTROLLER_BATCHES = (1, 16, 32, 64, 128, 256)  # the controller table's batches (those above capacity dropped)
+CONTROLLER_CONTEXTS = (1024, 4096)  # and its contexts
 
 # mean cached tokens per sequence while decoding: a prompt of a few hundred tokens plus half of a
 # response of the workload's median length 1,024 (long responses weigh more, but are fewer)
@@ -75,12 +89,16 @@ SURFACE_CONTEXT = 1024
 
 
 def surface_settings(spec: ScaleSettings, surface: CostSurface, drafted_per_step: float) -> ScaleSettings:
-    """`spec` with the cost model and verification overhead taken from a cost `surface`."""
+    """`spec` with the plain cost model from a cost `surface` and speculation under the goodput rule.
+
+    `verify_overhead` becomes the surface's for every drafted token at half the capacity (what fixed
+    drafts cost there; the simulated arms use the surface at every batch instead).
+    """
     capacity = spec.cost.capacity
     cost = surface.cost_model(SURFACE_CONTEXT, query=1.0, capacity=capacity)
     overhead = surface.verify_overhead(1.0 + drafted_per_step, capacity / 2, SURFACE_CONTEXT)
-    return replace(spec, cost=cost, verify_overhead=round(overhead, 3),
-                   cost_source=f"{surface.model} on {surface.device}")
+    return replace(spec, cost=cost, verify_overhead=round(overhead, 3), surface=surface,
+                   drafted=drafted_per_step, cost_source=f"{surface.model} on {surface.device}")
 
 
 def amdahl(rollout_speedup: float, rollout_share: float) -> float:
@@ -100,12 +118,19 @@ def simulate_arms(spec: ScaleSettings) -> dict[str, dict]:
                                  target_epoch=history_epochs)
     request = ScheduleRequest(tuple(forecasts[p].demand(spec.n) for p in wl.prompt_ids), spec.workers, spec.cost)
     truth = {k: clip(x) for k, x in wl.epochs[history_epochs].items()}
-    spec_lengths = {k: max(1, math.ceil(x / spec.accepted_len)) for k, x in truth.items()}
-    spec_cost = replace(spec.cost, base_s=spec.cost.base_s * (1 + spec.verify_overhead),
-                        per_seq_s=spec.cost.per_seq_s * (1 + spec.verify_overhead))
     placements = {"naive": schedule("naive", request), "lpt": schedule("lpt", request)}
-    arms = {"baseline": ("naive", truth, spec.cost), "histopipe": ("lpt", truth, spec.cost),
-            "histospec": ("naive", spec_lengths, spec_cost), "rhymerl": ("lpt", spec_lengths, spec_cost)}
+    arms = {"baseline": ("naive", truth, spec.cost), "histopipe": ("lpt", truth, spec.cost)}
+    if spec.surface is None:  # a fixed verification overhead: ceil(L / a) dearer iterations per request
+        spec_lengths = {k: max(1, math.ceil(x / spec.accepted_len)) for k, x in truth.items()}
+        spec_cost = replace(spec.cost, base_s=spec.cost.base_s * (1 + spec.verify_overhead),
+                            per_seq_s=spec.cost.per_seq_s * (1 + spec.verify_overhead))
+        arms.update(histospec=("naive", spec_lengths, spec_cost), rhymerl=("lpt", spec_lengths, spec_cost))
+    else:  # the surface's cost per expected token at each batch, drafts chosen by the goodput rule or all kept
+        q = chain_acceptance(spec.accepted_len, spec.drafted)
+        paced = {rule: paced_cost(spec.surface, q, SURFACE_CONTEXT, spec.cost.capacity, controlled=rule)
+                 for rule in (True, False)}
+        arms.update(histospec=("naive", truth, paced[True]), rhymerl=("lpt", truth, paced[True]),
+                    rhymerl_fixed=("lpt", truth, paced[False]))
     results = {name: simulate(placements[policy], lengths, cost) for name, (policy, lengths, cost) in arms.items()}
     base_step = results["baseline"].makespan / spec.rollout_share
     s_per_token = spec.train_share * base_step / max(sum(truth.values()), 1)  # every arm trains the same tokens
@@ -125,8 +150,23 @@ def streamed_step_speedup(arm: dict, base_makespan: float, spec: ScaleSettings) 
     return base_step / (arm["makespan_s"] + rest + arm["train_tail_s"])
 
 
-def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None) -> dict:
-    """The point's rollout and step speed-ups per arm, with verify-overhead and share brackets."""
+def controller_table(spec: ScaleSettings, position_accepted: Mapping[str, float]) -> dict:
+    """The goodput rule's mean draft length and speed-up by batch and context under `spec.surface`,
+    at the pooled acceptance and, at `SURFACE_CONTEXT`, per response-position bucket."""
+    q = chain_acceptance(spec.accepted_len, spec.drafted)
+    batches = tuple(b for b in CONTROLLER_BATCHES if b <= spec.cost.capacity)
+    by_position = {bucket: {"accepted_len": a, "rows": draft_table(
+        spec.surface, chain_acceptance(max(a, 1.0), spec.drafted), (SURFACE_CONTEXT,), batches)}
+        for bucket, a in position_accepted.items()}
+    return {"acceptance": q.tolist(), "rows": draft_table(spec.surface, q, CONTROLLER_CONTEXTS, batches),
+            "by_position": by_position}
+
+
+def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None,
+             position_accepted: Mapping[str, float] | None = None) -> dict:
+    """The point's rollout and step speed-ups per arm, with share brackets and either verify-overhead
+    brackets (no surface) or the goodput rule's table (a surface): pooled, and per response-position
+    bucket of `position_accepted` (tokens per verification there; the same drafted tokens per step)."""
     arms = simulate_arms(spec)
     base = arms["baseline"]["makespan_s"]
     for row in arms.values():
@@ -136,10 +176,12 @@ def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None) -
     shares = sorted({0.8, spec.rollout_share, 0.95} | ({measured_rollout_share} if measured_rollout_share else set()))
     rollout = arms["rhymerl"]["rollout_speedup"]
     brackets = {"step_speedup_by_rollout_share": {f"{f:.2f}": amdahl(rollout, f) for f in shares}}
-    brackets["rollout_speedup_by_verify_overhead"] = {
-        f"{v:.1f}": base / simulate_arms(replace(spec, verify_overhead=v))["rhymerl"]["makespan_s"]
-        for v in (0.0, 0.5)}
-    brackets["rollout_speedup_by_verify_overhead"][f"{spec.verify_overhead:.1f}"] = rollout
+    if spec.surface is None:
+        brackets["rollout_speedup_by_verify_overhead"] = {
+            f"{v:.1f}": base / simulate_arms(replace(spec, verify_overhead=v))["rhymerl"]["makespan_s"]
+            for v in (0.0, 0.5)}
+        brackets["rollout_speedup_by_verify_overhead"][f"{spec.verify_overhead:.1f}"] = rollout
+    else:
+        brackets["controller"] = controller_table(spec, position_accepted or {})
     spec_dict = asdict(spec)
-    spec_dict["cost"] = asdict(spec.cost)
     return {"spec": spec_dict, "arms": arms, **brackets, "measured_rollout_share": measured_rollout_share}

@@ -4,6 +4,8 @@ Each worker follows `costmodel.CostModel`: up to `capacity` requests run at once
 gives every running request one token and takes ``base_s + per_seq_s * running`` seconds, and
 queued requests are admitted in the assignment's order as slots free. Time jumps from one request
 completion to the next (no per-token loop), so a step of 65k requests replays in a few seconds.
+Any `StepCost` will do: `rhymerl.histopipe.spec_pace.PacedCost` gives the seconds per token of a
+worker whose requests gain several tokens per step (speculative decoding).
 
 Straggler migration (optional, `MigrationSettings`): once the step is in its tail (at most
 `tail_fraction` of its requests unfinished), whenever a worker is idle it takes the most overdue
@@ -24,12 +26,21 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from rhymerl.histopipe.costmodel import CostModel
 from rhymerl.histopipe.schedule import Assignment
 
 _EPS = 1e-9  # tokens: float slack when comparing virtual token clocks
+
+
+class StepCost(Protocol):
+    """What the simulator reads of a worker's cost (`CostModel` is one)."""
+
+    capacity: int  # most requests running at once
+    startup_s: float  # seconds before the first step
+
+    def step_time(self, running: float) -> float:
+        """Seconds until each of `running` requests has one more token."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +162,7 @@ class _Worker:
         self.t = 0.0  # time at which `v` is exact
         self.version = 0  # bumped on every change so stale events are skipped
 
-    def advance(self, t: float, cost: CostModel) -> None:
+    def advance(self, t: float, cost: StepCost) -> None:
         if self.members:
             self.v += (t - self.t) / cost.step_time(len(self.members))
         self.t = t
@@ -175,7 +186,7 @@ class _Step:
     """Event loop over all workers of one step. Events are (time, version, worker index); index -1
     is a migration check at a straggler's threshold crossing."""
 
-    def __init__(self, assignment: Assignment, lengths: Mapping[tuple[str, int], int], cost: CostModel,
+    def __init__(self, assignment: Assignment, lengths: Mapping[tuple[str, int], int], cost: StepCost,
                  migration: MigrationSettings | None, forecasts: Mapping[str, float] | None) -> None:
         self.cost, self.migration = cost, migration
         self.keys = [r for w in range(len(assignment.workers)) for r in assignment.requests(w)]
@@ -306,7 +317,7 @@ class _Step:
             heapq.heappush(self.events, (soonest, self.check_version, -1))
 
 
-def simulate(assignment: Assignment, lengths: Mapping[tuple[str, int], int], cost: CostModel,
+def simulate(assignment: Assignment, lengths: Mapping[tuple[str, int], int], cost: StepCost,
              migration: MigrationSettings | None = None, forecasts: Mapping[str, float] | None = None) -> SimResult:
     """Replay one step: `assignment` places requests, `lengths[(prompt_id, sample_idx)]` are their
     true lengths. With `migration`, `forecasts[prompt_id]` (the forecast peak length) decides who

@@ -15,7 +15,7 @@ import pytest
 from bench.e2e.analysis import SPLIT, by_position, compare, epoch_rows, parity, permutation_pvalue, step_split
 from bench.e2e.bench import ARMS, E2ESettings, _stop, load_runs, run_order, run_overrides
 from bench.e2e.report import build_report, format_text, write_report
-from bench.e2e.scale import ScaleSettings, amdahl, simulate_arms, streamed_step_speedup
+from bench.e2e.scale import ScaleSettings, amdahl, estimate, simulate_arms, streamed_step_speedup, surface_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,6 +137,29 @@ def test_scale_estimate_rules() -> None:
     assert arms["histospec"]["makespan_s"] == pytest.approx(arms["baseline"]["makespan_s"])
     faster = simulate_arms(ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4))
     assert faster["rhymerl"]["makespan_s"] < faster["histopipe"]["makespan_s"] < faster["baseline"]["makespan_s"]
+
+
+def test_scale_estimate_with_a_surface_runs_the_goodput_rule() -> None:
+    from rhymerl.histopipe.cost_surface import CostSurface
+
+    def surface(base_s: float, token_s: float) -> CostSurface:
+        return CostSurface(model="m", device="d", base_s=base_s, token_s=token_s, kv_s=0.0, attn_s=0.0,
+                           points=4, r2=1.0, max_rel_err=0.0)
+
+    spec = ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4)
+    # verification free: every draft kept at every batch, the same as fixed drafts, and faster than plain
+    free = estimate(surface_settings(spec, surface(0.01, 0.0), 6.0), position_accepted={"pos0_100": 5.0})
+    assert all(r["draft_len"] == 6 for r in free["controller"]["rows"])
+    assert free["arms"]["rhymerl"]["makespan_s"] == pytest.approx(free["arms"]["rhymerl_fixed"]["makespan_s"])
+    assert free["arms"]["histospec"]["rollout_speedup"] > 2.0
+    # each token as dear as a one-request step: speculation off everywhere, plain decoding's time
+    # exactly, where verifying every draft is slower than plain
+    dear = estimate(surface_settings(spec, surface(0.0, 1e-3), 6.0), position_accepted={"pos0_100": 5.0})
+    assert all(r["off"] for r in dear["controller"]["rows"] + dear["controller"]["by_position"]["pos0_100"]["rows"])
+    assert dear["arms"]["histospec"]["makespan_s"] == pytest.approx(dear["arms"]["baseline"]["makespan_s"])
+    assert dear["arms"]["rhymerl_fixed"]["makespan_s"] > dear["arms"]["histopipe"]["makespan_s"]
+    with pytest.raises(ValueError, match="drafted"):
+        replace(spec, surface=surface(0.01, 0.0))
 
 
 def test_streamed_training_estimate_rules() -> None:
