@@ -6,6 +6,7 @@
 - `roofline`: the analytic roofline surface per device and model shape, in the cost surface format.
 - `schedule`: policies (naive, round_robin, lpt, tier2, oracle) from forecasts to an assignment.
 - `simulator`: discrete-event replay of a step on W workers, straggler migration, bubble ratio.
+- `spec_pace`: speculative decoding in the simulator, each step's drafts chosen by the goodput rule.
 - `migration`: straggler migration in the real run: who moves, and joining prefix and continuation.
 - `gantt`: a PNG of a step's per-worker timeline.
 - `validate`: the simulator checked against a measured run (fit on some steps, replay the others).
