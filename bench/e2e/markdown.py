@@ -167,7 +167,8 @@ def _cost_text(s: dict) -> str:
     return (f"the cost model fitted to a {kind} decode-step surface of {s['cost_source']} "
             f"({script}; {per_iter} at a 1,024-token context, {c['capacity']} requests at once), "
             "whose step time at every batch prices the drafts the goodput rule weighs (draft token j accepted "
-            "with chance alpha^j, fitted to the measured tokens per verification and drafted tokens per step)")
+            "with chance alpha^j, fitted to the measured tokens per verification per response position and "
+            "drafted tokens per step)")
 
 
 def markdown(report: dict, plots: dict[str, str]) -> str:

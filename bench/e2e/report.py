@@ -21,6 +21,7 @@ from bench.e2e.format import SPLIT_LABELS, mean_sd, num
 from bench.e2e.markdown import markdown
 from bench.e2e.scale import ScaleSettings, estimate, surface_settings
 from rhymerl.histopipe.cost_surface import load_cost_surface
+from rhymerl.histospec.stats import position_labels
 
 # Targets: step speed-up, fixed overhead and train-time parity, and the tail shorter by a factor
 # (meant for configs/long-tail.toml).
@@ -99,21 +100,23 @@ def _run_shape(runs: Sequence[dict]) -> dict:
 
 def scale_estimate(cmp: dict, scale: dict, positions: Sequence[dict] = ()) -> dict | None:
     """The simulator estimate at `scale` with the RhymeRL arm's acceptance from the late epochs;
-    `positions` (the report's `by_position`) adds the goodput rule's choice per response position."""
+    `positions` (the report's `by_position`) gives the acceptance per response position, which a
+    cost surface's estimate uses (`bench.e2e.scale.position_mix`)."""
     late = [row for row in cmp["epochs"] if row["epoch"] in cmp["overall"]["epochs"]]
     accepted = statistics.fmean(row["accepted_len"]["rhymerl"]["mean"] for row in late)
     base = cmp["overall"]
     share = base["rollout_s"]["baseline"]["mean"] / base["wall_s"]["baseline"]["mean"]
     if accepted <= 1.0:
         return None
-    settings = ScaleSettings(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"])
+    measured = _late_positions(positions, set(cmp["overall"]["epochs"]))
+    settings = ScaleSettings(accepted_len=accepted, workers=scale["workers"], max_tokens=scale["max_tokens"],
+                             position_accepted=tuple(measured.get(label) for label in position_labels()))
     if scale.get("cost_json"):
         rate = statistics.fmean(row["acceptance_rate"]["rhymerl"]["mean"] for row in late)
         drafted = (accepted - 1.0) / rate if rate > 0 else 0.0  # accepted drafts = accepted_len - bonus token
         surface = load_cost_surface(scale["cost_json"], scale.get("cost_model"))
         settings = surface_settings(settings, surface, drafted)
-    return estimate(settings, measured_rollout_share=round(share, 3),
-                    position_accepted=_late_positions(positions, set(cmp["overall"]["epochs"])))
+    return estimate(settings, measured_rollout_share=round(share, 3))
 
 
 def _late_positions(positions: Sequence[dict], epochs: set) -> dict[str, float]:

@@ -32,16 +32,19 @@ With a cost surface (measured, `scripts/gpu-costmodel.py`, or roofline, `scripts
 a mean context of `SURFACE_CONTEXT` tokens (`surface_settings`), and speculation runs under the
 goodput rule (`rhymerl.histopipe.spec_pace`): every engine step of b running requests verifies only
 the draft tokens that raise expected tokens per second under the surface's step time, none where
-nothing pays, with per-position chances from the measured tokens per verification and draft tokens
-per step. The arm `rhymerl_fixed` verifies every draft (the rule off) for comparison, and
-`controller` lists the rule's mean draft length and speed-up by batch and context.
+nothing pays, with per-draft-position chances from the measured tokens per verification and draft
+tokens per step, per response-position bucket where the result measured them (`position_mix`). The
+arm `rhymerl_fixed` verifies every draft (the rule off) for comparison, and `controller` lists the
+rule's mean draft length and speed-up by batch and context.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Mapping
+from typing import Iterable
+
+import numpy as np
 
 from bench.pipe_bench import heavy_workload
 from rhymerl.histopipe.cost_surface import CostSurface
@@ -51,6 +54,7 @@ from rhymerl.histopipe.schedule import ScheduleRequest, schedule
 from rhymerl.histopipe.simulator import simulate
 from rhymerl.histopipe.spec_pace import chain_acceptance, draft_table, paced_cost
 from rhymerl.histopipe.train_overlap import streamed_train
+from rhymerl.histospec.stats import POSITION_EDGES, position_labels
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class ScaleSettings:
     cost_source: str = "assumed"  # "assumed" (the GPU-like model above) or "<model> on <device>" (a surface)
     surface: CostSurface | None = None  # a decode-step cost surface: speculation under the goodput rule
     drafted: float = 0.0  # draft tokens offered per verification step (measured; needed with `surface`)
+    # tokens per verification step per response-position bucket (POSITION_EDGES; None: not measured)
+    position_accepted: tuple[float | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.train_share <= 1.0 - self.rollout_share:
@@ -106,10 +112,36 @@ def amdahl(rollout_speedup: float, rollout_share: float) -> float:
     return 1.0 / ((1.0 - rollout_share) + rollout_share / rollout_speedup)
 
 
+def position_mix(spec: ScaleSettings, lengths: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(K, W) draft chances and (K,) weights of the requests a step holds, for response `lengths`.
+
+    Without `spec.position_accepted`: one profile from the pooled means. With it: one per response-
+    position bucket, a bucket not measured taking the nearest measured one before it (the first
+    measured one for those before that), weighted by the verification steps spent there (the
+    workload's tokens in the bucket over its tokens per verification step).
+    """
+    measured = [a for a in spec.position_accepted if a is not None and math.isfinite(a)]
+    if not measured:
+        return chain_acceptance(spec.accepted_len, spec.drafted)[None, :], np.ones(1)
+    filled, last = [], measured[0]
+    for a in spec.position_accepted:
+        last = a if a is not None and math.isfinite(a) else last
+        filled.append(max(last, 1.0))
+    edges = np.array((0,) + POSITION_EDGES + (np.inf,), np.float64)
+    x = np.fromiter(lengths, np.float64)
+    tokens = np.array([np.clip(x - lo, 0.0, hi - lo).sum() for lo, hi in zip(edges[:-1], edges[1:])])
+    return np.stack([chain_acceptance(a, spec.drafted) for a in filled]), tokens / np.array(filled)
+
+
+def workload(spec: ScaleSettings):
+    """The step's workload (`bench.pipe_bench.heavy_workload`) with two epochs of history before it."""
+    return heavy_workload(spec.prompts_per_worker * spec.workers, 3, spec.n, spec.seed)
+
+
 def simulate_arms(spec: ScaleSettings) -> dict[str, dict]:
     """Makespan and bubble ratio of the four arms (module docstring) at one point."""
     history_epochs = 2
-    wl = heavy_workload(spec.prompts_per_worker * spec.workers, history_epochs + 1, spec.n, spec.seed)
+    wl = workload(spec)
     clip = lambda x: min(spec.max_tokens, x)  # noqa: E731
     records = [{"prompt_id": p, "epoch": e, "length": clip(x)}
                for e in range(history_epochs) for (p, _), x in wl.epochs[e].items()]
@@ -126,8 +158,8 @@ def simulate_arms(spec: ScaleSettings) -> dict[str, dict]:
                             per_seq_s=spec.cost.per_seq_s * (1 + spec.verify_overhead))
         arms.update(histospec=("naive", spec_lengths, spec_cost), rhymerl=("lpt", spec_lengths, spec_cost))
     else:  # the surface's cost per expected token at each batch, drafts chosen by the goodput rule or all kept
-        q = chain_acceptance(spec.accepted_len, spec.drafted)
-        paced = {rule: paced_cost(spec.surface, q, SURFACE_CONTEXT, spec.cost.capacity, controlled=rule)
+        q, weights = position_mix(spec, truth.values())
+        paced = {rule: paced_cost(spec.surface, q, SURFACE_CONTEXT, spec.cost.capacity, rule, weights)
                  for rule in (True, False)}
         arms.update(histospec=("naive", truth, paced[True]), rhymerl=("lpt", truth, paced[True]),
                     rhymerl_fixed=("lpt", truth, paced[False]))
@@ -150,23 +182,23 @@ def streamed_step_speedup(arm: dict, base_makespan: float, spec: ScaleSettings) 
     return base_step / (arm["makespan_s"] + rest + arm["train_tail_s"])
 
 
-def controller_table(spec: ScaleSettings, position_accepted: Mapping[str, float]) -> dict:
+def controller_table(spec: ScaleSettings) -> dict:
     """The goodput rule's mean draft length and speed-up by batch and context under `spec.surface`,
-    at the pooled acceptance and, at `SURFACE_CONTEXT`, per response-position bucket."""
-    q = chain_acceptance(spec.accepted_len, spec.drafted)
+    for the step's mix of requests (what the simulated arms run) and, at `SURFACE_CONTEXT`, for each
+    measured response-position bucket alone."""
+    truth = workload(spec).epochs[2].values()
+    q, weights = position_mix(spec, (min(spec.max_tokens, x) for x in truth))
     batches = tuple(b for b in CONTROLLER_BATCHES if b <= spec.cost.capacity)
-    by_position = {bucket: {"accepted_len": a, "rows": draft_table(
+    by_position = {label: {"accepted_len": a, "rows": draft_table(
         spec.surface, chain_acceptance(max(a, 1.0), spec.drafted), (SURFACE_CONTEXT,), batches)}
-        for bucket, a in position_accepted.items()}
-    return {"acceptance": q.tolist(), "rows": draft_table(spec.surface, q, CONTROLLER_CONTEXTS, batches),
-            "by_position": by_position}
+        for label, a in zip(position_labels(), spec.position_accepted) if a is not None and math.isfinite(a)}
+    return {"acceptance": q.tolist(), "weights": (weights / weights.sum()).tolist(),
+            "rows": draft_table(spec.surface, q, CONTROLLER_CONTEXTS, batches, weights), "by_position": by_position}
 
 
-def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None,
-             position_accepted: Mapping[str, float] | None = None) -> dict:
+def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None) -> dict:
     """The point's rollout and step speed-ups per arm, with share brackets and either verify-overhead
-    brackets (no surface) or the goodput rule's table (a surface): pooled, and per response-position
-    bucket of `position_accepted` (tokens per verification there; the same drafted tokens per step)."""
+    brackets (no surface) or the goodput rule's table (a surface, `controller_table`)."""
     arms = simulate_arms(spec)
     base = arms["baseline"]["makespan_s"]
     for row in arms.values():
@@ -182,6 +214,6 @@ def estimate(spec: ScaleSettings, measured_rollout_share: float | None = None,
             for v in (0.0, 0.5)}
         brackets["rollout_speedup_by_verify_overhead"][f"{spec.verify_overhead:.1f}"] = rollout
     else:
-        brackets["controller"] = controller_table(spec, position_accepted or {})
+        brackets["controller"] = controller_table(spec)
     spec_dict = asdict(spec)
     return {"spec": spec_dict, "arms": arms, **brackets, "measured_rollout_share": measured_rollout_share}

@@ -7,11 +7,15 @@ surface's step time, and none join when nothing pays, so a step is never slower 
 plain decoding (up to the surface's own accuracy). The same drafts with every token kept give the
 fixed-draft comparison.
 
-Acceptance: `chain_acceptance` turns the two measured means, tokens per verification step (bonus
+Acceptance: `chain_acceptance` turns two measured means, tokens per verification step (bonus
 included) and draft tokens offered per step, into a per-position chance q_j = alpha^j for draft
 token j = 1..W (W the mean drafted, rounded), alpha chosen so the chances sum to the accepted draft
-tokens. A geometric chain is the standard model of a draft accepted token by token; it is the same
-for every request and every position in its response (the measured means give nothing finer).
+tokens. A geometric chain is the standard model of a draft accepted token by token.
+
+Requests at different places in their responses accept differently (deep drafts in long answers
+less): with a chance profile per response-position bucket, a step's requests are split among the
+buckets in proportion to the steps spent there, and the rule weighs them jointly, so it can keep the
+drafts of young requests and verify none of the old ones in the same step.
 
 `PacedCost` carries the result into the simulator: seconds per emitted token per running request,
 by how many requests run. The simulator's clock then counts expected tokens (a fluid
@@ -68,22 +72,32 @@ class DraftChoice:
         return self.tokens_per_step * self.plain_seconds / self.seconds
 
 
+def batch_rows(weights: np.ndarray, batch: int) -> np.ndarray:
+    """(K,) requests of each of K kinds in a batch of `batch`, in proportion to `weights` (largest remainder)."""
+    share = np.asarray(weights, np.float64) / float(np.sum(weights)) * batch
+    rows = np.floor(share).astype(np.int64)
+    rows[np.argsort(-(share - rows), kind="stable")[:batch - int(rows.sum())]] += 1
+    return rows
+
+
 def choose_drafts(surface: CostSurface, q: np.ndarray, batch: int, context: float,
-                  controlled: bool = True) -> DraftChoice:
-    """The drafts of a step of `batch` requests that each offer draft chances `q` (W,).
+                  controlled: bool = True, weights: np.ndarray | None = None) -> DraftChoice:
+    """The drafts of a step of `batch` requests that offer draft chances `q`: (W,) for all alike, or
+    (K, W) for K kinds of request (e.g. response positions) mixed in proportion to `weights` (K,).
 
     controlled: the goodput rule picks them; otherwise every draft token is verified (fixed drafts).
     """
-    q = np.asarray(q, np.float64)
-    rows = np.broadcast_to(q, (batch, len(q)))
-    lengths = np.full(batch, len(q), np.int64)
+    q = np.atleast_2d(np.asarray(q, np.float64))
+    rows = np.repeat(q, batch_rows(np.ones(len(q)) if weights is None else weights, batch), axis=0)
+    lengths = np.full(batch, q.shape[1], np.int64)
     if controlled:
         kept = keep_lengths(rows, lengths, lambda tokens: surface.step_time(batch, np.asarray(tokens) / batch,
                                                                            context),
                             float(batch), float(batch))
     else:
         kept = lengths
-    gained = float(np.concatenate(([0.0], np.cumsum(q)))[kept].sum())
+    cumulative = np.concatenate((np.zeros((batch, 1)), np.cumsum(rows, axis=1)), axis=1)
+    gained = float(cumulative[np.arange(batch), kept].sum())
     drafted = float(np.sum(kept))
     return DraftChoice(batch=batch, context=context, draft_len=drafted / batch,
                        tokens_per_step=1.0 + gained / batch,
@@ -106,23 +120,25 @@ class PacedCost:
         return self.seconds_per_token[min(max(int(running), 1), self.capacity)]
 
 
-def paced_cost(surface: CostSurface, q: np.ndarray, context: float, capacity: int,
-               controlled: bool = True, startup_s: float = 0.0) -> PacedCost:
-    """`PacedCost` of a worker at mean `context` whose requests offer drafts `q`, for 1..capacity running."""
-    choices = [choose_drafts(surface, q, b, context, controlled) for b in range(1, capacity + 1)]
+def paced_cost(surface: CostSurface, q: np.ndarray, context: float, capacity: int, controlled: bool = True,
+               weights: np.ndarray | None = None, startup_s: float = 0.0) -> PacedCost:
+    """`PacedCost` of a worker at mean `context` whose requests offer drafts `q` (mixed by `weights`,
+    as in `choose_drafts`), for 1..capacity running."""
+    choices = [choose_drafts(surface, q, b, context, controlled, weights) for b in range(1, capacity + 1)]
     per_token = [c.seconds / c.tokens_per_step for c in choices]
     lengths = [c.draft_len for c in choices]
     return PacedCost(seconds_per_token=tuple(per_token[:1] + per_token),
                      draft_len=tuple(lengths[:1] + lengths), capacity=capacity, startup_s=startup_s)
 
 
-def draft_table(surface: CostSurface, q: np.ndarray, contexts: tuple[float, ...],
-                batches: tuple[int, ...]) -> list[dict]:
+def draft_table(surface: CostSurface, q: np.ndarray, contexts: tuple[float, ...], batches: tuple[int, ...],
+                weights: np.ndarray | None = None) -> list[dict]:
     """Per context and batch: the rule's mean draft length and speed-up, and fixed drafts' speed-up."""
     out = []
     for context in contexts:
         for b in batches:
-            rule, fixed = choose_drafts(surface, q, b, context), choose_drafts(surface, q, b, context, False)
+            rule = choose_drafts(surface, q, b, context, True, weights)
+            fixed = choose_drafts(surface, q, b, context, False, weights)
             out.append({"context": context, "batch": b, "draft_len": rule.draft_len, "off": rule.draft_len == 0,
                         "speedup": rule.speedup, "fixed_draft_len": fixed.draft_len, "fixed_speedup": fixed.speedup})
     return out

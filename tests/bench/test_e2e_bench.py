@@ -146,20 +146,33 @@ def test_scale_estimate_with_a_surface_runs_the_goodput_rule() -> None:
         return CostSurface(model="m", device="d", base_s=base_s, token_s=token_s, kv_s=0.0, attn_s=0.0,
                            points=4, r2=1.0, max_rel_err=0.0)
 
-    spec = ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4)
+    spec = ScaleSettings(accepted_len=3.0, workers=4, prompts_per_worker=4, position_accepted=(5.0, None, 2.0, None))
     # verification free: every draft kept at every batch, the same as fixed drafts, and faster than plain
-    free = estimate(surface_settings(spec, surface(0.01, 0.0), 6.0), position_accepted={"pos0_100": 5.0})
+    free = estimate(surface_settings(spec, surface(0.01, 0.0), 6.0))
     assert all(r["draft_len"] == 6 for r in free["controller"]["rows"])
     assert free["arms"]["rhymerl"]["makespan_s"] == pytest.approx(free["arms"]["rhymerl_fixed"]["makespan_s"])
     assert free["arms"]["histospec"]["rollout_speedup"] > 2.0
     # each token as dear as a one-request step: speculation off everywhere, plain decoding's time
     # exactly, where verifying every draft is slower than plain
-    dear = estimate(surface_settings(spec, surface(0.0, 1e-3), 6.0), position_accepted={"pos0_100": 5.0})
+    dear = estimate(surface_settings(spec, surface(0.0, 1e-3), 6.0))
     assert all(r["off"] for r in dear["controller"]["rows"] + dear["controller"]["by_position"]["pos0_100"]["rows"])
     assert dear["arms"]["histospec"]["makespan_s"] == pytest.approx(dear["arms"]["baseline"]["makespan_s"])
     assert dear["arms"]["rhymerl_fixed"]["makespan_s"] > dear["arms"]["histopipe"]["makespan_s"]
+    assert sorted(dear["controller"]["by_position"]) == ["pos0_100", "pos300_1000"]  # the measured buckets
     with pytest.raises(ValueError, match="drafted"):
         replace(spec, surface=surface(0.01, 0.0))
+
+
+def test_position_mix_weighs_buckets_by_their_verification_steps() -> None:
+    from bench.e2e.scale import position_mix
+
+    spec = ScaleSettings(accepted_len=3.0, drafted=4.0, position_accepted=(5.0, None, 2.0, None))
+    q, weights = position_mix(spec, [1200])
+    # 100 / 200 / 700 / 200 tokens at 5, 5 (the bucket before), 2, 2 (the bucket before) per verification
+    assert weights.tolist() == pytest.approx([20.0, 40.0, 350.0, 100.0])
+    assert q.shape == (4, 4) and q[0].sum() == pytest.approx(4.0) and q[2].sum() == pytest.approx(1.0)
+    pooled, one = position_mix(replace(spec, position_accepted=()), [1200])
+    assert one.tolist() == [1.0] and pooled[0].sum() == pytest.approx(2.0)  # no positions: the pooled means
 
 
 def test_streamed_training_estimate_rules() -> None:

@@ -68,3 +68,14 @@ def test_the_simulator_runs_a_paced_worker() -> None:
     dear_plain = simulate(step, lengths, DEAR.cost_model(1024, capacity=2)).makespan
     assert simulate(step, lengths, paced_cost(DEAR, q, 1024, capacity=2)).makespan == pytest.approx(dear_plain)
     assert simulate(step, lengths, paced_cost(DEAR, q, 1024, capacity=2, controlled=False)).makespan > dear_plain
+
+
+def test_one_step_keeps_the_young_requests_drafts_and_none_of_the_old() -> None:
+    # 5 ms + 20 us per token at batch 64: a draft token pays while its chance beats ~0.02 ms x the
+    # step's tokens per ms (~0.2-0.4 here); half the batch drafts well (0.9..0.6), half badly (0.05)
+    mixed = surface(0.005, 2e-5)
+    q = np.array([[0.9, 0.8, 0.7, 0.6], [0.05, 0.05, 0.05, 0.05]])
+    step = choose_drafts(mixed, q, 64, 1024, weights=np.array([1.0, 1.0]))
+    assert step.draft_len == pytest.approx(2.0)  # 32 requests x 4 drafts over 64
+    assert step.tokens_per_step == pytest.approx(1.0 + 32 * 3.0 / 64)
+    assert choose_drafts(mixed, q, 64, 1024, False, np.array([1.0, 1.0])).speedup < step.speedup
