@@ -70,8 +70,10 @@ class SpecConfig:
     warm_start_lake: str = option("", 'the lake of spec.warm_start_run; "" = this run\'s lake')
     cost_memory: int = option(COST_MEMORY_STEPS,
                               "steps the step-cost fit remembers (exponential forgetting; cost_aware)", ">= 2")
-    cost_aware: bool = option(True, "trim drafts across the batch to what raises tokens/s under the engine's "
-                              "measured step cost (rhymerl.histospec.engine.step_pass; engine only, not replay)")
+    cost_aware: bool = option(True, "the goodput controller: verify only the draft tokens that raise expected "
+                              "tokens/s under the engine's measured step cost, with acceptance measured per "
+                              "response position and per request (rhymerl.histospec.goodput; every method, "
+                              "engine only, not replay)")
     # Length-aware speculation: on a compute-bound batch the knapsack alone would cut the drafts of the
     # requests that decide when the rollout ends.
     tail_fraction: float = option(0.5, "requests whose forecast remaining length (their prompt's longest "
