@@ -17,7 +17,6 @@ second, and keeps none when nothing pays. The rule only shortens drafts: what is
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
 import numpy as np
@@ -26,6 +25,8 @@ from rhymerl.config.spec import COST_MEMORY_STEPS
 from rhymerl.histospec.stats import POSITION_BUCKETS, POSITION_EDGE_ARRAY, SpecStats
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
+PROBE_WEIGHT = 0.5  # decayed draft-free steps the cost fit wants before it prices verifying at all
+PROBE_EVERY = 32  # at most one draft-free probe step in this many
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
 CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
 # Pseudo-tokens a response-position bucket holds at the pooled table: a bucket departs from the pool
@@ -36,42 +37,67 @@ RECORD_IDLE_DECAY = 0.9  # the same per step without a draft: a cut request is t
 RECORD_PRIOR = 2.0  # pseudo-tokens at the table's prediction: one unlucky draft does not cut a request
 
 
-@dataclass
 class StepCostModel:
-    """Seconds per engine step as `c0 + c1 * tokens`, fitted online."""
-    decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS  # weight of older steps per new one (spec.cost_memory)
-    n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    count: int = 0
+    """Seconds per engine step as `c0 + c1 * tokens + cv * [any draft verified]`, fitted online.
 
-    def observe(self, tokens: float, seconds: float) -> None:
-        """Add one step: `tokens` processed in `seconds`."""
-        d = self.decay
-        self.n = d * self.n + 1.0
-        self.sx = d * self.sx + tokens
-        self.sy = d * self.sy + seconds
-        self.sxx = d * self.sxx + tokens * tokens
-        self.sxy = d * self.sxy + tokens * seconds
+    `cv` is what verifying costs a step at all (the verifier's pass over the batch, which a step
+    without drafts skips): a few cheap draft tokens can cost more than they return. It is learnt only
+    from steps both with and without drafts; `wants_probe` asks for a draft-free step now and then
+    when the fit has seen too few (exploration that costs at most one step's drafts in `PROBE_EVERY`).
+    """
+    def __init__(self, decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS) -> None:
+        self.decay = decay  # weight of older steps per new one (spec.cost_memory)
+        self.xtx = np.zeros((3, 3))  # decayed sums over steps of x x^T, x = (1, tokens, drafted)
+        self.xty = np.zeros(3)
+        self.count = 0
+        self.since_plain = 0  # steps since the last draft-free one
+
+    def observe(self, tokens: float, seconds: float, drafted: bool = True) -> None:
+        """Add one step: `tokens` processed in `seconds`, with (`drafted`) or without draft tokens."""
+        x = np.array([1.0, float(tokens), 1.0 if drafted else 0.0])
+        self.xtx = self.decay * self.xtx + np.outer(x, x)
+        self.xty = self.decay * self.xty + x * seconds
         self.count += 1
+        self.since_plain = self.since_plain + 1 if drafted else 0
 
-    def coefficients(self) -> tuple[float, float] | None:
-        """(c0, c1), None before `MIN_OBSERVATIONS` steps; c1 > 0, c0 >= 0: tokens never look free."""
-        if self.count < MIN_OBSERVATIONS or self.n <= 0:
+    def coefficients(self) -> tuple[float, float, float] | None:
+        """(c0, c1, cv), None before `MIN_OBSERVATIONS` steps; c1 > 0, c0, cv >= 0: tokens never look free."""
+        if self.count < MIN_OBSERVATIONS:
             return None
-        mx, my = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mx * mx
+        n, with_drafts = self.xtx[0, 0], self.xtx[2, 2]
+        if min(with_drafts, n - with_drafts) >= 0.2 * PROBE_WEIGHT:  # both kinds of step seen: cv identified
+            c0, c1, cv = np.linalg.solve(self.xtx + 1e-12 * np.eye(3) * max(self.xtx[1, 1], 1.0), self.xty)
+            if c1 > 0 and cv >= 0:
+                return max(float(c0), 0.0), float(c1), float(cv)
+        return (*self._line(), 0.0)
+
+    def _line(self) -> tuple[float, float]:
+        """(c0, c1) of the plain line through every step."""
+        n, sx, sy, sxx, sxy = self.xtx[0, 0], self.xtx[0, 1], self.xty[0], self.xtx[1, 1], self.xty[1]
+        mx, my = sx / n, sy / n
+        var = sxx / n - mx * mx
         if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
-            c1 = my / max(mx, 1.0)
-            return 0.0, max(c1, 1e-9)
-        c1 = max((self.sxy / self.n - mx * my) / var, 1e-9 * max(my, 1e-9))
+            return 0.0, max(my / max(mx, 1.0), 1e-9)
+        c1 = max((sxy / n - mx * my) / var, 1e-9 * max(my, 1e-9))
         return max(my - c1 * mx, 0.0), c1
 
-    def predict(self, tokens: float) -> float | None:
+    def predict(self, tokens: float, drafted: bool = True) -> float | None:
         coef = self.coefficients()
-        return None if coef is None else coef[0] + coef[1] * tokens
+        return None if coef is None else coef[0] + coef[1] * tokens + (coef[2] if drafted else 0.0)
+
+    def wants_probe(self) -> bool:
+        """Whether this step should verify no drafts so that `cv` stays measured."""
+        plain = self.xtx[0, 0] - self.xtx[2, 2]
+        return self.count >= MIN_OBSERVATIONS and plain < PROBE_WEIGHT and self.since_plain >= PROBE_EVERY
+
+    def seconds(self, base_tokens: float) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Step seconds as a function of tokens processed, for a step whose draft-free size is
+        `base_tokens` (`keep_lengths`' cost); None before the fit is trusted."""
+        coef = self.coefficients()
+        if coef is None:
+            return None
+        c0, c1, cv = coef
+        return lambda t: c0 + c1 * t + cv * (np.asarray(t) > base_tokens)
 
 
 def bucket_of(response_tokens: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -107,13 +133,14 @@ def keep_lengths(q: np.ndarray, lengths: np.ndarray, seconds: Callable[[np.ndarr
 
 
 def trim_drafts(drafts: Sequence[Sequence[int]], base_tokens: float, expected_base: float,
-                q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, float],
+                q: np.ndarray | Sequence[Sequence[float]], coef: tuple[float, ...],
                 whole: Collection[int] = ()) -> list[list[int]]:
-    """`keep_lengths` under the linear step cost `coef` = (c0, c1), applied to the drafts themselves."""
-    c0, c1 = coef
+    """`keep_lengths` under the step cost `coef` = (c0, c1[, cv]) (`StepCostModel`), applied to the drafts."""
+    c0, c1, cv = (*coef, 0.0)[:3]
     lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
     q = np.asarray(q, np.float64).reshape(len(drafts), -1)
-    kept = keep_lengths(q, lengths, lambda t: c0 + c1 * t, base_tokens, expected_base, whole)
+    kept = keep_lengths(q, lengths, lambda t: c0 + c1 * t + cv * (np.asarray(t) > base_tokens), base_tokens,
+                        expected_base, whole)
     return [list(d[:k]) for d, k in zip(drafts, kept.tolist())]
 
 
@@ -250,10 +277,12 @@ class PositionTable:
 
     def count(self, buckets: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """Add verified drafts: row r had `drafted[r]` tokens in `buckets[r]`, the first `accepted[r]` taken."""
-        j = np.arange(self.drafted.shape[1])[None, :]
+        rows, width = self.drafted.shape
         b = np.asarray(buckets, np.int64)
-        np.add.at(self.drafted, b, (j < np.asarray(drafted)[:, None]).astype(np.float64))
-        np.add.at(self.accepted, b, (j < np.asarray(accepted)[:, None]).astype(np.float64))
+        for counts, n in ((self.drafted, drafted), (self.accepted, accepted)):
+            hist = np.bincount(b * (width + 1) + np.minimum(np.asarray(n, np.int64), width),
+                               minlength=rows * (width + 1)).reshape(rows, width + 1)
+            counts += np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [b, j]: rows with n > j
 
     def rows(self, buckets: np.ndarray) -> np.ndarray:
         """[r, j]: the chances of rows in `buckets` (R x width), nonincreasing along j."""
@@ -286,7 +315,7 @@ class GoodputGate:
     since the last call) against the tokens it processed, and returns the drafts trimmed by
     `keep_lengths`. Before `MIN_OBSERVATIONS` timed steps the drafts pass whole. `stats` counts the
     tokens proposed and the forecast against the measured step seconds (the verifier's own counters
-    count drafted and accepted).
+    count drafted and accepted). Per-request state lives in slot arrays: a step costs ~0.3 ms at 256 rows.
     """
     def __init__(self, width: int, cost_memory: int = COST_MEMORY_STEPS,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -294,61 +323,79 @@ class GoodputGate:
         self.table = PositionTable(width)
         self.record = RequestRecord()
         self.clock = clock
-        self.slots: dict[str, int] = {}  # request id -> its record's slot
-        self._free: list[int] = []  # slots of finished requests
-        self.given: dict[str, tuple[int, int]] = {}  # request id -> (tokens given last step, its bucket)
+        self.slots: dict[str, int] = {}  # request id -> its slot
+        self.ids: list[str | None] = []  # slot -> request id (None: free)
+        self._free: list[int] = []
+        self.given = np.zeros((3, 64), np.int64)  # [tokens given last step, their bucket, step last seen] per slot
+        self.step = 0
         self.stats = SpecStats()
         self._stamp: float | None = None
         self._predicted: float | None = None
 
     def gate(self, req_ids: Sequence[str], sampled: Sequence[int], response_tokens: Sequence[int],
-             drafts: Sequence[Sequence[int]]) -> list[list[int]]:
+             drafts: Sequence[Sequence[int]]) -> list[Sequence[int]]:
         """Row i: request `req_ids[i]` sampled `sampled[i]` tokens this step (0: not decoding) and has
         written `response_tokens[i]`; its proposed draft `drafts[i]`. Returns the drafts to verify."""
         now = self.clock()
-        live = [i for i, n in enumerate(sampled) if n > 0]
-        slots = np.fromiter((self._slot(req_ids[i]) for i in live), np.int64, len(live))
-        self._close(req_ids, sampled, live, slots, now)
-        out = [list(d) for d in drafts]
-        self.stats.proposed += sum(len(out[i]) for i in live)
-        coef = self.cost.coefficients()
-        if coef is not None and live:
-            table = self.table.rows(bucket_of([response_tokens[i] for i in live]))
+        self.step += 1
+        sizes = np.asarray(sampled, np.int64)
+        live = np.flatnonzero(sizes > 0)
+        slots = np.fromiter((self._slot(req_ids[i]) for i in live.tolist()), np.int64, len(live))
+        self._close(slots, sizes[live], now)
+        lengths = np.fromiter((len(drafts[i]) for i in live.tolist()), np.int64, len(live))
+        self.stats.proposed += int(lengths.sum())
+        buckets = bucket_of(np.asarray(response_tokens, np.int64)[live])
+        out = list(drafts)
+        seconds = self.cost.seconds(len(live))
+        if seconds is not None and len(live):
+            table = self.table.rows(buckets)
             q = adjust(table, self.record.factor(slots))
-            lengths = np.fromiter((len(out[i]) for i in live), np.int64, len(live))
-            kept = keep_lengths(q, lengths, lambda t: coef[0] + coef[1] * t, len(live), len(live))
+            kept = keep_lengths(q, np.zeros_like(lengths) if self.cost.wants_probe() else lengths, seconds,
+                                len(live), len(live))
             self.record.predicted(slots, within(table, kept).sum(1))
-            self._predicted = coef[0] + coef[1] * (len(live) + int(kept.sum()))
-            for i, k in zip(live, kept.tolist()):
-                out[i] = out[i][:k]
-        self.given = {req_ids[i]: (len(out[i]), int(b)) for i, b in zip(live, bucket_of(
-            [response_tokens[i] for i in live]).tolist())}
+            self._predicted = float(seconds(len(live) + int(kept.sum())))
+            for i, k in zip(live[kept < lengths].tolist(), kept[kept < lengths].tolist()):
+                out[i] = list(drafts[i][:k])
+            lengths = kept
+        self.given[0, slots], self.given[1, slots], self.given[2, slots] = lengths, buckets, self.step
         self._stamp = self.clock()
         return out
 
     def _slot(self, req_id: str) -> int:
         slot = self.slots.get(req_id)
         if slot is None:
-            slot = self.slots[req_id] = self._free.pop() if self._free else len(self.slots)
+            if self._free:
+                slot = self._free.pop()
+            else:
+                slot = len(self.ids)
+                self.ids.append(None)
+                if slot >= self.given.shape[1]:
+                    self.given = np.concatenate([self.given, np.zeros_like(self.given)], axis=1)
+            self.slots[req_id], self.ids[slot] = slot, req_id
+            self.given[:, slot] = (0, 0, self.step)
             self.record.reset(slot)
         return slot
 
-    def _close(self, req_ids: Sequence[str], sampled: Sequence[int], live: list[int], slots: np.ndarray,
-               now: float) -> None:
-        """Count the verified drafts of the step that ran and time it."""
-        given = [self.given.get(req_ids[i], (0, 0)) for i in live]
-        drafted = np.fromiter((g for g, _ in given), np.int64, len(live))
-        accepted = np.minimum(np.fromiter((sampled[i] - 1 for i in live), np.int64, len(live)), drafted)
-        self.table.count(np.fromiter((b for _, b in given), np.int64, len(live)), drafted, accepted)
+    def _close(self, slots: np.ndarray, sizes: np.ndarray, now: float) -> None:
+        """Count the verified drafts of the step that ran, time it, and free the slots of requests
+        unseen for two steps (finished)."""
+        fresh = self.given[2, slots] == self.step - 1  # drafted for last step (a new slot was given 0)
+        drafted = np.where(fresh, self.given[0, slots], 0)
+        accepted = np.minimum(sizes - 1, drafted)
+        self.table.count(self.given[1, slots], drafted, accepted)
         self.record.verified(slots, accepted)
-        if self._stamp is not None and live:
-            processed, seconds = len(live) + int(drafted.sum()), now - self._stamp
-            guess = self.cost.predict(processed)
+        if self._stamp is not None and len(slots):
+            processed, seconds, any_draft = len(slots) + int(drafted.sum()), now - self._stamp, bool(drafted.any())
+            guess = self.cost.predict(processed, any_draft)
             if guess is None or seconds < 10 * guess:  # a pause between generate calls is no step
-                self.cost.observe(processed, seconds)
+                self.cost.observe(processed, seconds, any_draft)
                 if self._predicted is not None:
                     self.stats.timed_step(self._predicted, seconds)
         self._predicted = None
-        gone = set(self.slots) - {req_ids[i] for i in live} - set(self.given)
-        for req_id in gone:  # finished (or unscheduled two steps running): free the slot
-            self._free.append(self.slots.pop(req_id))
+        used = len(self.ids)
+        stale = np.flatnonzero(self.given[2, :used] < self.step - 2)
+        for slot in stale.tolist():
+            if self.ids[slot] is not None:
+                del self.slots[self.ids[slot]]
+                self.ids[slot] = None
+                self._free.append(slot)

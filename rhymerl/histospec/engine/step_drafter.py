@@ -111,7 +111,7 @@ class BatchDrafter:
             self._stats.proposed += int(lens.sum())
             step_pass.finish(req, ps, live[drafting], toks, lens, probs, out)
         if len(new) < len(slots) and self._stamp is not None:
-            self._observe(processed, t0 - self._stamp)
+            self._observe(processed, t0 - self._stamp, bool(rows.drafted.any()))
         if self.spec.cost_aware:
             self._trim(out, live, slots)
         req.keep(rows.kept, slots, self.step, STATE_GRACE_STEPS)
@@ -228,11 +228,11 @@ class BatchDrafter:
             toks[j, :lens[j]], probs[j, :lens[j]] = d.tokens, d.probs[:lens[j]]
         return toks, lens, probs
 
-    def _observe(self, processed: int, seconds: float) -> None:
+    def _observe(self, processed: int, seconds: float, drafted: bool) -> None:
         """Time the step that just ran, skipping outliers (a pause between generate calls)."""
-        guess = self.cost.predict(processed)
+        guess = self.cost.predict(processed, drafted)
         if guess is None or seconds < 10 * guess:
-            self.cost.observe(processed, seconds)
+            self.cost.observe(processed, seconds, drafted)
             if self._predicted is not None:  # the controller's forecast of this step against the clock
                 self._stats.timed_step(self._predicted, seconds)
         self._predicted = None
@@ -245,6 +245,8 @@ class BatchDrafter:
         longest = max(map(len, drafts), default=0)
         if coef is None or longest == 0:
             return
+        if self.cost.wants_probe():  # a draft-free step keeps the price of verifying at all measured
+            drafts = [[] for _ in drafts]
         req = self.requests
         lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
         if self.calibration.tokens:
@@ -261,7 +263,7 @@ class BatchDrafter:
         kept = goodput.trim_drafts(drafts, len(drafts), len(drafts), q, coef, tail)
         sizes = np.fromiter(map(len, kept), np.int64, len(kept))
         self.record.predicted(slots, goodput.within(table, sizes).sum(1))
-        self._predicted = coef[0] + coef[1] * (len(drafts) + int(sizes.sum()))
+        self._predicted = coef[0] + coef[1] * (len(drafts) + int(sizes.sum())) + (coef[2] if sizes.any() else 0.0)
         for i, slot, draft in zip(live.tolist(), slots.tolist(), kept):
             out[i] = draft
             req.drafted[slot] = len(draft)

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, AcceptanceCalibration, StepCostModel,
+from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, PROBE_EVERY, AcceptanceCalibration, StepCostModel,
                                            position_acceptance, tail_rows, trim_drafts)
 from helpers.histospec_calls import record_calibration
 
@@ -22,8 +22,9 @@ def test_cost_model_recovers_the_line_through_noisy_steps():
         if k == MIN_OBSERVATIONS - 1:
             assert model.coefficients() is None
         model.observe(tokens, 0.02 + 0.0005 * tokens + rng.gauss(0, 0.002))
-    c0, c1 = model.coefficients()
+    c0, c1, cv = model.coefficients()
     assert c0 == pytest.approx(0.02, abs=0.004) and c1 == pytest.approx(0.0005, rel=0.05)
+    assert cv == 0.0  # every step drafted: what verifying at all costs is not identified, so not charged
     assert model.predict(100) == pytest.approx(0.07, rel=0.05)
 
 
@@ -37,7 +38,28 @@ def test_cost_model_follows_a_changing_engine_and_never_makes_tokens_free():
     flat = StepCostModel()
     for _ in range(20):
         flat.observe(50, 0.1)  # no spread in tokens: all cost goes to tokens, none is free
-    assert flat.coefficients() == (0.0, pytest.approx(0.002))
+    assert flat.coefficients() == (0.0, pytest.approx(0.002), 0.0)
+
+
+def test_cost_model_prices_verifying_at_all_from_steps_with_and_without_drafts():
+    # Rule: seconds = c0 + c1 * tokens + cv * [drafted] is recovered once draft-free steps are seen;
+    # until then the fit asks for a draft-free probe step (at most one in PROBE_EVERY).
+    rng = random.Random(1)
+    model = StepCostModel()
+    probes = 0
+    for k in range(300):
+        drafted = not model.wants_probe()
+        probes += not drafted
+        tokens = rng.randint(100, 300) + (20 if drafted else 0)
+        model.observe(tokens, 0.01 + 0.0002 * tokens + (0.004 if drafted else 0.0) + rng.gauss(0, 0.0002), drafted)
+    c0, c1, cv = model.coefficients()
+    assert c0 == pytest.approx(0.01, abs=0.002) and c1 == pytest.approx(0.0002, rel=0.1)
+    assert cv == pytest.approx(0.004, rel=0.2)
+    assert 1 <= probes <= 300 // PROBE_EVERY + 1
+    # a draft that the line alone would take is refused when the verifier's fixed price is counted
+    q = [[0.9]] * 100
+    assert trim_drafts([[1]] * 100, 100, 100, q, (c0, c1)) != [[]] * 100
+    assert trim_drafts([[1]] * 100, 100, 100, q, (c0, c1, 0.03)) == [[]] * 100
 
 
 def test_position_acceptance_is_smoothed_and_nonincreasing():
