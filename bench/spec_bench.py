@@ -81,10 +81,16 @@ class ArmResult:
     tokens_per_s: float
     mean_accepted_length: float
     acceptance_rate: float
+    drafted_per_step: float  # draft tokens verified per verification step (a request's step)
     drafter_share: float  # drafter seconds / wall seconds
     speedup: float = 0.0  # plain wall / this wall
     walls: tuple[float, ...] = ()
     note: str = ""  # the speculation guard's message
+    # Where the drafts go right or wrong: [j] drafts of length j; acceptance at draft position j;
+    # tokens per verification step by response position bucket (stats.position_labels).
+    draft_len_hist: tuple[int, ...] = ()
+    acceptance_by_position: tuple[float, ...] = ()
+    tokens_per_step_by_response_position: tuple[float, ...] = ()
 
 
 def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int, dataset: str = "builtin"):
@@ -133,8 +139,13 @@ def run_arm(name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling
         tokens=tokens // repeats,
         tokens_per_s=tokens / total_wall,
         mean_accepted_length=stats.mean_accepted_length if stats.steps else 1.0,
-        acceptance_rate=stats.acceptance_rate, drafter_share=stats.drafter_seconds / total_wall,
-        walls=tuple(round(w, 3) for w in walls), note=engine.speculation.message)
+        acceptance_rate=stats.acceptance_rate, drafted_per_step=stats.drafted / stats.steps if stats.steps else 0.0,
+        drafter_share=stats.drafter_seconds / total_wall,
+        walls=tuple(round(w, 3) for w in walls), note=engine.speculation.message,
+        draft_len_hist=tuple(stats.draft_len_hist),
+        acceptance_by_position=tuple(round(a, 4) for a in stats.acceptance_by_position()),
+        tokens_per_step_by_response_position=tuple(round(t / s, 3) if s else 0.0
+                                                   for s, t in zip(stats.pos_steps, stats.pos_tokens)))
     return result, engine
 
 
@@ -202,7 +213,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         if engine is not plain:
             shutdown_llm(engine.llm)
         results.append(result)
-        print(f"{name}: {result.wall_s:.2f}s, {result.mean_accepted_length:.2f} tok/verify "
+        print(f"{name}: {result.wall_s:.2f}s, {result.mean_accepted_length:.2f} tok/verify, "
+              f"{result.acceptance_rate:.1%} of {result.drafted_per_step:.2f} drafted/verify "
               f"({time.perf_counter() - t:.0f}s with start-up)", file=sys.stderr)
     shutdown_llm(plain.llm)
     ref = next((r.wall_s for r in results if r.arm == "plain"), None)
@@ -226,8 +238,9 @@ def _machine() -> str:
 
 def format_report(report: dict) -> str:
     cols = ("arm", "verifier", "wall_s", "cpu_s", "tokens_per_s", "mean_accepted_length", "acceptance_rate",
-            "drafter_share", "speedup")
-    rows = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in report["arms"]]
+            "drafted_per_step", "drafter_share", "speedup")
+    rows = [[f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
+            for r in report["arms"]]  # reports written before a column existed show "-"
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
