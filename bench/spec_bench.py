@@ -87,7 +87,8 @@ class ArmResult:
     walls: tuple[float, ...] = ()
     note: str = ""  # the speculation guard's message
     # Where the drafts go right or wrong: [j] drafts of length j; acceptance at draft position j;
-    # tokens per verification step by response position bucket (stats.position_labels).
+    # tokens per verification step by response position bucket (stats.position_labels). The arms vLLM
+    # counts (ngram, suffix) take every draft as full length and record no buckets: read their totals only.
     draft_len_hist: tuple[int, ...] = ()
     acceptance_by_position: tuple[float, ...] = ()
     tokens_per_step_by_response_position: tuple[float, ...] = ()
