@@ -30,13 +30,17 @@ class SpecConfig:
         "<= max_budget; needs arctic-inference, which make setup builds)")
     min_match: int = option(1, "shortest context tail that may anchor a draft from the prompt's index "
                             "(the longest one found is used)", ">= 1")
-    max_match: int = option(7, "longest context tail matched (the prompt index's n-gram depth)", "min_match..64")
-    # Sized like one engine's recent responses at scale: about two default steps' worth.
-    recent_responses: int = option(512, "cross-prompt tree of the engine's most recent responses (every prompt, "
+    # Deep enough that a long draft needs a long match (max_spec_factor): on 2K-token answers the drafts of
+    # 7-token matches were accepted a third of the time, those of 7+ of 16 over 90%.
+    max_match: int = option(16, "longest context tail matched (the prompt index's n-gram depth)", "min_match..64")
+    # Off by default: on long answers the tree's drafts outscored the prompt's own (their probabilities
+    # are not damped by support as the index's are) and were accepted less; 512 is one engine's recent
+    # responses at scale, about two default steps' worth.
+    recent_responses: int = option(0, "cross-prompt tree of the engine's most recent responses (every prompt, "
                                    "growing as generated; Arctic Inference's suffix tree, needs arctic-inference, "
                                    "which make setup builds); a request drafts from it when its draft scores "
                                    "higher than the prompt's own; 0 = off", ">= 0")
-    recent_spec_factor: float = option(4.0, "max_spec_factor of drafts from the cross-prompt tree (the library "
+    recent_spec_factor: float = option(1.0, "max_spec_factor of drafts from the cross-prompt tree (the library "
                                        "caps its drafts at this many times the matched length); 0 = off", ">= 0")
     # A group's samples rhyme: a few carry most of what it can teach other prompts, and the tree then
     # spans more groups.
@@ -58,10 +62,10 @@ class SpecConfig:
     # The prompt is the index's oldest sequence, so it loses ties to history and siblings.
     prompt_lookup: bool = option(True, "the prompt's own tokens join its index as its oldest sequence, so drafts "
                                  "may copy from the prompt (as vLLM's ngram and suffix methods do)")
-    min_token_prob: float = option(0.0, "stop a draft before a token whose estimated probability (the product of "
+    min_token_prob: float = option(0.1, "stop a draft before a token whose estimated probability (the product of "
                                    "the chosen branches' shares of the matched continuations) is below this; "
                                    "0 = off", "0..1")
-    max_spec_factor: float = option(2.0, "cap a draft from the prompt's index at this many times the matched "
+    max_spec_factor: float = option(1.0, "cap a draft from the prompt's index at this many times the matched "
                                     "context length (as suffix decoding's max_spec_factor); 0 = off", ">= 0")
     history_epochs: int = option(4, "earlier epochs (that saw the prompt) whose responses form the history; "
                                  "0 = none (the prompt and siblings)", ">= 0")

@@ -1,12 +1,13 @@
 """The goodput controller: which draft tokens an engine step verifies, for every `spec.method`.
 
 A step costs `seconds(tokens)` for the tokens it processes (one per decoding request plus the drafts
-it verifies; `StepCostModel` fits `c0 + c1 * tokens` online from the engine's own steps). Draft token
+it verifies; `StepCostModel` fits it online from the engine's own steps, a request and a draft token
+priced apart, plus what verifying at all costs). Draft token
 j of request i is accepted with chance q[i, j], nonincreasing in j, made of two measurements:
 - a table by where the request is in its response (`POSITION_EDGES` buckets, so deep drafts in long
   answers are judged on their own record, not on the pool) and by the drafter's estimate
   (`AcceptanceCalibration`, HistoSpec) or by draft position (`PositionTable`, drafters that give no
-  estimate: vLLM's `suffix` and `ngram`);
+  estimate: vLLM's `suffix` and `ngram`, whose controller is `rhymerl.vllm.draft_gate.GoodputGate`);
 - the request's own recent record (`RequestRecord`): its accepted tokens over what was predicted
   for them, decayed every step, so a request whose drafts stop matching is cut within a few steps
   and, once its record has faded, tried again.
@@ -16,17 +17,17 @@ second, and keeps none when nothing pays. The rule only shortens drafts: what is
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Collection, Sequence
 
 import numpy as np
 
 from rhymerl.config.spec import COST_MEMORY_STEPS
-from rhymerl.histospec.stats import POSITION_BUCKETS, POSITION_EDGE_ARRAY, SpecStats
+from rhymerl.histospec.stats import POSITION_BUCKETS, POSITION_EDGE_ARRAY
 
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
 PROBE_WEIGHT = 0.5  # decayed draft-free steps the cost fit wants before it prices verifying at all
 PROBE_EVERY = 32  # at most one draft-free probe step in this many
+STARVED_STEPS = 64  # steps without a verified token at a draft position before its record starts to fade
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
 CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
 # Pseudo-tokens a response-position bucket holds at the pooled table: a bucket departs from the pool
@@ -38,42 +39,60 @@ RECORD_PRIOR = 2.0  # pseudo-tokens at the table's prediction: one unlucky draft
 
 
 class StepCostModel:
-    """Seconds per engine step as `c0 + c1 * tokens + cv * [any draft verified]`, fitted online.
+    """Seconds per engine step as `c0 + c_row * rows + c_tok * (tokens - rows) + cv * [any draft]`, fitted
+    online (decayed least squares).
 
-    `cv` is what verifying costs a step at all (the verifier's pass over the batch, which a step
-    without drafts skips): a few cheap draft tokens can cost more than they return. It is learnt only
-    from steps both with and without drafts; `wants_probe` asks for a draft-free step now and then
-    when the fit has seen too few (exploration that costs at most one step's drafts in `PROBE_EVERY`).
+    A step's requests and its extra tokens (drafts, prefill) cost differently (a request row pays for
+    its sampling and attention, a draft token mostly for its share of the forward pass), so one slope
+    over all tokens would misprice a draft token as the batch fills and drains. `cv` is what verifying
+    costs a step at all (the verifier's pass, which a draft-free step skips): a few cheap draft tokens
+    can cost more than they return. A term is fitted only once the steps identify it (`cv`: steps both
+    with and without drafts, which `wants_probe` asks for now and then; `c_row`: batches of different
+    sizes); until then it is left out.
     """
     def __init__(self, decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS) -> None:
         self.decay = decay  # weight of older steps per new one (spec.cost_memory)
-        self.xtx = np.zeros((3, 3))  # decayed sums over steps of x x^T, x = (1, tokens, drafted)
-        self.xty = np.zeros(3)
+        self.xtx = np.zeros((4, 4))  # decayed sums over steps of x x^T, x = (1, rows, tokens - rows, drafted)
+        self.xty = np.zeros(4)
         self.count = 0
         self.since_plain = 0  # steps since the last draft-free one
 
-    def observe(self, tokens: float, seconds: float, drafted: bool = True) -> None:
-        """Add one step: `tokens` processed in `seconds`, with (`drafted`) or without draft tokens."""
-        x = np.array([1.0, float(tokens), 1.0 if drafted else 0.0])
+    def observe(self, tokens: float, seconds: float, drafted: bool = True, rows: int = 0) -> None:
+        """Add one step: `tokens` processed (`rows` of them one per request) in `seconds`, with
+        (`drafted`) or without draft tokens."""
+        x = np.array([1.0, float(rows), float(tokens) - rows, 1.0 if drafted else 0.0])
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
         self.count += 1
         self.since_plain = self.since_plain + 1 if drafted else 0
 
-    def coefficients(self) -> tuple[float, float, float] | None:
-        """(c0, c1, cv), None before `MIN_OBSERVATIONS` steps; c1 > 0, c0, cv >= 0: tokens never look free."""
+    def coefficients(self) -> tuple[float, float, float, float] | None:
+        """(c0, c_row, c_tok, cv), None before `MIN_OBSERVATIONS` steps; c_tok > 0, the others >= 0."""
         if self.count < MIN_OBSERVATIONS:
             return None
-        n, with_drafts = self.xtx[0, 0], self.xtx[2, 2]
-        if min(with_drafts, n - with_drafts) >= 0.2 * PROBE_WEIGHT:  # both kinds of step seen: cv identified
-            c0, c1, cv = np.linalg.solve(self.xtx + 1e-12 * np.eye(3) * max(self.xtx[1, 1], 1.0), self.xty)
-            if c1 > 0 and cv >= 0:
-                return max(float(c0), 0.0), float(c1), float(cv)
-        return (*self._line(), 0.0)
+        n, with_drafts = self.xtx[0, 0], self.xtx[3, 3]
+        has_cv = min(with_drafts, n - with_drafts) >= 0.2 * PROBE_WEIGHT
+        has_rows, has_tokens = (self.xtx[i, i] / n - (self.xtx[0, i] / n) ** 2 > 1e-6 * max((self.xtx[0, i] / n) ** 2, 1.0)
+                                for i in (1, 2))
+        for keep in ((0, 1, 2, 3), (0, 2, 3), (0, 1, 2), (0, 2)):
+            if (3 in keep and not has_cv) or (1 in keep and not has_rows) or not has_tokens:
+                continue
+            a = self.xtx[np.ix_(keep, keep)]
+            c = np.linalg.solve(a + 1e-12 * np.trace(a) * np.eye(len(keep)), self.xty[list(keep)])
+            full = np.zeros(4)
+            full[list(keep)] = c
+            if full[2] > 0 and full[1] >= 0 and full[3] >= 0:
+                return max(float(full[0]), 0.0), float(full[1]), float(full[2]), float(full[3])
+        c0, c1 = self._line()
+        return c0, c1, c1, 0.0
 
     def _line(self) -> tuple[float, float]:
-        """(c0, c1) of the plain line through every step."""
-        n, sx, sy, sxx, sxy = self.xtx[0, 0], self.xtx[0, 1], self.xty[0], self.xtx[1, 1], self.xty[1]
+        """(c0, c1) of the plain line through every step over all its tokens."""
+        xtx, xty = self.xtx, self.xty
+        n, sy = float(xtx[0, 0]), float(xty[0])
+        sx = float(xtx[0, 1] + xtx[0, 2])
+        sxx = float(xtx[1, 1] + 2 * xtx[1, 2] + xtx[2, 2])
+        sxy = float(xty[1] + xty[2])
         mx, my = sx / n, sy / n
         var = sxx / n - mx * mx
         if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
@@ -81,23 +100,31 @@ class StepCostModel:
         c1 = max((sxy / n - mx * my) / var, 1e-9 * max(my, 1e-9))
         return max(my - c1 * mx, 0.0), c1
 
-    def predict(self, tokens: float, drafted: bool = True) -> float | None:
+    def coef_for(self, rows: int) -> tuple[float, float, float] | None:
+        """(a, b, cv): a step of `rows` requests costs a + b * tokens (+ cv with drafts) for tokens >= rows."""
         coef = self.coefficients()
+        if coef is None:
+            return None
+        c0, c_row, c_tok, cv = coef
+        return c0 + (c_row - c_tok) * rows, c_tok, cv
+
+    def predict(self, tokens: float, drafted: bool = True, rows: int = 0) -> float | None:
+        coef = self.coef_for(rows)
         return None if coef is None else coef[0] + coef[1] * tokens + (coef[2] if drafted else 0.0)
 
     def wants_probe(self) -> bool:
         """Whether this step should verify no drafts so that `cv` stays measured."""
-        plain = self.xtx[0, 0] - self.xtx[2, 2]
+        plain = self.xtx[0, 0] - self.xtx[3, 3]
         return self.count >= MIN_OBSERVATIONS and plain < PROBE_WEIGHT and self.since_plain >= PROBE_EVERY
 
-    def seconds(self, base_tokens: float) -> Callable[[np.ndarray], np.ndarray] | None:
-        """Step seconds as a function of tokens processed, for a step whose draft-free size is
-        `base_tokens` (`keep_lengths`' cost); None before the fit is trusted."""
-        coef = self.coefficients()
+    def seconds(self, rows: int) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Step seconds as a function of tokens processed for a step of `rows` requests (its
+        draft-free size; `keep_lengths`' cost); None before the fit is trusted."""
+        coef = self.coef_for(rows)
         if coef is None:
             return None
-        c0, c1, cv = coef
-        return lambda t: c0 + c1 * t + cv * (np.asarray(t) > base_tokens)
+        a, b, cv = coef
+        return lambda t: a + b * np.asarray(t, np.float64) + cv * (np.asarray(t) > rows)
 
 
 def bucket_of(response_tokens: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -269,20 +296,36 @@ class AcceptanceCalibration:
 class PositionTable:
     """Measured acceptance by draft position j per response-position bucket, for drafters without
     estimates: token j's chance is (accepted + prior x pooled) / (drafted + prior), pooled over
-    buckets as (a + 1) / (d + 2), then a running minimum along j."""
+    buckets as (a + 1) / (d + 2), then a running minimum along j.
+
+    A position the controller stopped verifying gets no new evidence, so a low chance measured while
+    the drafter was cold (an empty cache, an early epoch) would stand for good: after `STARVED_STEPS`
+    steps without a verified token there, its counts halve every step until the prior lets a draft
+    through again, and the verifier's answer is measured afresh.
+    """
     def __init__(self, width: int, prior: float = BUCKET_PRIOR, buckets: int = POSITION_BUCKETS) -> None:
         self.prior = prior
         self.drafted = np.zeros((buckets, width))
         self.accepted = np.zeros((buckets, width))
+        self.starved = np.zeros((buckets, width), np.int64)  # steps since a token was verified there
 
     def count(self, buckets: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """Add verified drafts: row r had `drafted[r]` tokens in `buckets[r]`, the first `accepted[r]` taken."""
+        """Add one step's verified drafts: row r had `drafted[r]` tokens in `buckets[r]`, the first
+        `accepted[r]` taken."""
         rows, width = self.drafted.shape
         b = np.asarray(buckets, np.int64)
+        fed = np.zeros((rows, width))
         for counts, n in ((self.drafted, drafted), (self.accepted, accepted)):
             hist = np.bincount(b * (width + 1) + np.minimum(np.asarray(n, np.int64), width),
                                minlength=rows * (width + 1)).reshape(rows, width + 1)
-            counts += np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [b, j]: rows with n > j
+            new = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [b, j]: rows with n > j
+            counts += new
+            if counts is self.drafted:
+                fed = new
+        self.starved = np.where(fed > 0, 0, self.starved + 1)
+        fade = np.where(self.starved > STARVED_STEPS, 0.5, 1.0)
+        self.drafted *= fade
+        self.accepted *= fade
 
     def rows(self, buckets: np.ndarray) -> np.ndarray:
         """[r, j]: the chances of rows in `buckets` (R x width), nonincreasing along j."""
@@ -305,97 +348,3 @@ def _isotonic(pairs: list[tuple[float, float]]) -> list[float]:
     for a, w, n in blocks:
         out.extend([a / w] * int(n))
     return out
-
-
-class GoodputGate:
-    """The controller for drafters that give tokens alone (vLLM's `suffix` and `ngram`), by request id.
-
-    Call `gate` once per engine step, right after the drafter proposed: it closes the step that ran
-    (each request's accepted count: `sampled - 1`, capped at what it was given), times it (the gap
-    since the last call) against the tokens it processed, and returns the drafts trimmed by
-    `keep_lengths`. Before `MIN_OBSERVATIONS` timed steps the drafts pass whole. `stats` counts the
-    tokens proposed and the forecast against the measured step seconds (the verifier's own counters
-    count drafted and accepted). Per-request state lives in slot arrays: a step costs ~0.3 ms at 256 rows.
-    """
-    def __init__(self, width: int, cost_memory: int = COST_MEMORY_STEPS,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.cost = StepCostModel(decay=1.0 - 1.0 / cost_memory)
-        self.table = PositionTable(width)
-        self.record = RequestRecord()
-        self.clock = clock
-        self.slots: dict[str, int] = {}  # request id -> its slot
-        self.ids: list[str | None] = []  # slot -> request id (None: free)
-        self._free: list[int] = []
-        self.given = np.zeros((3, 64), np.int64)  # [tokens given last step, their bucket, step last seen] per slot
-        self.step = 0
-        self.stats = SpecStats()
-        self._stamp: float | None = None
-        self._predicted: float | None = None
-
-    def gate(self, req_ids: Sequence[str], sampled: Sequence[int], response_tokens: Sequence[int],
-             drafts: Sequence[Sequence[int]]) -> list[Sequence[int]]:
-        """Row i: request `req_ids[i]` sampled `sampled[i]` tokens this step (0: not decoding) and has
-        written `response_tokens[i]`; its proposed draft `drafts[i]`. Returns the drafts to verify."""
-        now = self.clock()
-        self.step += 1
-        sizes = np.asarray(sampled, np.int64)
-        live = np.flatnonzero(sizes > 0)
-        slots = np.fromiter((self._slot(req_ids[i]) for i in live.tolist()), np.int64, len(live))
-        self._close(slots, sizes[live], now)
-        lengths = np.fromiter((len(drafts[i]) for i in live.tolist()), np.int64, len(live))
-        self.stats.proposed += int(lengths.sum())
-        buckets = bucket_of(np.asarray(response_tokens, np.int64)[live])
-        out = list(drafts)
-        seconds = self.cost.seconds(len(live))
-        if seconds is not None and len(live):
-            table = self.table.rows(buckets)
-            q = adjust(table, self.record.factor(slots))
-            kept = keep_lengths(q, np.zeros_like(lengths) if self.cost.wants_probe() else lengths, seconds,
-                                len(live), len(live))
-            self.record.predicted(slots, within(table, kept).sum(1))
-            self._predicted = float(seconds(len(live) + int(kept.sum())))
-            for i, k in zip(live[kept < lengths].tolist(), kept[kept < lengths].tolist()):
-                out[i] = list(drafts[i][:k])
-            lengths = kept
-        self.given[0, slots], self.given[1, slots], self.given[2, slots] = lengths, buckets, self.step
-        self._stamp = self.clock()
-        return out
-
-    def _slot(self, req_id: str) -> int:
-        slot = self.slots.get(req_id)
-        if slot is None:
-            if self._free:
-                slot = self._free.pop()
-            else:
-                slot = len(self.ids)
-                self.ids.append(None)
-                if slot >= self.given.shape[1]:
-                    self.given = np.concatenate([self.given, np.zeros_like(self.given)], axis=1)
-            self.slots[req_id], self.ids[slot] = slot, req_id
-            self.given[:, slot] = (0, 0, self.step)
-            self.record.reset(slot)
-        return slot
-
-    def _close(self, slots: np.ndarray, sizes: np.ndarray, now: float) -> None:
-        """Count the verified drafts of the step that ran, time it, and free the slots of requests
-        unseen for two steps (finished)."""
-        fresh = self.given[2, slots] == self.step - 1  # drafted for last step (a new slot was given 0)
-        drafted = np.where(fresh, self.given[0, slots], 0)
-        accepted = np.minimum(sizes - 1, drafted)
-        self.table.count(self.given[1, slots], drafted, accepted)
-        self.record.verified(slots, accepted)
-        if self._stamp is not None and len(slots):
-            processed, seconds, any_draft = len(slots) + int(drafted.sum()), now - self._stamp, bool(drafted.any())
-            guess = self.cost.predict(processed, any_draft)
-            if guess is None or seconds < 10 * guess:  # a pause between generate calls is no step
-                self.cost.observe(processed, seconds, any_draft)
-                if self._predicted is not None:
-                    self.stats.timed_step(self._predicted, seconds)
-        self._predicted = None
-        used = len(self.ids)
-        stale = np.flatnonzero(self.given[2, :used] < self.step - 2)
-        for slot in stale.tolist():
-            if self.ids[slot] is not None:
-                del self.slots[self.ids[slot]]
-                self.ids[slot] = None
-                self._free.append(slot)

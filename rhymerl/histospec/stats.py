@@ -94,8 +94,8 @@ class SpecStats:
     def timed_step(self, predicted: float, measured: float) -> None:
         """Count one engine step the controller forecast at `predicted` s that took `measured` s."""
         self.timed_steps += 1
-        self.predicted_s += predicted
-        self.measured_s += measured
+        self.predicted_s += float(predicted)  # plain floats: the counters cross vLLM's RPC
+        self.measured_s += float(measured)
 
     @property
     def drafted_at(self) -> list[int]:

@@ -17,6 +17,15 @@ from rhymerl.histospec.index import PromptIndex
 from rhymerl.histospec.offline.replay import replay_batch
 from rhymerl.histospec.stats import POSITION_EDGE_ARRAY, SpecStats, tally_position, tally_row
 
+# The drafting rules the mechanism tests were written against: long own drafts (7-token matches, factor
+# 2, no probability cut-off) and the cross-prompt tree on. Tests of those mechanisms pin them.
+TREE_RULES = dict(min_token_prob=0.0, max_spec_factor=2.0, max_match=7, recent_spec_factor=4.0, recent_responses=512)
+
+
+def tree_rules(**settings) -> SpecConfig:
+    """`SpecConfig(**settings)` over `TREE_RULES`."""
+    return SpecConfig(**{**TREE_RULES, **settings})
+
 
 def draft_arrays(drafter: BatchIndexDrafter, indexes: Sequence[PromptIndex], row_ids: Sequence[int],
                  nums: Sequence[int], budgets: Sequence[int], tokens: np.ndarray) -> Drafts:

@@ -26,7 +26,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "histospec-additive": {"budget_rule": "additive", "max_budget": 32},
     "histospec-no-siblings": {"siblings": False},
     "siblings-only": {"history_epochs": 0, "recent_responses": 0, "prompt_lookup": False},
-    "histospec-no-recent": {"recent_responses": 0},  # the prompt's own index only
+    "histospec-tree": {"recent_responses": 512},  # with the cross-prompt tree of recent responses
     "histospec-reward": {"reward_weighted": True},
     "ngram": {"method": "ngram"},
     # vLLM's suffix decoding (Arctic Inference) at its stock settings, in the cache scopes of SUFFIX_ARMS

@@ -7,7 +7,8 @@ from typing import Callable
 
 import numpy as np
 
-from rhymerl.histospec.goodput import PROBE_EVERY, GoodputGate, keep_lengths
+from rhymerl.histospec.goodput import PROBE_EVERY, keep_lengths
+from rhymerl.vllm.draft_gate import GoodputGate
 
 WIDTH = 8
 
@@ -39,9 +40,10 @@ def drive(p: Callable[[int, int], float], c0: float, c1: float, steps: int = 120
 
 def test_no_draft_pays_when_acceptance_is_too_low():
     # p 0.1 and a token costing a tenth of the fixed cost: a draft token would pay only above ~0.4.
-    kept, gate = drive(lambda i, s: 0.1, c0=1.0, c1=0.1)
+    # Past the warm-up only the starved table's re-checks (one step in ~70) verify anything.
+    kept, gate = drive(lambda i, s: 0.1, c0=1.0, c1=0.1, steps=400)
     assert kept[:8].sum() > 0  # untrimmed until the cost fit has its 8 steps
-    assert kept[20:].sum() == 0
+    assert (kept[20:].sum(1) > 0).mean() <= 0.03 and kept[20:].sum() <= 0.02 * gate.proposed_lengths[20:].sum()
     assert gate.stats.proposed > kept.sum() and gate.stats.timed_steps > 100
 
 

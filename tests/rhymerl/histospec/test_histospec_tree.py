@@ -8,7 +8,7 @@ from rhymerl.histospec.drafter import HistoSpecDrafter, PRIOR, RecentTree, follo
 from helpers.histospec_oracle import SuffixIndex
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.offline.replay import RecordedResponse, replay
-from rhymerl.config.spec import SpecConfig
+from helpers.histospec_calls import tree_rules
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
 
 
@@ -90,7 +90,7 @@ def test_batch_drafter_feeds_and_drafts_from_the_recent_tree():
     # response reaches [2, 3] then drafts A's continuation from the cross-prompt tree.
     a, b = (50, 51), (60, 61)
     bundle = HistoryBundle.of((PromptHistory(a), PromptHistory(b)))
-    spec = SpecConfig(cost_aware=False, recent_spec_factor=2.0)
+    spec = tree_rules(cost_aware=False, recent_spec_factor=2.0)
     batch = BatchDrafter(bundle, spec, k=8, max_model_len=64)
     rows = np.zeros((2, 64), dtype=np.int64)
     rows[0, :8] = [*a, 1, 2, 3, 4, 5, 6]
@@ -104,8 +104,8 @@ def test_replay_drafts_epoch_zero_from_an_earlier_step_of_another_prompt():
     # Step 0 holds prompt p; in step 1 prompt q (no history, no sibling yet) repeats p's tokens.
     shared = tuple(range(10, 30))
     records = [RecordedResponse("p", 0, shared, step=0), RecordedResponse("q", 0, (1,) + shared, step=1)]
-    on = replay(records, SpecConfig()).per_epoch[0]
-    off = replay(records, SpecConfig(recent_responses=0)).per_epoch[0]
+    on = replay(records, tree_rules()).per_epoch[0]
+    off = replay(records, tree_rules(recent_responses=0)).per_epoch[0]
     assert off.accepted == 0
     assert on.accepted > 10
 

@@ -8,6 +8,7 @@ import numpy as np
 from rhymerl.histospec.bundle import HistoryBundle, PromptHistory
 from rhymerl.histospec.engine.requests import PromptTable
 from rhymerl.config.spec import SpecConfig
+from helpers.histospec_calls import tree_rules
 from rhymerl.data.records import prompt_id_of
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from rhymerl.vllm.histospec_proposer import INDEX_ENV, HistoSpecProposer
@@ -33,7 +34,7 @@ class FakeBatch:
 def test_disabled_spec_drafts_nothing():
     prompt = (50, 51, 52)
     bundle = HistoryBundle.of((PromptHistory(prompt, ((1, 2, 3, 4),), (0.0,)),))
-    bd = BatchDrafter(bundle, SpecConfig(enabled=False), k=8, max_model_len=64)
+    bd = BatchDrafter(bundle, tree_rules(enabled=False), k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1,)])
     assert bd.propose([[1]], batch.num, batch.tokens) == [[]]
 
@@ -50,7 +51,7 @@ def test_prompt_table_prefers_the_longest_known_prompt():
 def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
     prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
     bundle = HistoryBundle.of((PromptHistory(prompt, (hist,), (1.0,)),))
-    bd = BatchDrafter(bundle, SpecConfig(siblings=False, budget_rule="additive"), k=8, max_model_len=64)
+    bd = BatchDrafter(bundle, tree_rules(siblings=False, budget_rule="additive"), k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1,)])  # after prefill the row holds the prompt and one token
     assert bd.propose([[1]], batch.num, batch.tokens) == [[2, 3]]  # additive rule starts at 2
     batch.append(0, [2, 3, 4])  # both drafts accepted, plus the bonus token
@@ -65,7 +66,7 @@ def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
     prompt = (50, 51, 52)
     bundle = HistoryBundle.of((PromptHistory(prompt),))
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=8,
+    spec = tree_rules(min_match=2, max_match=3, budget_rule="fixed", max_budget=8,
                       recent_responses=0)  # siblings only (the cross-prompt tree lags by < TREE_CHUNK)
     bd = BatchDrafter(bundle, spec, k=8, max_model_len=64)
     batch = FakeBatch([prompt + (1, 2, 3, 4), prompt + (9,), (7, 7, 7, 7)])
@@ -87,7 +88,7 @@ def test_batch_drafter_copies_from_the_prompt_without_history():
     bundle = HistoryBundle.of((PromptHistory(prompt),))
     drafts = {}
     for lookup in (True, False):
-        spec = SpecConfig(budget_rule="fixed", max_budget=3, max_spec_factor=0, recent_responses=0,
+        spec = tree_rules(budget_rule="fixed", max_budget=3, max_spec_factor=0, recent_responses=0,
                           prompt_lookup=lookup)
         bd = BatchDrafter(bundle, spec, k=3, max_model_len=64)
         batch = FakeBatch([prompt + (9, 51)])
@@ -97,21 +98,21 @@ def test_batch_drafter_copies_from_the_prompt_without_history():
 
 def test_histospec_settings_reach_the_proposer_through_additional_config():
     # One typed value: SpecConfig -> EngineSpeculation -> (vLLM) -> the same SpecConfig in the proposer.
-    spec = SpecConfig(max_budget=16, min_match=2, siblings=False)
+    spec = tree_rules(max_budget=16, min_match=2, siblings=False)
     engine = engine_speculation(spec)
     assert engine.speculative_config() == {"method": "custom_class", "num_speculative_tokens": 16,
                                            "model": "rhymerl.vllm.histospec_proposer.HistoSpecProposer"}
     assert drafter_settings(dict(engine.additional_config), 16) == spec
     assert drafter_settings(None, 4) == SpecConfig(max_budget=4)  # an engine built without them
-    assert engine_speculation(SpecConfig(enabled=False)) is None
-    assert engine_speculation(SpecConfig(method="ngram", max_budget=4)).speculative_config()["prompt_lookup_max"] == 7
+    assert engine_speculation(tree_rules(enabled=False)) is None
+    assert engine_speculation(tree_rules(method="ngram", max_budget=4)).speculative_config()["prompt_lookup_max"] == 7
 
 
 def test_proposer_reads_the_published_bundle_when_it_changes(tmp_path, monkeypatch):
     # The worker finds the bundle through the environment and re-reads it once it is (re)written.
     path = tmp_path / "histospec.npz"
     monkeypatch.setenv(INDEX_ENV, str(path))
-    spec = SpecConfig(siblings=False, budget_rule="fixed", max_budget=8)
+    spec = tree_rules(siblings=False, budget_rule="fixed", max_budget=8)
     vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                                   model_config=SimpleNamespace(max_model_len=64),
                                   additional_config=dict(engine_speculation(spec).additional_config))
@@ -137,7 +138,7 @@ def test_a_new_bundle_keeps_what_the_drafter_learnt_about_the_engine(tmp_path, m
     monkeypatch.setenv(INDEX_ENV, str(path))
     vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                                   model_config=SimpleNamespace(max_model_len=64),
-                                  additional_config=dict(engine_speculation(SpecConfig()).additional_config))
+                                  additional_config=dict(engine_speculation(tree_rules()).additional_config))
     path.write_bytes(HistoryBundle.of((PromptHistory((50, 51), ((1, 2),), (0.0,)),)).to_bytes())
     proposer = HistoSpecProposer(vllm_config)
     old = proposer._batch
@@ -167,7 +168,7 @@ def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_sibli
     monkeypatch.setattr(hp, "INLINE_TOKENS", 0)  # every history goes to the background thread
     monkeypatch.setattr(hp.FlatIndex, "build", slow_build)
     prompt, hist = (50, 51, 52), (1, 2, 3, 4, 5, 6, 7, 8)
-    spec = SpecConfig(budget_rule="fixed", max_budget=4, recent_responses=0, cost_aware=False)
+    spec = tree_rules(budget_rule="fixed", max_budget=4, recent_responses=0, cost_aware=False)
     bundle = HistoryBundle.of((PromptHistory(prompt, (hist, hist), (0.0, 0.0)),))
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=64)
     batch = FakeBatch([prompt + (1, 2, 3, 9, 1), prompt + (1,)])
@@ -255,7 +256,7 @@ def test_batched_drafts_equal_the_per_row_python_drafter_step_by_step():
     rewards = [tuple(float(x) for x in rng.random(len(h)).round(1)) for h in hists]
     bundle = HistoryBundle.of(tuple(PromptHistory(p, h, w) for p, h, w in zip(heads, hists, rewards)))
     for reward_weighted in (False, True):
-        spec = SpecConfig(budget_rule="doubling", max_budget=8, cost_aware=False, reward_weighted=reward_weighted,
+        spec = tree_rules(budget_rule="doubling", max_budget=8, cost_aware=False, reward_weighted=reward_weighted,
                           recent_responses=8 if has_arctic_inference() else 0)
         arms = [BatchDrafter(bundle, spec, k=8, max_model_len=200, batched=b) for b in (True, False)]
         batch = FakeBatch([heads[k] + (int(r[0]),) for k, r in live], width=200)
@@ -292,7 +293,7 @@ def test_requests_arriving_with_long_prefixes_catch_up_within_each_steps_allowan
     monkeypatch.setattr(hp, "SIDE_CATCH_UP", 8)
     monkeypatch.setattr(hp, "TREE_CATCH_UP", 6)
     prompt = (50, 51, 52)
-    spec = SpecConfig(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False)
+    spec = tree_rules(min_match=2, max_match=3, budget_rule="fixed", max_budget=4, cost_aware=False)
     bd = BatchDrafter(HistoryBundle.of((PromptHistory(prompt),)), spec, k=4, max_model_len=64)
     body = tuple(range(1, 21))  # both requests arrive 20 tokens in (moved from another worker)
     batch = FakeBatch([prompt + body, prompt + body[:12] + (99,) * 8])
@@ -324,7 +325,7 @@ def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time():
     # drafting 2, 4, 8, ... steps (capped); a draft with an accepted token resets the count.
     prompt, hist = (50, 51, 52), (1, 2) * 30  # every context ending in 1 drafts 2 1 2 1
     bundle = HistoryBundle.of((PromptHistory(prompt, (hist,), (1.0,)),))
-    spec = SpecConfig(siblings=False, recent_responses=0, cost_aware=False, min_match=1, max_match=2,
+    spec = tree_rules(siblings=False, recent_responses=0, cost_aware=False, min_match=1, max_match=2,
                       max_spec_factor=0.0, budget_rule="fixed", max_budget=4, fail_backoff=8)
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=512)
     batch = FakeBatch([prompt + (1,)], width=512)
@@ -338,7 +339,7 @@ def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time():
     batch.append(0, [2, 2])  # step 28's draft 2 1 2 1: its first token accepted, then a 2 sampled
     assert bd.propose([[2, 2]], batch.num, batch.tokens)[0] == [1, 2, 1, 2]  # drafts again at once
     assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (28, 6 * 4, 1)  # the same request
-    off = BatchDrafter(bundle, SpecConfig(**{**spec.__dict__, "fail_backoff": 0}), k=4, max_model_len=512)
+    off = BatchDrafter(bundle, tree_rules(**{**spec.__dict__, "fail_backoff": 0}), k=4, max_model_len=512)
     batch = FakeBatch([prompt + (1,)], width=512)
     for _ in range(6):  # without the back-off every step drafts
         assert off.propose([[1]], batch.num, batch.tokens)[0] == [2, 1, 2, 1]
@@ -354,7 +355,7 @@ def test_the_first_step_compiles_nothing(monkeypatch):
 
     prompt = (50, 51, 52)
     hist = tuple(range(150_000, 150_199))  # a real vocabulary's ids: the inline builds re-rank contexts
-    spec = SpecConfig(budget_rule="fixed", max_budget=4, cost_aware=False)
+    spec = tree_rules(budget_rule="fixed", max_budget=4, cost_aware=False)
     bundle = HistoryBundle.of((PromptHistory(prompt, (hist, hist), (0.0, 1.0)), PromptHistory((60, 61), (hist,), (0.0,))))
     bd = BatchDrafter(bundle, spec, k=4, max_model_len=256)
     compiled = []

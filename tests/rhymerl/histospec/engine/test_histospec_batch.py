@@ -7,7 +7,7 @@ import pytest
 from rhymerl.histospec.engine.batch import BatchIndexDrafter, FlatSlots
 from rhymerl.histospec.drafter import EMPTY, MAX_CANDIDATES, histospec_drafter
 from rhymerl.histospec.index import FlatIndex, PromptIndex
-from rhymerl.config.spec import SpecConfig
+from helpers.histospec_calls import tree_rules
 from helpers.histospec_calls import draft_arrays, propose
 
 
@@ -24,7 +24,7 @@ def random_case(rng):
     """A spec, prompt indexes (history attached or not, siblings or not) and a batch of rows."""
     vocab = int(rng.choice([3, 8, 1000]))
     lo = int(rng.integers(1, 4))
-    spec = SpecConfig(min_match=lo, max_match=lo + int(rng.integers(0, 6)),
+    spec = tree_rules(min_match=lo, max_match=lo + int(rng.integers(0, 6)),
                       max_spec_factor=float(rng.choice([0.0, 1.0, 2.0])),
                       min_token_prob=float(rng.choice([0.0, 0.0, 0.2])),
                       reward_weighted=bool(rng.integers(0, 2)), max_budget=16)
@@ -76,7 +76,7 @@ def test_batch_drafts_equal_the_python_drafter(seed, dtype, limit):
 
 
 def test_no_rows_and_rows_without_a_history_or_match():
-    spec = SpecConfig()
+    spec = tree_rules()
     bd = BatchIndexDrafter(spec)
     assert propose(bd, [], [], [], [], np.zeros((0, 4), np.int32)) == []
     ix = PromptIndex([0.0], 1, 7)  # history not attached yet, no siblings
@@ -84,7 +84,7 @@ def test_no_rows_and_rows_without_a_history_or_match():
 
 
 def test_slots_are_shared_per_history_and_freed_when_dropped():
-    spec = SpecConfig()
+    spec = tree_rules()
     a, b = (PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=7) for _ in range(2))
     slots = FlatSlots(7)
     assert (slots.slot(a), slots.slot(a), slots.slot(b)) == (0, 0, 1)
@@ -102,7 +102,7 @@ def test_a_siblings_slot_follows_its_arrays_when_they_grow():
     # the next look-up replaces its entries, so the compiled step never reads stale arrays.
     ix = PromptIndex.build(np.array([1, 2, 3, 4]), [4], min_match=1, max_match=7)
     seq = ix.add([5, 6, 7])
-    bd = BatchIndexDrafter(SpecConfig(min_match=2, max_spec_factor=0.0))
+    bd = BatchIndexDrafter(tree_rules(min_match=2, max_spec_factor=0.0))
     row = np.array([[5, 6, 10, 11]], np.int32)
     assert propose(bd, [ix], [0], [2], [3], row)[0].tokens == (7,)  # after 5 6 the sibling has 7
     k = bd.sides.slot(ix.side)

@@ -97,15 +97,20 @@ WITH_TREE: dict[tuple[str, str], tuple] = {
 }
 
 
+# The drafting rules the figures were measured under (the defaults then): long own drafts and the tree.
+PINNED_RULES = ("min_token_prob=0.0", "max_spec_factor=2.0", "max_match=7", "recent_spec_factor=4.0")
+
+
 def test_replay_without_the_tree_is_pinned(lake: str, capsys: pytest.CaptureFixture) -> None:
     # Rule: the prompt's own index, siblings and n-gram lookup draft exactly as before.
     got = _figures(capsys, lake, "--settings", "histospec", "histospec-no-siblings", "histospec-reward", "ngram",
-                   "--set", "recent_responses=0")
+                   "--set", "recent_responses=0", *PINNED_RULES)
     assert got == WITHOUT_TREE
 
 
 @needs_arctic
 def test_replay_with_the_tree_and_suffix_arms_is_pinned(lake: str, capsys: pytest.CaptureFixture) -> None:
     # Rule: the default HistoSpec (with the cross-prompt tree) and the suffix arms draft exactly as before.
-    got = _figures(capsys, lake, "--settings", "histospec", "suffix", "suffix-step")
+    got = _figures(capsys, lake, "--settings", "histospec", "suffix", "suffix-step",
+                   "--set", "recent_responses=512", *PINNED_RULES)
     assert got == WITH_TREE
