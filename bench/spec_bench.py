@@ -62,7 +62,7 @@ from rhymerl.vllm.speculation import engine_speculation
 
 ARMS = {
     "plain": SpecConfig(enabled=False),
-    "ngram": SpecConfig(method="ngram", max_budget=4),  # k=4: at k=16 its 3% acceptance wastes more
+    "ngram": SpecConfig(method="ngram", max_budget=4, max_match=7),  # k=4: at k=16 its 3% acceptance wastes more
     "histospec": SpecConfig(siblings=False),
     "siblings": SpecConfig(siblings=True),
     "suffix": SpecConfig(method="suffix"),  # stock suffix decoding, drafts <= max_budget (16)

@@ -1,8 +1,8 @@
 """The goodput controller: which draft tokens an engine step verifies, for every `spec.method`.
 
 A step costs `seconds(tokens)` for the tokens it processes (one per decoding request plus the drafts
-it verifies; `StepCostModel` fits it online from the engine's own steps, a request and a draft token
-priced apart, plus what verifying at all costs). Draft token
+it verifies; `StepCostModel` fits it online from the engine's own steps, plus what verifying at all
+costs). Draft token
 j of request i is accepted with chance q[i, j], nonincreasing in j, made of two measurements:
 - a table by where the request is in its response (`POSITION_EDGES` buckets, so deep drafts in long
   answers are judged on their own record, not on the pool) and by the drafter's estimate
@@ -39,60 +39,46 @@ RECORD_PRIOR = 2.0  # pseudo-tokens at the table's prediction: one unlucky draft
 
 
 class StepCostModel:
-    """Seconds per engine step as `c0 + c_row * rows + c_tok * (tokens - rows) + cv * [any draft]`, fitted
-    online (decayed least squares).
+    """Seconds per engine step as `c0 + c1 * tokens + cv * [any draft verified]`, fitted online
+    (decayed least squares; tokens: one per request plus its draft or prefill tokens).
 
-    A step's requests and its extra tokens (drafts, prefill) cost differently (a request row pays for
-    its sampling and attention, a draft token mostly for its share of the forward pass), so one slope
-    over all tokens would misprice a draft token as the batch fills and drains. `cv` is what verifying
-    costs a step at all (the verifier's pass, which a draft-free step skips): a few cheap draft tokens
-    can cost more than they return. A term is fitted only once the steps identify it (`cv`: steps both
-    with and without drafts, which `wants_probe` asks for now and then; `c_row`: batches of different
-    sizes); until then it is left out.
+    `cv` is what verifying costs a step at all (the verifier's pass, which a draft-free step skips):
+    a few cheap draft tokens can cost more than they return. It is fitted only once the steps
+    identify it, from steps both with and without drafts, which `wants_probe` asks for now and then;
+    until then it is left out. (A separate price per request row was tried and dropped: rows and
+    drafts grow together, so the two slopes were not identified and drafts were mispriced.)
     """
     def __init__(self, decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS) -> None:
         self.decay = decay  # weight of older steps per new one (spec.cost_memory)
-        self.xtx = np.zeros((4, 4))  # decayed sums over steps of x x^T, x = (1, rows, tokens - rows, drafted)
-        self.xty = np.zeros(4)
+        self.xtx = np.zeros((3, 3))  # decayed sums over steps of x x^T, x = (1, tokens, drafted)
+        self.xty = np.zeros(3)
         self.count = 0
         self.since_plain = 0  # steps since the last draft-free one
 
     def observe(self, tokens: float, seconds: float, drafted: bool = True, rows: int = 0) -> None:
-        """Add one step: `tokens` processed (`rows` of them one per request) in `seconds`, with
-        (`drafted`) or without draft tokens."""
-        x = np.array([1.0, float(rows), float(tokens) - rows, 1.0 if drafted else 0.0])
+        """Add one step: `tokens` processed in `seconds`, with (`drafted`) or without draft tokens
+        (`rows`, the requests among the tokens, is accepted for the callers' symmetry and not fitted)."""
+        x = np.array([1.0, float(tokens), 1.0 if drafted else 0.0])
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
         self.count += 1
         self.since_plain = self.since_plain + 1 if drafted else 0
 
-    def coefficients(self) -> tuple[float, float, float, float] | None:
-        """(c0, c_row, c_tok, cv), None before `MIN_OBSERVATIONS` steps; c_tok > 0, the others >= 0."""
+    def coefficients(self) -> tuple[float, float, float] | None:
+        """(c0, c1, cv), None before `MIN_OBSERVATIONS` steps; c1 > 0, c0, cv >= 0: tokens never look free."""
         if self.count < MIN_OBSERVATIONS:
             return None
-        n, with_drafts = self.xtx[0, 0], self.xtx[3, 3]
-        has_cv = min(with_drafts, n - with_drafts) >= 0.2 * PROBE_WEIGHT
-        has_rows, has_tokens = (self.xtx[i, i] / n - (self.xtx[0, i] / n) ** 2 > 1e-6 * max((self.xtx[0, i] / n) ** 2, 1.0)
-                                for i in (1, 2))
-        for keep in ((0, 1, 2, 3), (0, 2, 3), (0, 1, 2), (0, 2)):
-            if (3 in keep and not has_cv) or (1 in keep and not has_rows) or not has_tokens:
-                continue
-            a = self.xtx[np.ix_(keep, keep)]
-            c = np.linalg.solve(a + 1e-12 * np.trace(a) * np.eye(len(keep)), self.xty[list(keep)])
-            full = np.zeros(4)
-            full[list(keep)] = c
-            if full[2] > 0 and full[1] >= 0 and full[3] >= 0:
-                return max(float(full[0]), 0.0), float(full[1]), float(full[2]), float(full[3])
-        c0, c1 = self._line()
-        return c0, c1, c1, 0.0
+        n, with_drafts = self.xtx[0, 0], self.xtx[2, 2]
+        if min(with_drafts, n - with_drafts) >= 0.2 * PROBE_WEIGHT:  # both kinds of step seen: cv identified
+            a = self.xtx + 1e-12 * np.trace(self.xtx) * np.eye(3)
+            c0, c1, cv = np.linalg.solve(a, self.xty)
+            if c1 > 0 and cv >= 0:
+                return max(float(c0), 0.0), float(c1), float(cv)
+        return (*self._line(), 0.0)
 
     def _line(self) -> tuple[float, float]:
-        """(c0, c1) of the plain line through every step over all its tokens."""
-        xtx, xty = self.xtx, self.xty
-        n, sy = float(xtx[0, 0]), float(xty[0])
-        sx = float(xtx[0, 1] + xtx[0, 2])
-        sxx = float(xtx[1, 1] + 2 * xtx[1, 2] + xtx[2, 2])
-        sxy = float(xty[1] + xty[2])
+        """(c0, c1) of the plain line through every step."""
+        n, sx, sy, sxx, sxy = map(float, (self.xtx[0, 0], self.xtx[0, 1], self.xty[0], self.xtx[1, 1], self.xty[1]))
         mx, my = sx / n, sy / n
         var = sxx / n - mx * mx
         if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
@@ -102,11 +88,7 @@ class StepCostModel:
 
     def coef_for(self, rows: int) -> tuple[float, float, float] | None:
         """(a, b, cv): a step of `rows` requests costs a + b * tokens (+ cv with drafts) for tokens >= rows."""
-        coef = self.coefficients()
-        if coef is None:
-            return None
-        c0, c_row, c_tok, cv = coef
-        return c0 + (c_row - c_tok) * rows, c_tok, cv
+        return self.coefficients()
 
     def predict(self, tokens: float, drafted: bool = True, rows: int = 0) -> float | None:
         coef = self.coef_for(rows)
@@ -114,7 +96,7 @@ class StepCostModel:
 
     def wants_probe(self) -> bool:
         """Whether this step should verify no drafts so that `cv` stays measured."""
-        plain = self.xtx[0, 0] - self.xtx[3, 3]
+        plain = self.xtx[0, 0] - self.xtx[2, 2]
         return self.count >= MIN_OBSERVATIONS and plain < PROBE_WEIGHT and self.since_plain >= PROBE_EVERY
 
     def seconds(self, rows: int) -> Callable[[np.ndarray], np.ndarray] | None:
