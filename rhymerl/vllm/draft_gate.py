@@ -17,12 +17,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rhymerl.config.spec import COST_MEMORY_STEPS
-from rhymerl.histospec.goodput import (PositionTable, RequestRecord, StepCostModel, adjust, bucket_of, keep_lengths,
-                                      within)
+from rhymerl.histospec.goodput import (STARVED_STEPS, PositionTable, RequestRecord, StepCostModel, adjust, bucket_of,
+                                      keep_lengths, within)
 from rhymerl.histospec.stats import SpecStats
 
 GATE_ATTR = "_rhymerl_goodput_gate"
 STAT_FIELDS = ("proposed", "timed_steps", "predicted_s", "measured_s")
+RECHECK_STEPS = STARVED_STEPS + 4  # the starved position's old record has faded 16-fold by then
+RECHECK_SHARE = 8  # one row in this many verifies its whole draft on a re-check step
 
 
 class GoodputGate:
@@ -79,6 +81,8 @@ class GoodputGate:
             return True
         if self.cost.wants_probe():
             return False
+        if self._rechecking():
+            return True
         full = np.full(len(live), q.shape[1])
         return bool(keep_lengths(q, full, seconds, len(live), len(live)).any())
 
@@ -91,6 +95,8 @@ class GoodputGate:
         if seconds is not None and len(live):
             kept = keep_lengths(q, np.zeros_like(lengths) if self.cost.wants_probe() else lengths, seconds,
                                 len(live), len(live))
+            if self._rechecking():  # fresh evidence where the table has none: a few rows verify whole drafts
+                kept = np.where(np.arange(len(live)) % RECHECK_SHARE == self.step % RECHECK_SHARE, lengths, kept)
             self.record.predicted(slots, within(table, kept).sum(1))
             self._predicted = float(seconds(len(live) + int(kept.sum())))
             for i, k in zip(live[kept < lengths].tolist(), kept[kept < lengths].tolist()):
@@ -99,6 +105,13 @@ class GoodputGate:
         self.given[0, slots], self.given[1, slots], self.given[2, slots] = lengths, buckets, self.step
         self._stamp = self.clock()
         return out
+
+    def _rechecking(self) -> bool:
+        """Whether the first draft position of a response-position bucket in this step has had no
+        verified token for `RECHECK_STEPS` steps: a chance measured while the drafter was cold (an
+        empty cache) would otherwise stand for good."""
+        buckets = self._now[2]
+        return bool(len(buckets)) and bool(self.table.starved[np.unique(buckets), 0].max() >= RECHECK_STEPS)
 
     def _slot(self, req_id: str) -> int:
         slot = self.slots.get(req_id)
