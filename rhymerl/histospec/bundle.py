@@ -241,5 +241,6 @@ def uses_bundle(spec: SpecConfig) -> bool:
 
 
 def counted_by_vllm(spec: SpecConfig) -> bool:
-    """Whether acceptance counts come from vLLM's metrics (its own drafters: needs `log_stats`)."""
-    return spec.enabled and spec.method in ("ngram", "suffix")
+    """Whether acceptance counts come from vLLM's metrics (its own drafters without the goodput
+    controller, which counts them otherwise: needs `log_stats`)."""
+    return spec.enabled and spec.method in ("ngram", "suffix") and not spec.cost_aware

@@ -11,6 +11,7 @@ distribution is untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
@@ -19,10 +20,9 @@ import numpy as np
 from rhymerl.config.spec import COST_MEMORY_STEPS
 from rhymerl.histospec.goodput import (STARVED_STEPS, PositionTable, RequestRecord, StepCostModel, adjust, bucket_of,
                                       keep_lengths, within)
-from rhymerl.histospec.stats import SpecStats
+from rhymerl.histospec.stats import POSITION_BUCKETS, SpecStats, Tally
 
 GATE_ATTR = "_rhymerl_goodput_gate"
-STAT_FIELDS = ("proposed", "timed_steps", "predicted_s", "measured_s")
 RECHECK_STEPS = STARVED_STEPS + 4  # the starved position's old record has faded 16-fold by then
 RECHECK_SHARE = 8  # one row in this many verifies its whole draft on a re-check step
 
@@ -106,6 +106,19 @@ class GoodputGate:
         self._stamp = self.clock()
         return out
 
+    def _tally(self, fresh: np.ndarray, buckets: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Count the continuing rows' verification steps in `stats` as HistoSpec's drafter counts its own
+        (so these drafters need none of vLLM's per-step statistics)."""
+        d, a, b = drafted[fresh], accepted[fresh], buckets[fresh]
+        if not len(d):
+            return
+        size = int(d.max()) + 1 if d.any() else 0
+        hist = np.bincount(d[d > 0], minlength=size).tolist() if size else []
+        acc = np.bincount(a[d > 0], minlength=size).tolist() if size else []
+        self.stats.add(Tally(len(d), int(a.sum()) + len(d), int((d > 0).sum()), int(d.sum()), int(a.sum()), hist, acc,
+                             np.bincount(b, minlength=POSITION_BUCKETS).tolist(),
+                             np.bincount(b, weights=a + 1.0, minlength=POSITION_BUCKETS).astype(int).tolist()))
+
     def _rechecking(self) -> bool:
         """Whether the first draft position of a response-position bucket in this step has had no
         verified token for `RECHECK_STEPS` steps: a chance measured while the drafter was cold (an
@@ -136,6 +149,7 @@ class GoodputGate:
         accepted = np.minimum(sizes - 1, drafted)
         self.table.count(self.given[1, slots], drafted, accepted)
         self.record.verified(slots, accepted)
+        self._tally(fresh, self.given[1, slots], drafted, accepted)
         if self._stamp is not None and len(slots):
             processed, seconds, any_draft = len(slots) + int(drafted.sum()), now - self._stamp, bool(drafted.any())
             guess = self.cost.predict(processed, any_draft, len(slots))
@@ -183,9 +197,9 @@ def install_gate(runner: Any, cost_memory: int) -> bool:
 
 
 def take_gate_stats(runner: Any) -> dict | None:
-    """The gate's counters since the last call (`STAT_FIELDS` of `SpecStats`); None without a gate."""
+    """The gate's `SpecStats` since the last call, as a dict of plain values; None without a gate."""
     gate = getattr(runner, GATE_ATTR, None)
     if gate is None:
         return None
     stats, gate.stats = gate.stats, SpecStats()
-    return {name: type(getattr(SpecStats(), name))(getattr(stats, name)) for name in STAT_FIELDS}  # plain types: RPC
+    return dataclasses.asdict(stats)

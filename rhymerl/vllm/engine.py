@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
@@ -259,16 +259,16 @@ class VllmEngine:
         """
         if not self.speculation.active:
             return None
-        got = self.llm.collective_rpc("rhymerl_spec_stats")[0]
+        got = self.llm.collective_rpc("rhymerl_spec_stats")[0]  # HistoSpec's drafter
+        if got is None:
+            got = self.llm.collective_rpc("rhymerl_goodput_stats")[0]  # a stock drafter's controller
         if got is not None:
             return SpecStats(**got)
         if not self.spec.log_stats:
             return None
         now = _vllm_spec_counters(self.llm.get_metrics())
         before, self._counters = self._counters, now
-        stats = stats_from_counters({k: _minus(v, before.get(k)) for k, v in now.items()})
-        gate = self.llm.collective_rpc("rhymerl_goodput_stats")[0]  # the controller's side, if on
-        return replace(stats, **gate) if gate else stats
+        return stats_from_counters({k: _minus(v, before.get(k)) for k, v in now.items()})
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def drive(p: Callable[[int, int], float], c0: float, c1: float, steps: int = 120
     clock = [0.0]
     gate = GoodputGate(WIDTH, clock=lambda: clock[0])
     ids = [f"req-{i}" for i in range(batch)]
-    sampled, written, kept, proposed, emitted, seconds = [1] * batch, [0] * batch, [], [], [], []
+    sampled, written, kept, proposed, emitted, seconds, accepted_log = [1] * batch, [0] * batch, [], [], [], [], []
     for step in range(steps):
         drafts = [[7] * int(rng.integers(1, WIDTH + 1)) for _ in ids]
         proposed.append([len(d) for d in drafts])
@@ -31,10 +31,12 @@ def drive(p: Callable[[int, int], float], c0: float, c1: float, steps: int = 120
             flips = rng.random(len(d)) < p(i, step)
             accepted = int(np.argmin(flips)) if not flips.all() else len(d)
             sampled[i], written[i] = accepted + 1, written[i] + accepted + 1
+            accepted_log.append((step, accepted))
         seconds.append(c0 + c1 * (batch + sum(map(len, out))))  # the verified step's cost
         emitted.append(sum(sampled))
         clock[0] += seconds[-1]
     gate.proposed_lengths, gate.emitted, gate.seconds = np.array(proposed), np.array(emitted), np.array(seconds)
+    gate.accepted_total = sum(a for s, a in accepted_log if s < steps - 1)  # the last step is never closed
     return np.array(kept), gate
 
 
@@ -78,6 +80,9 @@ def test_good_and_poor_requests_split_as_the_optimum_does():
             oracle_t += 1.0 + 0.05 * (8 + keep.sum())
         assert rate >= 0.9 * oracle_e / oracle_t and rate >= 1.3 * 8 / 1.4
         assert abs(gate.stats.predicted_s / gate.stats.measured_s - 1) < 0.05  # the cost forecast holds
+        # the gate counts what was verified and accepted as the engine's counters would
+        assert gate.stats.drafted == kept[:-1].sum() and gate.stats.accepted == gate.accepted_total
+        assert gate.stats.steps == 8 * (len(kept) - 1) and gate.stats.tokens == gate.stats.steps + gate.stats.accepted
 
 
 def test_a_request_whose_drafts_stop_matching_is_cut_within_a_few_steps():

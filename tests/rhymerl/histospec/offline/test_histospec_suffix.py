@@ -37,8 +37,11 @@ def test_missing_library_names_make_setup(monkeypatch):
 
 
 def test_suffix_is_a_spec_method_without_bundle():
-    # Rule: "suffix" is vLLM's own drafter: no history bundle, counted by vLLM's metrics.
-    assert counted_by_vllm(SUFFIX) and counted_by_vllm(SpecConfig(method="ngram"))
+    # Rule: "suffix" is vLLM's own drafter: no history bundle; counted by the goodput controller, or by
+    # vLLM's metrics when the controller is off.
+    assert not counted_by_vllm(SUFFIX) and not counted_by_vllm(SpecConfig(method="ngram"))
+    assert counted_by_vllm(SpecConfig(method="suffix", cost_aware=False))
+    assert counted_by_vllm(SpecConfig(method="ngram", cost_aware=False))
     assert not counted_by_vllm(SpecConfig()) and not counted_by_vllm(SpecConfig(method="suffix", enabled=False))
     assert not uses_bundle(SUFFIX)
     with pytest.raises(ConfigError, match="'histospec', 'ngram', 'suffix'"):
