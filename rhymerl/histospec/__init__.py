@@ -2,7 +2,8 @@
 
 Modules (no engine imports; settings: `rhymerl.config.spec.SpecConfig`): `bundle` (the history a
 worker's drafter reads), `index` and `siblings` / `sibling_table` (a prompt's index), `drafter` (the
-reference drafter, tree, budget rules), `stats` (`SpecStats`). Subpackages: `engine` (the batch path
+reference drafter, tree, budget rules), `goodput` (the goodput controller: which draft tokens a step
+verifies, for every method), `stats` (`SpecStats`). Subpackages: `engine` (the batch path
 inside vLLM), `offline` (replay, tuning). Import the module you need: this package only keeps numba's
 cache of its compiled modules in step with their sources (below) and imports nothing of its own.
 """
