@@ -55,9 +55,8 @@ class StepCostModel:
         self.count = 0
         self.since_plain = 0  # steps since the last draft-free one
 
-    def observe(self, tokens: float, seconds: float, drafted: bool = True, rows: int = 0) -> None:
-        """Add one step: `tokens` processed in `seconds`, with (`drafted`) or without draft tokens
-        (`rows`, the requests among the tokens, is accepted for the callers' symmetry and not fitted)."""
+    def observe(self, tokens: float, seconds: float, drafted: bool = True) -> None:
+        """Add one step: `tokens` processed in `seconds`, with (`drafted`) or without draft tokens."""
         x = np.array([1.0, float(tokens), 1.0 if drafted else 0.0])
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
@@ -86,12 +85,8 @@ class StepCostModel:
         c1 = max((sxy / n - mx * my) / var, 1e-9 * max(my, 1e-9))
         return max(my - c1 * mx, 0.0), c1
 
-    def coef_for(self, rows: int) -> tuple[float, float, float] | None:
-        """(a, b, cv): a step of `rows` requests costs a + b * tokens (+ cv with drafts) for tokens >= rows."""
-        return self.coefficients()
-
-    def predict(self, tokens: float, drafted: bool = True, rows: int = 0) -> float | None:
-        coef = self.coef_for(rows)
+    def predict(self, tokens: float, drafted: bool = True) -> float | None:
+        coef = self.coefficients()
         return None if coef is None else coef[0] + coef[1] * tokens + (coef[2] if drafted else 0.0)
 
     def wants_probe(self) -> bool:
@@ -102,7 +97,7 @@ class StepCostModel:
     def seconds(self, rows: int) -> Callable[[np.ndarray], np.ndarray] | None:
         """Step seconds as a function of tokens processed for a step of `rows` requests (its
         draft-free size; `keep_lengths`' cost); None before the fit is trusted."""
-        coef = self.coef_for(rows)
+        coef = self.coefficients()
         if coef is None:
             return None
         a, b, cv = coef

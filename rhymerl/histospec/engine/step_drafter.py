@@ -111,7 +111,7 @@ class BatchDrafter:
             self._stats.proposed += int(lens.sum())
             step_pass.finish(req, ps, live[drafting], toks, lens, probs, out)
         if len(new) < len(slots) and self._stamp is not None:
-            self._observe(processed, t0 - self._stamp, bool(rows.drafted.any()), len(slots) - len(new))
+            self._observe(processed, t0 - self._stamp, bool(rows.drafted.any()))
         if self.spec.cost_aware:
             self._trim(out, live, slots)
         req.keep(rows.kept, slots, self.step, STATE_GRACE_STEPS)
@@ -228,12 +228,12 @@ class BatchDrafter:
             toks[j, :lens[j]], probs[j, :lens[j]] = d.tokens, d.probs[:lens[j]]
         return toks, lens, probs
 
-    def _observe(self, processed: int, seconds: float, drafted: bool, rows: int) -> None:
-        """Time the step that just ran (`rows` requests, `processed` tokens), skipping outliers (a pause
-        between generate calls)."""
-        guess = self.cost.predict(processed, drafted, rows)
+    def _observe(self, processed: int, seconds: float, drafted: bool) -> None:
+        """Time the step that just ran (`processed` tokens, with or without drafts), skipping outliers (a
+        pause between generate calls)."""
+        guess = self.cost.predict(processed, drafted)
         if guess is None or seconds < 10 * guess:
-            self.cost.observe(processed, seconds, drafted, rows)
+            self.cost.observe(processed, seconds, drafted)
             if self._predicted is not None:  # the controller's forecast of this step against the clock
                 self._stats.timed_step(self._predicted, seconds)
         self._predicted = None
@@ -241,7 +241,7 @@ class BatchDrafter:
     def _trim(self, out: list[list[int]], live: np.ndarray, slots: np.ndarray) -> None:
         """Keep the draft tokens that raise expected tokens per second (`goodput`): chances from the
         estimates calibrated by response position, times each request's own record."""
-        coef = self.cost.coef_for(len(live))
+        coef = self.cost.coefficients()
         drafts = [out[i] for i in live.tolist()]
         longest = max(map(len, drafts), default=0)
         if coef is None or longest == 0:
