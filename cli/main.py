@@ -23,7 +23,7 @@ from cli.spec_replay import register as register_spec
 from cli.ui import register as register_ui
 from cli.version import VersionAction
 from infra.environment import project_env
-from infra.stop import EXIT_CODES, Stop, deferred
+from infra.stop import EXIT_CODES, Stop, deferred, exit_now
 
 DEFAULT_CONFIG = "configs/default.toml"
 # Exit codes of `rhymerl run` (docs/console-and-errors.md): 0 done, 1 an unexpected error mid-run,
@@ -301,9 +301,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The exit code of the command in `argv` (the process's arguments when None)."""
     args = build_parser().parse_args(argv)
     return args.func(args)
 
 
+def entry() -> None:
+    """The `rhymerl` program: `main`'s exit code as the process's exit status. A run stopped by a
+    signal ends through `infra.stop.exit_now`, so a further signal while the process exits is a note
+    on the console, never a death by that signal."""
+    code = main()
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        exit_now(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

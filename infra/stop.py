@@ -17,22 +17,30 @@ What else in a run would get in the way:
   exception on: the call goes on until its result is there and then fails with a `SystemError`.
   A flow body calls `reclaim()` first: the run's handler again.
 - `ray.init` installs a SIGTERM handler of its own (`sys.exit(15)`, which would skip the cleanup
-  and the exit code); `tasks.setup.init_ray` calls `reclaim()` after it.
+  and the exit code); `tasks.setup.init_ray` calls `reclaim()` after it. Ray's driver shutdown
+  resets SIGTERM to the default action from C++ (its logging's failure handlers), then takes a
+  second or more to stop Ray's processes; `tasks.setup.shutdown_ray` reclaims it at once.
 - Ray turns any `KeyboardInterrupt` raised while the main thread waits in `ray.get` into a plain
   `KeyboardInterrupt`. Which signal stopped the run is therefore `Stop.signum`, never the type of
   the exception that arrives at the top.
 
 `deferred()` holds a first signal until a block that must finish (stopping the actors) is done.
+
+Python's own shutdown puts back the default action of every signal it had a handler for before the
+process is gone, so a signal in that last stretch kills the process (a parent sees -15, not 143, and
+the note is lost). A process stopped by a signal therefore ends with `exit_now`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 # 128 + the signal's number: the exit status shells and process managers expect of a process
 # that stopped on that signal.
@@ -124,16 +132,17 @@ class Stop:
 
 
 def reclaim() -> None:
-    """Inside a Prefect flow: the installed Stop handles SIGTERM and SIGINT again, in place of the
-    flow engine's SIGTERM handler (which the engine puts back as it found it when the flow ends).
+    """The installed Stop handles SIGTERM and SIGINT again, in place of whatever was installed
+    since: the flow engine's SIGTERM handler (which it puts back as it found it when the flow ends),
+    `ray.init`'s, or the default action that Ray's driver shutdown sets from C++, unseen by
+    Python's record of the handler (so it is installed again even where that record names it).
     Nothing when no Stop is installed (a flow run by a Prefect worker, or a test) or off the main
     thread."""
     stop = _active
     if stop is None or not _main_thread():
         return
     for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) != stop.handle:
-            signal.signal(sig, stop.handle)
+        signal.signal(sig, stop.handle)
 
 
 @contextmanager
@@ -155,4 +164,21 @@ def deferred() -> Iterator[None]:
         stop.raise_now()
 
 
-__all__ = ["EXIT_CODES", "STOP_SIGNALS", "Stop", "Terminated", "deferred", "reclaim"]
+def exit_now(code: int) -> NoReturn:
+    """End the process with exit status `code`, with the installed handlers noting signals to the
+    end: what Python's shutdown does before it restores the default signal actions (join the
+    non-daemon threads, run the exit handlers: Ray's, the temporary Prefect API's, logging's; flush
+    the standard streams), then `os._exit`, so no signal can land where its default action applies."""
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter's own shutdown calls first
+    if shutdown is not None and _main_thread():
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to write
+            pass
+    os._exit(code)
+
+
+__all__ = ["EXIT_CODES", "STOP_SIGNALS", "Stop", "Terminated", "deferred", "exit_now", "reclaim"]

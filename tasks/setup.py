@@ -116,6 +116,38 @@ def init_ray(num_workers: int) -> bool:
     return True
 
 
+def shutdown_ray() -> None:
+    """`ray.shutdown()`, with the run's stop handler back the moment Ray's driver has shut down.
+    That step resets SIGTERM to the default action (Ray's C++ logging removes the failure handlers
+    it installed, SIGTERM among them) before Ray spends a second or more stopping its processes;
+    a SIGTERM then would kill the stopping run outright (no exit 143, no resume line)."""
+    worker = ray._private.worker.global_worker
+    core = getattr(worker, "core_worker", None)
+    if core is not None:  # what ray.shutdown calls shutdown_driver on; its `del` drops the wrapper
+        worker.core_worker = _ReclaimAfterShutdown(core)
+    try:
+        ray.shutdown()
+    finally:
+        reclaim()
+
+
+class _ReclaimAfterShutdown:
+    """The driver's core worker, unchanged but for `shutdown_driver`, which reclaims the stop
+    signals (`infra.stop.reclaim`) right after it."""
+
+    def __init__(self, core: object) -> None:
+        self._core = core
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._core, name)
+
+    def shutdown_driver(self) -> None:
+        try:
+            self._core.shutdown_driver()
+        finally:
+            reclaim()
+
+
 def _start_ray(num_workers: int) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
@@ -130,7 +162,7 @@ def _start_ray(num_workers: int) -> None:
         except Exception as exc:  # Ray raises a bare Exception when its raylet misses a fixed 30 s
             if "timed out during startup" not in str(exc):
                 raise
-            ray.shutdown()  # a loaded machine: try again rather than fail the run
+            shutdown_ray()  # a loaded machine: try again rather than fail the run
     ray.init(num_cpus=num_workers + 1, include_dashboard=False, log_to_driver=True)
 
 
@@ -215,7 +247,7 @@ def finish_run_task(ctx: RunContext, tracking: Tracking | None, actors: list, st
         else:
             ray.kill(actor)
     if started_ray:
-        ray.shutdown()
+        shutdown_ray()
 
 
 def quiet_subflow() -> Callable[[], SettingsContext]:
