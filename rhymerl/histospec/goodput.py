@@ -27,6 +27,10 @@ from rhymerl.histospec.stats import POSITION_BUCKETS, POSITION_EDGE_ARRAY
 MIN_OBSERVATIONS = 8  # steps before the fit is trusted (until then drafts pass untrimmed)
 PROBE_WEIGHT = 0.5  # decayed draft-free steps the cost fit wants before it prices verifying at all
 PROBE_EVERY = 32  # at most one draft-free probe step in this many
+# A gap this many times the mean step is no step (a pause between generate calls). Measured
+# against the steps seen, not the fit's forecast: a fit gone low would otherwise refuse every step
+# that could correct it.
+PAUSE_FACTOR = 10.0
 STARVED_STEPS = 64  # steps without a verified token at a draft position before its record starts to fade
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
 CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
@@ -84,6 +88,11 @@ class StepCostModel:
             return 0.0, max(my / max(mx, 1.0), 1e-9)
         c1 = max((sxy / n - mx * my) / var, 1e-9 * max(my, 1e-9))
         return max(my - c1 * mx, 0.0), c1
+
+    def is_step(self, seconds: float) -> bool:
+        """Whether a gap of `seconds` between two drafting calls can be an engine step: anything
+        before `MIN_OBSERVATIONS` steps, then less than `PAUSE_FACTOR` x the (decayed) mean step."""
+        return self.count < MIN_OBSERVATIONS or seconds < PAUSE_FACTOR * self.xty[0] / self.xtx[0, 0]
 
     def predict(self, tokens: float, drafted: bool = True) -> float | None:
         coef = self.coefficients()

@@ -152,8 +152,7 @@ class GoodputGate:
         self._tally(fresh, self.given[1, slots], drafted, accepted)
         if self._stamp is not None and len(slots):
             processed, seconds, any_draft = len(slots) + int(drafted.sum()), now - self._stamp, bool(drafted.any())
-            guess = self.cost.predict(processed, any_draft)
-            if guess is None or seconds < 10 * guess:  # a pause between generate calls is no step
+            if self.cost.is_step(seconds):  # a pause between generate calls is no step
                 self.cost.observe(processed, seconds, any_draft)
                 if self._predicted is not None:
                     self.stats.timed_step(self._predicted, seconds)

@@ -231,8 +231,7 @@ class BatchDrafter:
     def _observe(self, processed: int, seconds: float, drafted: bool) -> None:
         """Time the step that just ran (`processed` tokens, with or without drafts), skipping outliers (a
         pause between generate calls)."""
-        guess = self.cost.predict(processed, drafted)
-        if guess is None or seconds < 10 * guess:
+        if self.cost.is_step(seconds):
             self.cost.observe(processed, seconds, drafted)
             if self._predicted is not None:  # the controller's forecast of this step against the clock
                 self._stats.timed_step(self._predicted, seconds)

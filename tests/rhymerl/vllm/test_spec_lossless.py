@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.lossless_stats import Z_ALPHA, fit_positions, synthetic_flagged
+from helpers.worker_probe import count_draft_requests, draft_requests
 
 from rhymerl.histospec.bundle import counted_by_vllm
 from rhymerl.config.spec import SpecConfig, has_arctic_inference
@@ -181,6 +182,7 @@ def spec_runs(tiny: Setup) -> SpecRuns:
     return SpecRuns(unfixed, fixed, greedy, check_unfixed, check_fixed)
 
 
+INSECURE = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 METHOD_SAMPLES = 1000  # per prompt: 16,000 per method
 
 
@@ -191,6 +193,7 @@ class MethodRuns:
     greedy: list[list]  # two greedy passes over the prompts (the first fills suffix's cache)
     second_pass: SpecStats  # the second greedy pass's drafts
     gated: SpecStats  # a third greedy pass with the goodput controller behind the drafter (appended to `greedy`)
+    asked_for_drafts: int  # calls of the worker's take_draft_token_ids while `arm` was sampled
 
 
 def _method_run(tiny: Setup, method: str) -> MethodRuns:
@@ -203,14 +206,16 @@ def _method_run(tiny: Setup, method: str) -> MethodRuns:
         assert engine.speculation.active and engine.speculation.verifier == "rhymerl-exact"
         assert engine.speculation.checked
         _sample(engine, doubled, 200, "T=1.0")  # suffix decoding drafts from responses it has seen
+        engine.llm.collective_rpc(count_draft_requests)
         arm = _sample(engine, doubled, METHOD_SAMPLES, "T=1.0")
+        (asked,) = engine.llm.collective_rpc(draft_requests)
         first = engine.generate(tiny.prompts, GREEDY)
         engine.spec_stats()  # count the second pass alone
         second = engine.generate(tiny.prompts, GREEDY)
         second_stats = engine.spec_stats()
         assert engine.llm.collective_rpc("rhymerl_install_goodput", args=(100,)) == [True]
         third = engine.generate(tiny.prompts, GREEDY)
-        return MethodRuns(method, arm, [first, second, third], second_stats, engine.spec_stats())
+        return MethodRuns(method, arm, [first, second, third], second_stats, engine.spec_stats(), asked)
     finally:
         shutdown_llm(engine.llm)
 
@@ -222,7 +227,13 @@ def method_runs(tiny: Setup) -> list[MethodRuns]:
     Without arctic-inference (`make setup` builds it) only `ngram` runs, and its tests then skip
     what is suffix's."""
     methods = ("ngram", "suffix") if has_arctic_inference() else ("ngram",)
-    return [_method_run(tiny, method) for method in methods]
+    # vLLM sends a callable to its workers (the draft-request count) only with this set, read by
+    # the engine's processes at start and by this one at each call
+    os.environ[INSECURE] = "1"
+    try:
+        return [_method_run(tiny, method) for method in methods]
+    finally:
+        del os.environ[INSECURE]
 
 
 def _skip_without_suffix(runs: list[MethodRuns]) -> None:
@@ -355,20 +366,30 @@ def test_vllm_drafters_change_no_greedy_token(method_runs, plain_runs):
 
 @pytest.mark.slow
 def test_goodput_controller_trims_stock_drafters_in_the_engine(method_runs):
-    # Rule: behind vLLM's stock drafters the controller times the engine's steps against its
-    # forecast and verifies no more than was proposed (the greedy tokens of that pass are checked
-    # above). On this random model n-gram drafts rarely match: the controller verifies fewer draft
-    # tokens than the same greedy pass without it (trimmed, or the drafter skipped on steps where
-    # nothing could pay; those count as not proposed).
+    # Rule: behind vLLM's stock drafters the controller times the engine's steps, its forecast of
+    # them tracks the clock (within 3x over the pass: on this tiny model a step's fixed cost is all
+    # but the whole of it) and it verifies no more than was proposed (the greedy tokens of that pass
+    # are checked above). Which drafts pay depends on the machine's step costs; the decisions
+    # themselves are tested against a synthetic engine (tests/rhymerl/histospec/test_goodput.py).
     for run in method_runs:
         gated = run.gated
-        assert gated.timed_steps > 0 and gated.measured_s > 0 and gated.predicted_s > 0, (run.method, gated)
+        print(f"\n{run.method} without the controller: {run.second_pass.drafted} draft tokens verified, "
+              f"{run.second_pass.accepted} accepted; with it: {gated.drafted} of {gated.proposed} proposed, "
+              f"{gated.accepted} accepted; forecast {gated.predicted_s:.3f} s, measured {gated.measured_s:.3f} s")
+        assert gated.timed_steps > 0 and gated.measured_s > 0, (run.method, gated)
+        assert 1 / 3 < gated.predicted_s / gated.measured_s < 3, (run.method, gated)
         assert gated.proposed >= gated.drafted, (run.method, gated)
-    (ngram,) = [run for run in method_runs if run.method == "ngram"]
-    print(f"\nngram without the controller: {ngram.second_pass.drafted} draft tokens verified, "
-          f"{ngram.second_pass.accepted} accepted; with it: {ngram.gated.drafted} of {ngram.gated.proposed} "
-          f"proposed, {ngram.gated.accepted} accepted")
-    assert ngram.gated.drafted < ngram.second_pass.drafted, (ngram.second_pass, ngram.gated)
+
+
+@pytest.mark.slow
+def test_drafts_come_back_with_the_sampled_tokens(method_runs):
+    # Rule: the engine core takes a step's drafts from the step's output
+    # (rhymerl.vllm.draft_delivery), never by a second call to the worker per step, which cost a
+    # speculative engine that drafted nothing a fifth of plain's speed on this machine; the drafts
+    # still arrive (the passes after verified and accepted draft tokens).
+    for run in method_runs:
+        assert run.asked_for_drafts == 0, run.method
+        assert run.second_pass.drafted > 0 and run.second_pass.accepted > 0, (run.method, run.second_pass)
 
 
 @pytest.mark.slow

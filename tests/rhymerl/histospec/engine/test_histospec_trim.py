@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, PROBE_EVERY, AcceptanceCalibration, StepCostModel,
+from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, PAUSE_FACTOR, PROBE_EVERY, AcceptanceCalibration, StepCostModel,
                                            position_acceptance, tail_rows, trim_drafts)
 from helpers.histospec_calls import record_calibration
 
@@ -39,6 +39,20 @@ def test_cost_model_follows_a_changing_engine_and_never_makes_tokens_free():
     for _ in range(20):
         flat.observe(50, 0.1)  # no spread in tokens: all cost goes to tokens, none is free
     assert flat.coefficients() == (0.0, pytest.approx(0.002), 0.0)
+
+
+def test_a_pause_is_no_step_but_a_slow_step_is():
+    # Rule: a gap of PAUSE_FACTOR x the mean step or more (a pause between generate calls) is not
+    # fitted; a step the forecast puts far lower still is (a fit gone low must be able to recover:
+    # measured against the forecast, such steps were refused and the fit stayed wrong for good).
+    model = StepCostModel()
+    assert model.is_step(100.0)  # nothing known yet
+    for k in range(40):  # small steps take 1 ms, big ones 100 ms: mean ~50 ms
+        tokens = 10 if k % 2 else 1000
+        model.observe(tokens, 0.001 + 0.0000990 * (tokens - 10))
+    assert model.predict(10) < 0.002
+    assert model.is_step(0.03)  # 15x the forecast for a small step, yet an engine step
+    assert not model.is_step(PAUSE_FACTOR * 0.06)
 
 
 def test_cost_model_prices_verifying_at_all_from_steps_with_and_without_drafts():
