@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -176,8 +177,10 @@ def install_gate(runner: Any, cost_memory: int) -> bool:
     gate = GoodputGate(int(spec.num_speculative_tokens), cost_memory)
     propose = runner.propose_draft_token_ids
     # vLLM's n-gram drafter reads the batch's tokens and keeps no state, so a step where no draft can
-    # pay skips it; suffix decoding updates its trees in `propose`, which must run every step.
+    # pay skips it. Suffix decoding updates its trees in `propose`, which must run every step; such a
+    # step runs it with the look-up (`speculate`, most of its time) answering nothing.
     stateless = spec.method == "ngram"
+    cache = getattr(getattr(runner, "drafter", None), "suffix_cache", None) if spec.method == "suffix" else None
 
     def gated(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(sampled_token_ids, list):
@@ -186,13 +189,29 @@ def install_gate(runner: Any, cost_memory: int) -> bool:
         rows = len(sampled_token_ids)
         written = (batch.num_tokens_no_spec[:rows] - batch.num_prompt_tokens[:rows]).tolist()
         gate.begin(batch.req_ids[:rows], [len(t) for t in sampled_token_ids], written)
-        if stateless and not gate.worth_drafting():
-            return gate.finish([[] for _ in range(rows)])
+        if (stateless or cache is not None) and not gate.worth_drafting():
+            if stateless:
+                return gate.finish([[] for _ in range(rows)])
+            with _bookkeeping_only(cache):
+                return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))
         return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))
 
     runner.propose_draft_token_ids = gated
     setattr(runner, GATE_ATTR, gate)
     return True
+
+
+@contextmanager
+def _bookkeeping_only(cache: Any) -> Iterator[None]:
+    """Within the block the suffix cache's `speculate` drafts nothing (an empty draft, as for an
+    unmatched pattern); what `propose` records of the step's tokens is recorded as ever."""
+    from arctic_inference.suffix_decoding import SuffixDecodingDraft
+
+    cache.speculate = lambda *args, **kwargs: SuffixDecodingDraft()
+    try:
+        yield
+    finally:
+        del cache.speculate  # the class's own again
 
 
 def take_gate_stats(runner: Any) -> dict | None:
