@@ -19,13 +19,16 @@ still answers that call. The drafts are the same tokens either way: the sampled 
 untouched.
 
 Registered under `vllm.general_plugins` in pyproject.toml (vLLM loads it in every process it
-starts); leaves vLLM alone where its classes are not the ones this was written for (0.32).
+starts); leaves vLLM alone where its classes are not the ones this was written for (0.32), or with
+`RHYMERL_DRAFT_DELIVERY=0` in the environment (vLLM's own round trip, for a side-by-side timing).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+SWITCH_ENV = "RHYMERL_DRAFT_DELIVERY"  # "0": leave vLLM's round trip in place
 DRAFTS_ATTR = "rhymerl_draft_token_ids"  # on a ModelRunnerOutput: the step's DraftTokenIds (or None)
 _STASH_ATTR = "_rhymerl_drafts"  # on the engine core's executor: what the last step brought back
 _PATCHED = "_rhymerl_delivers_drafts"
@@ -35,6 +38,8 @@ _NOTHING = object()  # no drafts came back with the step: ask the worker
 def deliver_drafts_with_samples() -> bool:
     """Patch the model runner (worker side) and the multiprocess executor (engine core side);
     True if both were patched (or already were)."""
+    if os.environ.get(SWITCH_ENV, "1") == "0":
+        return False
     try:
         from vllm.v1.executor.multiproc_executor import MultiprocExecutor
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
