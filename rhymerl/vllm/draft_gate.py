@@ -74,18 +74,19 @@ class GoodputGate:
         self._now = (live, slots, buckets, table, adjust(table, self.record.factor(slots)),
                      self.cost.seconds(len(live)))
 
-    def worth_drafting(self) -> bool:
-        """After `begin`: whether any draft token could pay this step (False: a stateless drafter may
-        skip proposing altogether; its own time is then saved too)."""
+    def rows_worth_drafting(self) -> np.ndarray | None:
+        """After `begin`: the batch rows where a draft token could pay this step (a full draft at
+        this step's chances keeps one), None for every row (no fit yet, a re-check step). A drafter
+        may skip the other rows; its own time there is then saved too."""
         live, _, _, _, q, seconds = self._now
         if seconds is None or not len(live):
-            return True
+            return None
         if self.cost.wants_probe():
-            return False
+            return live[:0]
         if self._rechecking():
-            return True
+            return None
         full = np.full(len(live), q.shape[1])
-        return bool(keep_lengths(q, full, seconds, len(live), len(live)).any())
+        return live[keep_lengths(q, full, seconds, len(live), len(live)) > 0]
 
     def finish(self, drafts: Sequence[Sequence[int]]) -> list[Sequence[int]]:
         """`gate`'s second half: the proposed `drafts` (one per row) trimmed to what pays."""
@@ -176,9 +177,10 @@ def install_gate(runner: Any, cost_memory: int) -> bool:
         return False
     gate = GoodputGate(int(spec.num_speculative_tokens), cost_memory)
     propose = runner.propose_draft_token_ids
-    # vLLM's n-gram drafter reads the batch's tokens and keeps no state, so a step where no draft can
-    # pay skips it. Suffix decoding updates its trees in `propose`, which must run every step; such a
-    # step runs it with the look-up (`speculate`, most of its time) answering nothing.
+    # Rows where no draft can pay are not drafted. vLLM's n-gram drafter reads the batch's tokens and
+    # keeps no state: it skips a row given no sampled tokens (as a prefill chunk). Suffix decoding
+    # records each row's tokens in `propose`, which must see every row; there the look-up
+    # (`speculate`, most of its time) answers nothing for such rows.
     stateless = spec.method == "ngram"
     cache = getattr(getattr(runner, "drafter", None), "suffix_cache", None) if spec.method == "suffix" else None
 
@@ -189,12 +191,18 @@ def install_gate(runner: Any, cost_memory: int) -> bool:
         rows = len(sampled_token_ids)
         written = (batch.num_tokens_no_spec[:rows] - batch.num_prompt_tokens[:rows]).tolist()
         gate.begin(batch.req_ids[:rows], [len(t) for t in sampled_token_ids], written)
-        if (stateless or cache is not None) and not gate.worth_drafting():
-            if stateless:
+        paying = gate.rows_worth_drafting() if stateless or cache is not None else None
+        if paying is None:
+            return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))
+        if stateless:
+            if not len(paying):
                 return gate.finish([[] for _ in range(rows)])
-            with _bookkeeping_only(cache):
-                return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))
-        return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))
+            wanted = np.zeros(rows, bool)
+            wanted[paying] = True
+            masked = [t if w else [] for t, w in zip(sampled_token_ids, wanted.tolist())]
+            return gate.finish(propose(scheduler_output, masked, *args, **kwargs))
+        with _speculating_only_for(cache, {batch.req_ids[i] for i in paying.tolist()}):
+            return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))
 
     runner.propose_draft_token_ids = gated
     setattr(runner, GATE_ATTR, gate)
@@ -202,12 +210,18 @@ def install_gate(runner: Any, cost_memory: int) -> bool:
 
 
 @contextmanager
-def _bookkeeping_only(cache: Any) -> Iterator[None]:
+def _speculating_only_for(cache: Any, req_ids: set) -> Iterator[None]:
     """Within the block the suffix cache's `speculate` drafts nothing (an empty draft, as for an
-    unmatched pattern); what `propose` records of the step's tokens is recorded as ever."""
+    unmatched pattern) for requests not in `req_ids`; what `propose` records of the step's tokens
+    is recorded as ever."""
     from arctic_inference.suffix_decoding import SuffixDecodingDraft
 
-    cache.speculate = lambda *args, **kwargs: SuffixDecodingDraft()
+    speculate = cache.speculate
+
+    def only_for(req_id: Any, *args: Any, **kwargs: Any) -> Any:
+        return speculate(req_id, *args, **kwargs) if req_id in req_ids else SuffixDecodingDraft()
+
+    cache.speculate = only_for
     try:
         yield
     finally:

@@ -101,3 +101,21 @@ def test_keep_lengths_follows_a_nonlinear_cost():
     q = np.full((4, 4), 0.5)
     kept = keep_lengths(q, np.full(4, 4), lambda t: 1.0 + np.maximum(t - 16, 0), 8, 8)
     assert kept.sum() == 8
+
+
+def test_only_rows_where_a_draft_can_pay_are_drafted():
+    # Rule: the drafter is asked only for the rows where a full draft at this step's chances keeps
+    # a token (vLLM's n-gram drafter then skips the others; suffix decoding skips their look-up):
+    # exactly the rows the trim keeps a full draft of; none where no draft pays, none on a probe.
+    ids = [f"req-{i}" for i in range(8)]
+    _, low = drive(lambda i, s: 0.1, c0=1.0, c1=0.1, steps=200)  # as in the test above: nothing pays
+    low.begin(ids, [1] * 8, [100] * 8)
+    assert low.rows_worth_drafting().tolist() == []
+    _, mixed = drive(lambda i, s: 0.95 if i % 2 == 0 else 0.05, c0=1.0, c1=0.1, steps=150, seed=5)
+    mixed.begin(ids, [2] * 8, [100] * 8)
+    paying = mixed.rows_worth_drafting().tolist()
+    trimmed = mixed.finish([[7] * WIDTH for _ in ids])
+    assert paying == [i for i, d in enumerate(trimmed) if d] and {0, 2, 4, 6} <= set(paying)
+    mixed.cost.since_plain, mixed.cost.xtx[2, 2] = PROBE_EVERY, mixed.cost.xtx[0, 0]  # a probe is due
+    mixed.begin(ids, [1] * 8, [101] * 8)
+    assert mixed.rows_worth_drafting().tolist() == []
