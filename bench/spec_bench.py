@@ -4,10 +4,13 @@
                        [--repeats 2] [--max-num-seqs 0] [--arms plain,ngram,histospec,siblings,suffix]
                        [--variant NAME=key=value,key=value ...]
 
-One process, one engine at a time (each arm starts its own vLLM engine on the built-in model):
+One process; each arm starts its own vLLM engine on the built-in model and all stay up (an idle
+engine takes no CPU), so the arms alternate: every round times each arm once, in an order rotated
+each round (`round_order`), and a slow or fast spell of a shared machine falls on every arm alike.
 
 1. history: the plain engine samples every prompt's group once (temperature 1): "epoch 0".
-2. each arm samples the same prompts again ("epoch 1"), timed after a short warm-up:
+2. each arm samples the same prompts again ("epoch 1"), timed after a short warm-up (which also
+   puts every prompt in the engine's prefix cache, as the plain engine's history did):
    (a) plain: no speculation; (b) ngram: vLLM's n-gram drafter (prompt lookup 3..7);
    (c) histospec: drafts from each prompt's epoch-0 responses only; (d) siblings: history plus
    the group's own responses as they grow; (e) suffix: vLLM's `suffix` method (Arctic Inference's
@@ -106,48 +109,72 @@ def load_prompts(model_dir: str, num_prompts: int, max_prompt_tokens: int, datas
     return prompts
 
 
-def run_arm(name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling: SamplingSettings,
-            history: dict, repeats: int, bundle_path: Path, keep_engine=None):
-    """Time `repeats` generations of every prompt under `spec`; returns (result, engine-or-None)."""
-    speculation = engine_speculation(spec)
-    if spec.enabled and spec.method == "suffix":  # its cache: the previous epoch and the one in flight
-        cached = 2 * len(prompts) * sampling.n
-        speculation = replace(speculation, options=(("suffix_decoding_max_cached_requests", cached),))
-    engine = keep_engine or VllmEngine(replace(base, speculation=speculation, log_stats=counted_by_vllm(spec)))
-    held = history if spec.history_epochs else {column: [] for column in history}  # 0: epoch 0's case
-    blob = bundle_for_epoch(prompts, held)[0] if uses_bundle(spec) else b""
-    publish = lambda: bundle_path.write_bytes(blob) if blob else None  # noqa: E731
-    publish()
-    engine.generate(prompts[:4], replace(sampling, n=2))  # warm-up (not timed)
-    if spec.enabled and spec.method == "suffix":
-        engine.generate(prompts, sampling)  # its own epoch 0 fills its cache (not timed)
-    engine.spec_stats()  # drop the warm-up's counters
-    walls, cpus, stats, tokens = [], [], SpecStats(), 0
-    for _ in range(repeats):
-        publish()  # a fresh history each repeat: siblings of an earlier repeat must not leak in
+class Arm:
+    """One arm's engine, its history file and its timed repeats (`time_once`), summed by `result`."""
+
+    def __init__(self, name: str, spec: SpecConfig, base: EngineSettings, prompts, sampling: SamplingSettings,
+                 history: dict, bundle_path: Path, engine: VllmEngine | None = None) -> None:
+        self.name, self.spec, self.prompts, self.sampling = name, spec, prompts, sampling
+        speculation = engine_speculation(spec)
+        if spec.enabled and spec.method == "suffix":  # its cache: the previous epoch and the one in flight
+            cached = 2 * len(prompts) * sampling.n
+            speculation = replace(speculation, options=(("suffix_decoding_max_cached_requests", cached),))
+        held = history if spec.history_epochs else {column: [] for column in history}  # 0: epoch 0's case
+        self.blob = bundle_for_epoch(prompts, held)[0] if uses_bundle(spec) else b""
+        self.bundle_path = bundle_path
+        os.environ[INDEX_ENV] = str(bundle_path)  # read once by the drafter in this engine's processes
+        self.engine = engine or VllmEngine(replace(base, speculation=speculation, log_stats=counted_by_vllm(spec)))
+        self.publish()
+        self.engine.generate(prompts[:4], replace(sampling, n=2))  # warm-up (not timed)
+        self.engine.generate(prompts, replace(sampling, n=1, max_tokens=1))  # every prompt cached, as plain's
+        if spec.enabled and spec.method == "suffix":
+            self.engine.generate(prompts, sampling)  # its own epoch 0 fills its cache (not timed)
+        self.engine.spec_stats()  # drop the warm-up's counters
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.stats, self.tokens = SpecStats(), 0
+
+    def publish(self) -> None:
+        """A fresh history (siblings of an earlier repeat must not leak in)."""
+        if self.blob:
+            self.bundle_path.write_bytes(self.blob)
+
+    def time_once(self) -> float:
+        """One timed generation of every prompt; returns its wall seconds."""
+        self.publish()
         c0, t0 = _cpu_seconds(), time.perf_counter()
-        samples = engine.generate(prompts, sampling)
-        walls.append(time.perf_counter() - t0)
-        cpus.append(_cpu_seconds() - c0)
-        tokens += sum(len(s.token_ids) for s in samples)
-        got = engine.spec_stats()
+        samples = self.engine.generate(self.prompts, self.sampling)
+        self.walls.append(time.perf_counter() - t0)
+        self.cpus.append(_cpu_seconds() - c0)
+        self.tokens += sum(len(s.token_ids) for s in samples)
+        got = self.engine.spec_stats()
         if got is not None:
-            stats.merge(got)
-    wall = statistics.median(walls)
-    total_wall = sum(walls)
-    result = ArmResult(
-        arm=name, verifier=engine.speculation.verifier, wall_s=wall, cpu_s=statistics.median(cpus),
-        tokens=tokens // repeats,
-        tokens_per_s=tokens / total_wall,
-        mean_accepted_length=stats.mean_accepted_length if stats.steps else 1.0,
-        acceptance_rate=stats.acceptance_rate, drafted_per_step=stats.drafted / stats.steps if stats.steps else 0.0,
-        drafter_share=stats.drafter_seconds / total_wall,
-        walls=tuple(round(w, 3) for w in walls), note=engine.speculation.message,
-        draft_len_hist=tuple(stats.draft_len_hist),
-        acceptance_by_position=tuple(round(a, 4) for a in stats.acceptance_by_position()),
-        tokens_per_step_by_response_position=tuple(round(t / s, 3) if s else 0.0
-                                                   for s, t in zip(stats.pos_steps, stats.pos_tokens)))
-    return result, engine
+            self.stats.merge(got)
+        return self.walls[-1]
+
+    def result(self) -> ArmResult:
+        stats, walls, total_wall = self.stats, self.walls, sum(self.walls)
+        return ArmResult(
+            arm=self.name, verifier=self.engine.speculation.verifier, wall_s=statistics.median(walls),
+            cpu_s=statistics.median(self.cpus), tokens=self.tokens // len(walls),
+            tokens_per_s=self.tokens / total_wall,
+            mean_accepted_length=stats.mean_accepted_length if stats.steps else 1.0,
+            acceptance_rate=stats.acceptance_rate,
+            drafted_per_step=stats.drafted / stats.steps if stats.steps else 0.0,
+            drafter_share=stats.drafter_seconds / total_wall,
+            walls=tuple(round(w, 3) for w in walls), note=self.engine.speculation.message,
+            draft_len_hist=tuple(stats.draft_len_hist),
+            acceptance_by_position=tuple(round(a, 4) for a in stats.acceptance_by_position()),
+            tokens_per_step_by_response_position=tuple(round(t / s, 3) if s else 0.0
+                                                       for s, t in zip(stats.pos_steps, stats.pos_tokens)))
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """The arms' order in one round: rotated each round, so that every arm takes every place in
+    turn and none always runs right after the same neighbour (a slow or fast spell of a shared
+    machine falls on all arms alike)."""
+    k = round_index % len(names)
+    return names[k:] + names[:k]
 
 
 def _cpu_seconds() -> float:
@@ -197,8 +224,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                           max_num_seqs=args.max_num_seqs or None, kv_cache_gib=round(kv_gib, 2))
     prompts = load_prompts(model_dir, args.prompts, max_model_len - args.max_tokens, args.dataset)
     sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens)
-    bundle_path = Path(tempfile.mkdtemp(prefix="rhymerl-bench-spec-")) / "bundle.npz"
-    os.environ[INDEX_ENV] = str(bundle_path)  # the drafter in each engine process reads this file
+    bundle_dir = Path(tempfile.mkdtemp(prefix="rhymerl-bench-spec-"))  # one history file per arm
     t0 = time.perf_counter()
     plain = VllmEngine(base)
     hist = plain.generate(prompts, sampling)
@@ -206,18 +232,25 @@ def run_bench(args: argparse.Namespace) -> dict:
                "reward": [0.0] * len(hist)}
     print(f"history: {len(hist)} responses, {sum(len(s.token_ids) for s in hist)} tokens "
           f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-    results: list[ArmResult] = []
-    for name in args.arms:
-        t = time.perf_counter()
-        result, engine = run_arm(name, args.specs[name], base, prompts, sampling, history, args.repeats,
-                                 bundle_path, keep_engine=plain if name == "plain" else None)
-        if engine is not plain:
-            shutdown_llm(engine.llm)
-        results.append(result)
-        print(f"{name}: {result.wall_s:.2f}s, {result.mean_accepted_length:.2f} tok/verify, "
-              f"{result.acceptance_rate:.1%} of {result.drafted_per_step:.2f} drafted/verify "
-              f"({time.perf_counter() - t:.0f}s with start-up)", file=sys.stderr)
-    shutdown_llm(plain.llm)
+    arms: dict[str, Arm] = {}
+    try:
+        for name in args.arms:  # every engine stays up (idle engines take no CPU): the arms alternate
+            t = time.perf_counter()
+            arms[name] = Arm(name, args.specs[name], base, prompts, sampling, history,
+                             bundle_dir / f"{name}.npz", engine=plain if name == "plain" else None)
+            print(f"{name}: started ({time.perf_counter() - t:.0f}s)", file=sys.stderr)
+        for r in range(args.repeats):
+            for name in round_order(list(arms), r):
+                print(f"round {r + 1} {name}: {arms[name].time_once():.2f}s", file=sys.stderr)
+    finally:
+        for arm in arms.values():
+            if arm.engine is not plain:
+                shutdown_llm(arm.engine.llm)
+        shutdown_llm(plain.llm)
+    results = [arm.result() for arm in arms.values()]
+    for r in results:
+        print(f"{r.arm}: {r.wall_s:.2f}s, {r.mean_accepted_length:.2f} tok/verify, "
+              f"{r.acceptance_rate:.1%} of {r.drafted_per_step:.2f} drafted/verify", file=sys.stderr)
     ref = next((r.wall_s for r in results if r.arm == "plain"), None)
     if ref:
         results = [replace(r, speedup=ref / r.wall_s) for r in results]

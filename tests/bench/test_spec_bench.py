@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.spec_bench import main, parse_variant, parser
+from bench.spec_bench import main, parse_variant, parser, round_order
 
 
 def test_a_variant_is_an_arm_with_those_settings():
@@ -26,3 +26,12 @@ def test_the_dataset_is_one_of_the_built_in_tasks(capsys):
     with pytest.raises(SystemExit) as exc:
         parser().parse_args(["--dataset", "gsm8k"])
     assert exc.value.code == 2 and "builtin-long" in capsys.readouterr().err
+
+
+def test_the_arms_alternate_every_arm_taking_every_place():
+    names = ["plain", "siblings", "suffix", "ngram"]
+    orders = [round_order(names, r) for r in range(len(names))]
+    assert all(sorted(o) == sorted(names) for o in orders)  # every round times every arm once
+    for place in range(len(names)):  # over as many rounds as arms, each arm runs once in each place
+        assert sorted(o[place] for o in orders) == sorted(names)
+    assert round_order(names, len(names)) == names
