@@ -74,6 +74,9 @@ class SpecConfig:
     warm_start_lake: str = option("", 'the lake of spec.warm_start_run; "" = this run\'s lake')
     cost_memory: int = option(COST_MEMORY_STEPS,
                               "steps the step-cost fit remembers (exponential forgetting; cost_aware)", ">= 2")
+    cost_by_rows: bool = option(True, "the step-cost fit is kept per band of running requests (1, 2-3, 4-7, "
+                                "...), each band priced by its own steps once they identify it: a token's "
+                                "price differs between a full batch and its tail (cost_aware)")
     cost_aware: bool = option(True, "the goodput controller: verify only the draft tokens that raise expected "
                               "tokens/s under the engine's measured step cost, with acceptance measured per "
                               "response position and per request (rhymerl.histospec.goodput; every method, "

@@ -31,6 +31,7 @@ PROBE_EVERY = 32  # at most one draft-free probe step in this many
 # against the steps seen, not the fit's forecast: a fit gone low would otherwise refuse every step
 # that could correct it.
 PAUSE_FACTOR = 10.0
+MIN_SPREAD = 1.0  # variance of a band's tokens per step (one token squared) before its own slope prices it
 STARVED_STEPS = 64  # steps without a verified token at a draft position before its record starts to fade
 CALIBRATION_BINS = 20  # bins of the drafter's estimate, 0.05 wide
 CALIBRATION_PRIOR = 4.0  # pseudo-tokens per bin at the bin's own estimate: a near-empty bin trusts the drafter
@@ -89,6 +90,14 @@ class StepCostModel:
         c1 = max((sxy / n - mx * my) / var, 1e-9 * max(my, 1e-9))
         return max(my - c1 * mx, 0.0), c1
 
+    def spread(self) -> float:
+        """The (decayed) variance of the tokens per step seen: how well the slope is identified."""
+        n = float(self.xtx[0, 0])
+        if n <= 0:
+            return 0.0
+        mx = float(self.xtx[0, 1]) / n
+        return float(self.xtx[1, 1]) / n - mx * mx
+
     def is_step(self, seconds: float) -> bool:
         """Whether a gap of `seconds` between two drafting calls can be an engine step: anything
         before `MIN_OBSERVATIONS` steps, then less than `PAUSE_FACTOR` x the (decayed) mean step."""
@@ -111,6 +120,48 @@ class StepCostModel:
             return None
         a, b, cv = coef
         return lambda t: a + b * np.asarray(t, np.float64) + cv * (np.asarray(t) > rows)
+
+
+class CostByRows:
+    """Step cost by band of running requests (1, 2-3, 4-7, ... rows: `band_of`), each band a
+    `StepCostModel` of its own, and one over every step (`pooled`).
+
+    A CPU's (or a GPU's) price of one more token is not the same at 8 rows as at 256: a line fitted
+    through both prices the small steps' drafts at the large steps' slope, and the far larger steps
+    dominate the fit. A band prices its steps once it has `MIN_OBSERVATIONS` of them and their tokens
+    have spread (`MIN_SPREAD`: drafts of different lengths were verified there); until then, and where
+    the band's drafts stopped long enough for its spread to fade, the pooled fit prices them, which
+    lets drafts through to measure the band afresh. `by_rows=False`: the pooled fit alone.
+    """
+    def __init__(self, decay: float = 1.0 - 1.0 / COST_MEMORY_STEPS, by_rows: bool = True) -> None:
+        self.decay, self.by_rows = decay, by_rows
+        self.pooled = StepCostModel(decay)
+        self.bands: dict[int, StepCostModel] = {}
+
+    def observe(self, rows: int, tokens: float, seconds: float, drafted: bool = True) -> None:
+        """Add one step of `rows` requests (`StepCostModel.observe`), to the pooled fit and its band's."""
+        self.pooled.observe(tokens, seconds, drafted)
+        if self.by_rows:
+            band = self.bands.get(band_of(rows))
+            if band is None:
+                band = self.bands[band_of(rows)] = StepCostModel(self.decay)
+            band.observe(tokens, seconds, drafted)
+
+    def for_rows(self, rows: int) -> StepCostModel:
+        """The fit that prices a step of `rows` requests: its band's once identified, else the pooled."""
+        band = self.bands.get(band_of(rows)) if self.by_rows else None
+        if band is not None and band.count >= MIN_OBSERVATIONS and band.spread() >= MIN_SPREAD:
+            return band
+        return self.pooled
+
+    def is_step(self, seconds: float) -> bool:
+        """`StepCostModel.is_step` against every step seen."""
+        return self.pooled.is_step(seconds)
+
+
+def band_of(rows: int) -> int:
+    """The band of a step of `rows` running requests: floor(log2(rows)) (1, 2-3, 4-7, ...)."""
+    return max(int(rows), 1).bit_length() - 1
 
 
 def bucket_of(response_tokens: np.ndarray | Sequence[int]) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from rhymerl.config.spec import COST_MEMORY_STEPS
-from rhymerl.histospec.goodput import (STARVED_STEPS, PositionTable, RequestRecord, StepCostModel, adjust, bucket_of,
+from rhymerl.histospec.goodput import (STARVED_STEPS, CostByRows, PositionTable, RequestRecord, adjust, bucket_of,
                                       keep_lengths, within)
 from rhymerl.histospec.stats import POSITION_BUCKETS, SpecStats, Tally
 
@@ -38,9 +38,10 @@ class GoodputGate:
     verification steps (drafted, accepted, histograms, positions), the tokens proposed and the forecast
     against the measured step seconds. Per-request state lives in slot arrays: ~0.3 ms a step at 256 rows.
     """
-    def __init__(self, width: int, cost_memory: int = COST_MEMORY_STEPS,
+    def __init__(self, width: int, cost_memory: int = COST_MEMORY_STEPS, by_rows: bool = True,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.cost = StepCostModel(decay=1.0 - 1.0 / cost_memory)
+        self.cost = CostByRows(1.0 - 1.0 / cost_memory, by_rows)
+        self.model = self.cost.pooled  # the fit that prices this step (`begin`)
         self.table = PositionTable(width)
         self.record = RequestRecord()
         self.clock = clock
@@ -71,8 +72,9 @@ class GoodputGate:
         self._close(slots, sizes[live], now)
         buckets = bucket_of(np.asarray(response_tokens, np.int64)[live])
         table = self.table.rows(buckets)
+        self.model = self.cost.for_rows(len(live))
         self._now = (live, slots, buckets, table, adjust(table, self.record.factor(slots)),
-                     self.cost.seconds(len(live)))
+                     self.model.seconds(len(live)))
 
     def rows_worth_drafting(self) -> np.ndarray | None:
         """After `begin`: the batch rows where a draft token could pay this step (a full draft at
@@ -81,7 +83,7 @@ class GoodputGate:
         live, _, _, _, q, seconds = self._now
         if seconds is None or not len(live):
             return None
-        if self.cost.wants_probe():
+        if self.model.wants_probe():
             return live[:0]
         if self._rechecking():
             return None
@@ -95,7 +97,7 @@ class GoodputGate:
         self.stats.proposed += int(lengths.sum())
         out = list(drafts)
         if seconds is not None and len(live):
-            kept = keep_lengths(q, np.zeros_like(lengths) if self.cost.wants_probe() else lengths, seconds,
+            kept = keep_lengths(q, np.zeros_like(lengths) if self.model.wants_probe() else lengths, seconds,
                                 len(live), len(live))
             if self._rechecking():  # fresh evidence where the table has none: a few rows verify whole drafts
                 kept = np.where(np.arange(len(live)) % RECHECK_SHARE == self.step % RECHECK_SHARE, lengths, kept)
@@ -155,7 +157,7 @@ class GoodputGate:
         if self._stamp is not None and len(slots):
             processed, seconds, any_draft = len(slots) + int(drafted.sum()), now - self._stamp, bool(drafted.any())
             if self.cost.is_step(seconds):  # a pause between generate calls is no step
-                self.cost.observe(processed, seconds, any_draft)
+                self.cost.observe(len(slots), processed, seconds, any_draft)
                 if self._predicted is not None:
                     self.stats.timed_step(self._predicted, seconds)
         self._predicted = None
@@ -168,14 +170,14 @@ class GoodputGate:
                 self._free.append(slot)
 
 
-def install_gate(runner: Any, cost_memory: int) -> bool:
+def install_gate(runner: Any, cost_memory: int, by_rows: bool = True) -> bool:
     """Put a `GoodputGate` behind `runner.propose_draft_token_ids` (once); False without speculation."""
     if getattr(runner, GATE_ATTR, None) is not None:
         return True
     spec = getattr(runner, "speculative_config", None)
     if spec is None:
         return False
-    gate = GoodputGate(int(spec.num_speculative_tokens), cost_memory)
+    gate = GoodputGate(int(spec.num_speculative_tokens), cost_memory, by_rows)
     propose = runner.propose_draft_token_ids
     # Rows where no draft can pay are not drafted. vLLM's n-gram drafter reads the batch's tokens and
     # keeps no state: it skips a row given no sampled tokens (as a prefill chunk). Suffix decoding

@@ -248,6 +248,7 @@ class EngineSpeculation:
     # > 0: the goodput controller trims a stock drafter's drafts, its cost fit remembering this many
     # steps (`rhymerl.vllm.draft_gate`); 0: drafts verified as proposed (HistoSpec runs its own).
     goodput_memory: int = 0
+    goodput_by_rows: bool = True  # the controller's step cost by band of running requests (spec.cost_by_rows)
 
     def __post_init__(self) -> None:
         if self.verifier not in VERIFIERS:
@@ -295,7 +296,7 @@ def start_guarded(build: Callable[..., Any], spec: EngineSpeculation) -> tuple[A
         if spec.verifier == "exact":
             llm.collective_rpc("rhymerl_install_exact_verifier")
         if spec.goodput_memory:
-            llm.collective_rpc("rhymerl_install_goodput", args=(spec.goodput_memory,))
+            llm.collective_rpc("rhymerl_install_goodput", args=(spec.goodput_memory, spec.goodput_by_rows))
     except Exception as exc:  # noqa: BLE001 - a verifier that cannot be installed is refused
         report = GuardReport(passed=False, vllm_version=vllm_version(), error=f"install failed: {exc}")
         return _refuse(build, llm, what, report)

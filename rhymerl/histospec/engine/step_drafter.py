@@ -67,7 +67,7 @@ class BatchDrafter:
         self._mark = np.full(len(self.bundle), -1, np.int64)  # scratch of `group`
         self.requests = RequestTable(max(1, self.k))
         self.step = 0
-        self.cost = goodput.StepCostModel(decay=1.0 - 1.0 / self.spec.cost_memory)
+        self.cost = goodput.CostByRows(1.0 - 1.0 / self.spec.cost_memory, self.spec.cost_by_rows)
         self.calibration = goodput.AcceptanceCalibration()  # the drafts' estimates vs what was accepted
         self.record = goodput.RequestRecord()  # each request's own recent acceptance
         self._predicted: float | None = None  # the controller's forecast of the step it shaped
@@ -111,7 +111,7 @@ class BatchDrafter:
             self._stats.proposed += int(lens.sum())
             step_pass.finish(req, ps, live[drafting], toks, lens, probs, out)
         if len(new) < len(slots) and self._stamp is not None:
-            self._observe(processed, t0 - self._stamp, bool(rows.drafted.any()))
+            self._observe(len(live), processed, t0 - self._stamp, bool(rows.drafted.any()))
         if self.spec.cost_aware:
             self._trim(out, live, slots)
         req.keep(rows.kept, slots, self.step, STATE_GRACE_STEPS)
@@ -228,11 +228,11 @@ class BatchDrafter:
             toks[j, :lens[j]], probs[j, :lens[j]] = d.tokens, d.probs[:lens[j]]
         return toks, lens, probs
 
-    def _observe(self, processed: int, seconds: float, drafted: bool) -> None:
-        """Time the step that just ran (`processed` tokens, with or without drafts), skipping outliers (a
-        pause between generate calls)."""
+    def _observe(self, rows: int, processed: int, seconds: float, drafted: bool) -> None:
+        """Time the step that just ran (`rows` requests, `processed` tokens, with or without drafts),
+        skipping outliers (a pause between generate calls)."""
         if self.cost.is_step(seconds):
-            self.cost.observe(processed, seconds, drafted)
+            self.cost.observe(rows, processed, seconds, drafted)
             if self._predicted is not None:  # the controller's forecast of this step against the clock
                 self._stats.timed_step(self._predicted, seconds)
         self._predicted = None
@@ -240,12 +240,13 @@ class BatchDrafter:
     def _trim(self, out: list[list[int]], live: np.ndarray, slots: np.ndarray) -> None:
         """Keep the draft tokens that raise expected tokens per second (`goodput`): chances from the
         estimates calibrated by response position, times each request's own record."""
-        coef = self.cost.coefficients()
+        model = self.cost.for_rows(len(live))
+        coef = model.coefficients()
         drafts = [out[i] for i in live.tolist()]
         longest = max(map(len, drafts), default=0)
         if coef is None or longest == 0:
             return
-        if self.cost.wants_probe():  # a draft-free step keeps the price of verifying at all measured
+        if model.wants_probe():  # a draft-free step keeps the price of verifying at all measured
             drafts = [[] for _ in drafts]
         req = self.requests
         lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))

@@ -116,6 +116,7 @@ def test_only_rows_where_a_draft_can_pay_are_drafted():
     paying = mixed.rows_worth_drafting().tolist()
     trimmed = mixed.finish([[7] * WIDTH for _ in ids])
     assert paying == [i for i, d in enumerate(trimmed) if d] and {0, 2, 4, 6} <= set(paying)
-    mixed.cost.since_plain, mixed.cost.xtx[2, 2] = PROBE_EVERY, mixed.cost.xtx[0, 0]  # a probe is due
+    fit = mixed.cost.for_rows(len(ids))  # the fit that prices this step's band
+    fit.since_plain, fit.xtx[2, 2] = PROBE_EVERY, fit.xtx[0, 0]  # a probe is due
     mixed.begin(ids, [1] * 8, [101] * 8)
     assert mixed.rows_worth_drafting().tolist() == []

@@ -20,8 +20,8 @@ def _batch(tail_fraction: float) -> BatchDrafter:
     spec = SpecConfig(recent_responses=0, max_spec_factor=0.0, tail_fraction=tail_fraction)
     batch = BatchDrafter(bundle, spec, k=4, max_model_len=64)
     for _ in range(MIN_OBSERVATIONS):  # a compute-bound engine: every token costs as much as the step
-        batch.cost.observe(10, 10.0)
-        batch.cost.observe(20, 20.0)
+        batch.cost.observe(2, 10, 10.0)  # steps of the two rows proposed below
+        batch.cost.observe(2, 20, 20.0)
     return batch
 
 

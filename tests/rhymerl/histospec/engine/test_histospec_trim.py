@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, PAUSE_FACTOR, PROBE_EVERY, AcceptanceCalibration, StepCostModel,
-                                           position_acceptance, tail_rows, trim_drafts)
+from rhymerl.histospec.goodput import (MIN_OBSERVATIONS, PAUSE_FACTOR, PROBE_EVERY, AcceptanceCalibration, CostByRows,
+                                      StepCostModel, band_of, position_acceptance, tail_rows, trim_drafts)
 from helpers.histospec_calls import record_calibration
 
 
@@ -39,6 +39,31 @@ def test_cost_model_follows_a_changing_engine_and_never_makes_tokens_free():
     for _ in range(20):
         flat.observe(50, 0.1)  # no spread in tokens: all cost goes to tokens, none is free
     assert flat.coefficients() == (0.0, pytest.approx(0.002), 0.0)
+
+
+def test_each_band_of_running_requests_is_priced_by_its_own_steps():
+    # Rule: a full batch (256 rows: 20 ms + 0.05 ms a token) and its tail (16-31 rows: 4 ms + 0.12 ms
+    # a token, as this machine's long task measures) each get their own line; the pooled line, which
+    # the far larger steps dominate, prices the tail's tokens at under half their cost. A band whose
+    # tokens never varied (one row, never a draft) is priced by the pooled line, as is every band
+    # with by_rows=False.
+    rng = random.Random(2)
+    cost, flat = CostByRows(), CostByRows(by_rows=False)
+    for k in range(400):
+        rows = 256 if k % 2 else rng.randint(16, 31)
+        tokens = rows + rng.randint(0, 10 * rows if rows == 256 else 2 * rows)
+        seconds = (0.020 + 0.00005 * tokens if rows == 256 else 0.004 + 0.00012 * tokens) + rng.gauss(0, 0.0002)
+        for model in (cost, flat):
+            model.observe(rows, tokens, seconds)
+        if k % 10 == 0:
+            cost.observe(1, 1, 0.003, drafted=False)
+    tail, full = cost.for_rows(20).coefficients(), cost.for_rows(256).coefficients()
+    assert tail[:2] == (pytest.approx(0.004, abs=0.0005), pytest.approx(0.00012, rel=0.1))
+    assert full[:2] == (pytest.approx(0.020, abs=0.002), pytest.approx(0.00005, rel=0.1))
+    assert cost.pooled.coefficients()[1] < 0.5 * 0.00012
+    assert band_of(1) != band_of(2) == band_of(3) != band_of(4)
+    assert cost.for_rows(1) is cost.pooled and cost.bands[band_of(1)].count == 40
+    assert flat.for_rows(20) is flat.pooled and not flat.bands
 
 
 def test_a_pause_is_no_step_but_a_slow_step_is():
