@@ -7,7 +7,8 @@ One block per engine process (in start order: with `rhymerl bench spec`, the arm
 first being the plain engine that also samples the history). A generate call ends with the step after
 which no request runs; calls that scheduled under a quarter of the largest call's tokens (warm-ups) are
 left out. Per bucket of running requests (counted after the step): steps per call, mean milliseconds per
-step (step + post_step, and post_step alone), mean scheduled tokens per step, and seconds per call.
+step (step + post_step, and post_step alone), mean scheduled tokens per step, emitted tokens per
+step and per second (traces that record them), and seconds per call.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MIN_SHARE = 0.25
 def summarise(path: str) -> dict | None:
     """The table of one trace file, or None when it holds no full generate call."""
     with open(path) as fh:
-        rows = [line.split() for line in fh if line.strip()]
+        rows = [line.split()[:6] for line in fh if line.strip()]
     if not rows:
         return None
     a = np.array(rows, dtype=float)
@@ -37,6 +38,7 @@ def summarise(path: str) -> dict | None:
         return None
     idx = np.concatenate(calls)
     step, post, running, tokens = a[idx, 1], a[idx, 2], a[idx, 3], a[idx, 4]
+    emitted = a[idx, 5] if a.shape[1] > 5 else None
     n = len(calls)
     table = []
     for lo, hi in BUCKETS:
@@ -47,6 +49,9 @@ def summarise(path: str) -> dict | None:
                           "post_ms": round(float(post[m].mean()) * 1e3, 2),
                           "tokens_per_step": round(float(tokens[m].mean()), 1),
                           "s_per_call": round(float((step[m] + post[m]).sum()) / n, 2)})
+            if emitted is not None:
+                table[-1]["emitted_per_step"] = round(float(emitted[m].mean()), 2)
+                table[-1]["emitted_per_s"] = round(float(emitted[m].sum() / (step[m] + post[m]).sum()), 1)
     return {"file": os.path.basename(path), "calls": n, "steps_per_call": len(idx) // n,
             "tokens_per_call": int(tokens.sum()) // n, "buckets": table}
 
@@ -72,10 +77,11 @@ def main(argv: list[str] | None = None) -> None:
     for s in found:
         print(f"{s['file']}: {s['calls']} calls, {s['steps_per_call']} steps and {s['tokens_per_call']} "
               "scheduled tokens per call")
-        print("  running  steps/call  ms/step  post ms  tokens/step  s/call")
+        print("  running  steps/call  ms/step  post ms  tokens/step  emitted/step  emitted/s  s/call")
         for b in s["buckets"]:
             print(f"  {b['running']:>7}  {b['steps_per_call']:>10}  {b['ms_per_step']:>7}  {b['post_ms']:>7}  "
-                  f"{b['tokens_per_step']:>11}  {b['s_per_call']:>6}")
+                  f"{b['tokens_per_step']:>11}  {b.get('emitted_per_step', '-'):>12}  {b.get('emitted_per_s', '-'):>9}  "
+                  f"{b['s_per_call']:>6}")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ then runs that folder's `sitecustomize.py` at start-up, which calls `install()`,
 loads vLLM's engine core (vLLM spawns it) writes one line per engine step to
 `$RHYMERL_TRACE_DIR/<tag>-<pid>.txt` (default /tmp/rhymerl-steps):
 
-    start_s  step_s  post_step_s  running_requests  scheduled_tokens
+    start_s  step_s  post_step_s  running_requests  scheduled_tokens  emitted_tokens
 
 `step_s` is `EngineCore.step` (schedule, the model's forward and sampling in the worker, the output's
 update); `post_step_s` is `EngineCore.post_step` (with speculation: the extra call that fetches the
-drafts from the worker). Example, the long task in one engine per arm:
+drafts from the worker, unless they came with the sampled tokens); `emitted_tokens` the tokens the
+step added to the responses (scheduled tokens count the drafts verified, emitted ones those accepted). Example, the long task in one engine per arm:
 
     RHYMERL_TRACE_STEPS=run1 PYTHONPATH=bench/step_trace rhymerl bench spec --dataset builtin-long \\
         --prompts 32 --max-tokens 2048 --arms plain,siblings
@@ -46,16 +47,18 @@ def _patch(core, tag: str) -> None:
     def traced_step(self):
         t0 = time.perf_counter()
         result = step(self)
-        self._rhymerl_step = (t0, time.perf_counter() - t0)
+        emitted = sum(len(o.new_token_ids) for outs in (result[0] or {}).values() for o in outs.outputs)
+        self._rhymerl_step = (t0, time.perf_counter() - t0, emitted)
         return result
 
     def traced_post(self, model_executed):
         t0 = time.perf_counter()
         post(self, model_executed)
         spent = time.perf_counter() - t0
-        start, seconds = getattr(self, "_rhymerl_step", (t0, 0.0))
+        start, seconds, emitted = getattr(self, "_rhymerl_step", (t0, 0.0, 0))
         running = len(self.scheduler.running)
-        out.write(f"{start:.6f} {seconds:.6f} {spent:.6f} {running} {getattr(self.scheduler, '_rhymerl_tokens', -1)}\n")
+        out.write(f"{start:.6f} {seconds:.6f} {spent:.6f} {running} {getattr(self.scheduler, '_rhymerl_tokens', -1)} "
+                  f"{emitted}\n")
         if running == 0:  # the engine went idle: a generate call ended, make its lines readable
             out.flush()
 

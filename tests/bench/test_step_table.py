@@ -34,3 +34,13 @@ def test_calls_split_at_gaps_and_warm_ups_are_left_out(tmp_path):
 def test_no_trace_says_how_to_make_one(tmp_path):
     with pytest.raises(SystemExit, match="RHYMERL_TRACE_STEPS"):
         main(["none", "--dir", str(tmp_path)])
+
+
+def test_emitted_tokens_give_tokens_per_second_by_bucket(tmp_path):
+    # Rule: a trace that records the tokens each step emitted reports them per step and per second
+    # of its steps (the drafts' effect: scheduled tokens count the verified drafts, emitted the accepted).
+    steps = [(i * 0.01, 0.004, 0.001, 4 if i < 99 else 0, 12, 6) for i in range(100)]
+    trace = tmp_path / "x-2.txt"
+    trace.write_text("".join(f"{t:.6f} {s:.6f} {p:.6f} {r} {k} {e}\n" for t, s, p, r, k, e in steps))
+    (bucket,) = summarise(str(trace))["buckets"]
+    assert bucket["emitted_per_step"] == 6.0 and bucket["emitted_per_s"] == 1200.0
