@@ -82,9 +82,9 @@ class StepCostModel:
 
     def _line(self) -> tuple[float, float]:
         """(c0, c1) of the plain line through every step."""
-        n, sx, sy, sxx, sxy = map(float, (self.xtx[0, 0], self.xtx[0, 1], self.xty[0], self.xtx[1, 1], self.xty[1]))
+        n, sx, sy, sxy = map(float, (self.xtx[0, 0], self.xtx[0, 1], self.xty[0], self.xty[1]))
         mx, my = sx / n, sy / n
-        var = sxx / n - mx * mx
+        var = self.spread()
         if var <= 1e-9 * max(mx * mx, 1.0):  # every step the same size: slope unidentifiable
             return 0.0, max(my / max(mx, 1.0), 1e-9)
         c1 = max((sxy / n - mx * my) / var, 1e-9 * max(my, 1e-9))
@@ -142,10 +142,10 @@ class CostByRows:
         """Add one step of `rows` requests (`StepCostModel.observe`), to the pooled fit and its band's."""
         self.pooled.observe(tokens, seconds, drafted)
         if self.by_rows:
-            band = self.bands.get(band_of(rows))
-            if band is None:
-                band = self.bands[band_of(rows)] = StepCostModel(self.decay)
-            band.observe(tokens, seconds, drafted)
+            key = band_of(rows)
+            if key not in self.bands:
+                self.bands[key] = StepCostModel(self.decay)
+            self.bands[key].observe(tokens, seconds, drafted)
 
     def for_rows(self, rows: int) -> StepCostModel:
         """The fit that prices a step of `rows` requests: its band's once identified, else the pooled."""

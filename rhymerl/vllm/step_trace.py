@@ -10,7 +10,8 @@ loads vLLM's engine core (vLLM spawns it) writes one line per engine step to
 `step_s` is `EngineCore.step` (schedule, the model's forward and sampling in the worker, the output's
 update); `post_step_s` is `EngineCore.post_step` (with speculation: the extra call that fetches the
 drafts from the worker, unless they came with the sampled tokens); `emitted_tokens` the tokens the
-step added to the responses (scheduled tokens count the drafts verified, emitted ones those accepted). Example, the long task in one engine per arm:
+step added to the responses (scheduled tokens count the drafts verified, emitted ones those
+accepted). Example, the long task in one engine per arm:
 
     RHYMERL_TRACE_STEPS=run1 PYTHONPATH=bench/step_trace rhymerl bench spec --dataset builtin-long \\
         --prompts 32 --max-tokens 2048 --arms plain,siblings
