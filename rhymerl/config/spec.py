@@ -81,6 +81,9 @@ class SpecConfig:
                               "tokens/s under the engine's measured step cost, with acceptance measured per "
                               "response position and per request (rhymerl.histospec.goodput; every method, "
                               "engine only, not replay)")
+    switch: bool = option(True, "per band of running requests, draft only while drafting's measured tokens/s "
+                          "(the drafter's own time included) beats plain sampling's, each mode tried now and "
+                          "then (rhymerl.vllm.switch; cost_aware, engine only)")
     # Length-aware speculation: on a compute-bound batch the knapsack alone would cut the drafts of the
     # requests that decide when the rollout ends.
     tail_fraction: float = option(0.5, "requests whose forecast remaining length (their prompt's longest "

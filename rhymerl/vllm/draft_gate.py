@@ -22,6 +22,7 @@ from rhymerl.config.spec import COST_MEMORY_STEPS
 from rhymerl.histospec.goodput import (STARVED_STEPS, CostByRows, PositionTable, RequestRecord, adjust, bucket_of,
                                       keep_lengths, within)
 from rhymerl.histospec.stats import POSITION_BUCKETS, SpecStats, Tally
+from rhymerl.vllm.switch import SpecSwitch
 
 GATE_ATTR = "_rhymerl_goodput_gate"
 RECHECK_STEPS = STARVED_STEPS + 4  # the starved position's old record has faded 16-fold by then
@@ -54,6 +55,7 @@ class GoodputGate:
         self._stamp: float | None = None
         self._predicted: float | None = None
         self._now: tuple = ()  # this step's rows, slots, buckets, table, chances and cost (`begin`)
+        self._gave = False  # whether the last step was given a draft (`plain` then closes it)
 
     def gate(self, req_ids: Sequence[str], sampled: Sequence[int], response_tokens: Sequence[int],
              drafts: Sequence[Sequence[int]]) -> list[Sequence[int]]:
@@ -75,6 +77,18 @@ class GoodputGate:
         self.model = self.cost.for_rows(len(live))
         self._now = (live, slots, buckets, table, adjust(table, self.record.factor(slots)),
                      self.model.seconds(len(live)))
+
+    def plain(self, req_ids: Sequence[str], sampled: Sequence[int], response_tokens: Sequence[int]) -> list[list[int]]:
+        """A step the switch (`SpecSwitch`) runs plainly: no drafts. After a step that verified drafts it
+        is closed and counted as ever (`begin`); after a plain one its rows' steps are only counted."""
+        if self._gave:
+            self.begin(req_ids, sampled, response_tokens)
+            return self.finish([[] for _ in sampled])
+        self.step += 1
+        self._stamp, self._predicted = None, None  # the next drafting step follows no timed one
+        self.stats.steps += len(sampled) - list(sampled).count(0)
+        self.stats.tokens += int(sum(sampled))
+        return [[] for _ in sampled]
 
     def rows_worth_drafting(self) -> np.ndarray | None:
         """After `begin`: the batch rows where a draft token could pay this step (a full draft at
@@ -107,6 +121,7 @@ class GoodputGate:
                 out[i] = list(drafts[i][:k])
             lengths = kept
         self.given[0, slots], self.given[1, slots], self.given[2, slots] = lengths, buckets, self.step
+        self._gave = bool(lengths.any())
         self._stamp = self.clock()
         return out
 
@@ -170,8 +185,9 @@ class GoodputGate:
                 self._free.append(slot)
 
 
-def install_gate(runner: Any, cost_memory: int, by_rows: bool = True) -> bool:
-    """Put a `GoodputGate` behind `runner.propose_draft_token_ids` (once); False without speculation."""
+def install_gate(runner: Any, cost_memory: int, by_rows: bool = True, switch: bool = True) -> bool:
+    """Put a `GoodputGate` behind `runner.propose_draft_token_ids` (once), and with `switch` a
+    `SpecSwitch` before it; False without speculation."""
     if getattr(runner, GATE_ATTR, None) is not None:
         return True
     spec = getattr(runner, "speculative_config", None)
@@ -185,14 +201,21 @@ def install_gate(runner: Any, cost_memory: int, by_rows: bool = True) -> bool:
     # (`speculate`, most of its time) answers nothing for such rows.
     stateless = spec.method == "ngram"
     cache = getattr(getattr(runner, "drafter", None), "suffix_cache", None) if spec.method == "suffix" else None
+    modes = SpecSwitch() if switch else None  # drafting or plain steps, per band of running requests
 
     def gated(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(sampled_token_ids, list):
             return propose(scheduler_output, sampled_token_ids, *args, **kwargs)  # drafts kept on the device
         batch = runner.input_batch
         rows = len(sampled_token_ids)
+        sizes = [len(t) for t in sampled_token_ids]
         written = (batch.num_tokens_no_spec[:rows] - batch.num_prompt_tokens[:rows]).tolist()
-        gate.begin(batch.req_ids[:rows], [len(t) for t in sampled_token_ids], written)
+        if modes is not None and not modes.start(rows - sizes.count(0), sum(sizes)):
+            if cache is not None:
+                with _speculating_only_for(cache, set()):  # suffix's cache still records the step's tokens
+                    propose(scheduler_output, sampled_token_ids, *args, **kwargs)
+            return gate.plain(batch.req_ids[:rows], sizes, written)
+        gate.begin(batch.req_ids[:rows], sizes, written)
         paying = gate.rows_worth_drafting() if stateless or cache is not None else None
         if paying is None:
             return gate.finish(propose(scheduler_output, sampled_token_ids, *args, **kwargs))

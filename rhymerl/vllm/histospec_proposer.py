@@ -42,6 +42,7 @@ import numpy as np
 from rhymerl.histospec.bundle import HistoryBundle
 from rhymerl.histospec.engine.step_drafter import BatchDrafter
 from rhymerl.histospec.stats import SpecStats
+from rhymerl.vllm.switch import SpecSwitch
 from rhymerl.vllm.speculation import drafter_settings
 
 __all__ = ["HistoSpecProposer", "INDEX_ENV", "tolerate_kernel_scans"]
@@ -95,8 +96,10 @@ class HistoSpecProposer:
         # learnt about the engine outlives it: the recent responses, the step cost model and the
         # acceptance per draft position and per estimated probability (same engine, same settings).
         old = getattr(self, "_batch", None)
+        switch = old.switch if old is not None else (SpecSwitch() if self.spec.cost_aware and self.spec.switch
+                                                     else None)
         batch = BatchDrafter(bundle, self.spec, self.k, self.max_model_len, stats or SpecStats(),
-                             old.recent if old is not None else None)
+                             old.recent if old is not None else None, switch=switch)
         if old is not None:
             batch.cost, batch.lifetime, batch.calibration = old.cost, old.lifetime, old.calibration
         return batch

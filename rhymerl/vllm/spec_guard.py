@@ -249,6 +249,7 @@ class EngineSpeculation:
     # steps (`rhymerl.vllm.draft_gate`); 0: drafts verified as proposed (HistoSpec runs its own).
     goodput_memory: int = 0
     goodput_by_rows: bool = True  # the controller's step cost by band of running requests (spec.cost_by_rows)
+    goodput_switch: bool = True  # the controller drafts only where drafting beats plain steps (spec.switch)
 
     def __post_init__(self) -> None:
         if self.verifier not in VERIFIERS:
@@ -296,7 +297,8 @@ def start_guarded(build: Callable[..., Any], spec: EngineSpeculation) -> tuple[A
         if spec.verifier == "exact":
             llm.collective_rpc("rhymerl_install_exact_verifier")
         if spec.goodput_memory:
-            llm.collective_rpc("rhymerl_install_goodput", args=(spec.goodput_memory, spec.goodput_by_rows))
+            llm.collective_rpc("rhymerl_install_goodput",
+                               args=(spec.goodput_memory, spec.goodput_by_rows, spec.goodput_switch))
     except Exception as exc:  # noqa: BLE001 - a verifier that cannot be installed is refused
         report = GuardReport(passed=False, vllm_version=vllm_version(), error=f"install failed: {exc}")
         return _refuse(build, llm, what, report)

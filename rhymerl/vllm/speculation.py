@@ -30,7 +30,7 @@ def engine_speculation(spec: SpecConfig, **guard: Any) -> EngineSpeculation | No
         return None
     common = dict(num_speculative_tokens=spec.max_budget, verifier=spec.verifier, **guard)
     gate = dict(goodput_memory=spec.cost_memory if spec.cost_aware else 0,  # stock drafters: the controller
-                goodput_by_rows=spec.cost_by_rows)
+                goodput_by_rows=spec.cost_by_rows, goodput_switch=spec.switch)
     if spec.method == "ngram":
         return EngineSpeculation("ngram", options=(("prompt_lookup_max", spec.max_match),
                                                    ("prompt_lookup_min", spec.min_match)), **gate, **common)

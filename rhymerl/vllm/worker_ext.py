@@ -183,9 +183,9 @@ class WeightSyncExtension:
         cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
         return 0 if cache is None else forget_requests(cache, set(keep))
 
-    def rhymerl_install_goodput(self, cost_memory: int, by_rows: bool = True) -> bool:
+    def rhymerl_install_goodput(self, cost_memory: int, by_rows: bool = True, switch: bool = True) -> bool:
         """Put the goodput controller behind this worker's stock drafter (`draft_gate.install_gate`)."""
-        return install_gate(self.model_runner, cost_memory, by_rows)
+        return install_gate(self.model_runner, cost_memory, by_rows, switch)
 
     def rhymerl_goodput_stats(self) -> dict | None:
         """The stock drafter's goodput counters since the last call; None without the controller."""

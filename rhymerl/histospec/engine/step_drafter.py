@@ -6,14 +6,17 @@
 budgets; (3) grow the siblings and, every `TREE_CHUNK` tokens, the tree, a long prefix catching up at
 most `SIDE_CATCH_UP` / `TREE_CATCH_UP` tokens a step; (4) draft every row in one kernel call, then ask
 the tree for rows below `spec.recent_gate` x budget; (5) the goodput controller keeps the draft tokens
-that raise expected tokens per second (`spec.cost_aware`, `rhymerl.histospec.goodput`).
+that raise expected tokens per second (`spec.cost_aware`, `rhymerl.histospec.goodput`). Before all
+this, the engine's `SpecSwitch` (`rhymerl.vllm.switch`) may find plain steps pay better at the batch's
+size: the step then drafts nothing and, unless the step that ran verified drafts (counted in (2)),
+does none of the above (a request is found again, by its prompt, when drafting resumes).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import InitVar, dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -55,6 +58,7 @@ class BatchDrafter:
     recent: RecentTree | None = None  # the cross-prompt tree; None: a new one if spec.recent_responses
     background: bool = True  # build large histories in a background thread (False: in the step)
     batched: bool = True  # prompts' own drafts in one kernel call (False: the Python drafter per row)
+    switch: Any = None  # a `rhymerl.vllm.switch.SpecSwitch`: drafting or plain per band (None: always drafting)
 
     def __post_init__(self, initial_stats: SpecStats | None) -> None:
         self.builds = HistoryBuilds(self.spec, self.background)
@@ -79,6 +83,7 @@ class BatchDrafter:
         self.own = BatchIndexDrafter(self.spec, sides=self.sides) if self.batched else None
         self.left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
+        self._gave = False  # whether the last step was given a draft (its verification is to be counted)
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
         step_pass.warm()
 
@@ -88,13 +93,16 @@ class BatchDrafter:
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         if not self.spec.enabled:
             return out
+        sizes = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
+        drafts = self.switch is None or self.switch.start(int(np.count_nonzero(sizes)), int(sizes.sum()))
+        if not drafts and not self._gave:
+            return self._plain(sizes, out)
         t0 = time.perf_counter()
         self.step += 1
         self.builds.new_step(self._stats)
         self.left, self.lagging = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}, 0
         if self.table is None or self.table.dtype != token_ids_cpu.dtype:
             self.table = PromptTable([self.bundle.prompt(k) for k in range(len(self.bundle))], token_ids_cpu.dtype)
-        sizes = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
         req = self.requests
         rows = step_pass.begin(req, self.ledger, self.calibration, sizes, num_tokens_no_spec, token_ids_cpu,
                                self.step, self.spec.fail_backoff, TREE_CHUNK)
@@ -105,19 +113,29 @@ class BatchDrafter:
             slots[new] = self._start(token_ids_cpu, live[new], ends[new], sizes[live[new]])
             processed += int(rows.before[new].sum())  # their prefill (cached prompt blocks counted too)
         drafting, budgets = step_pass.plan(req, rows, self.last_seen, self.step, self.k, self.max_model_len)
-        if len(drafting):
+        if drafts and len(drafting):
             ps = slots[drafting]
             toks, lens, probs = self._drafts(live[drafting], ps, ends[drafting], budgets, token_ids_cpu)
             self._stats.proposed += int(lens.sum())
             step_pass.finish(req, ps, live[drafting], toks, lens, probs, out)
         if len(new) < len(slots) and self._stamp is not None:
             self._observe(len(live), processed, t0 - self._stamp, bool(rows.drafted.any()))
-        if self.spec.cost_aware:
+        if self.spec.cost_aware and drafts:
             self._trim(out, live, slots)
+        self._gave = any(out)
         req.keep(rows.kept, slots, self.step, STATE_GRACE_STEPS)
         self._drop_idle()
         self._stamp = time.perf_counter()
         self._stats.drafter_seconds += self._stamp - t0
+        return out
+
+    def _plain(self, sizes: np.ndarray, out: list[list[int]]) -> list[list[int]]:
+        """A step the switch runs plainly after one that verified no draft: its rows' steps counted
+        (one token each), nothing else done. (After a drafting step the full pass runs, drafting
+        nothing, so that the drafts verified are counted.)"""
+        self._stats.steps += int(np.count_nonzero(sizes))
+        self._stats.tokens += int(sizes.sum())
+        self._stamp = None  # the next drafting step follows plain ones: no observation of its cost
         return out
 
     @property

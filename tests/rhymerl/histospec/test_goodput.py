@@ -120,3 +120,15 @@ def test_only_rows_where_a_draft_can_pay_are_drafted():
     fit.since_plain, fit.xtx[2, 2] = PROBE_EVERY, fit.xtx[0, 0]  # a probe is due
     mixed.begin(ids, [1] * 8, [101] * 8)
     assert mixed.rows_worth_drafting().tolist() == []
+
+
+def test_a_plain_step_after_a_drafted_one_counts_its_verified_drafts_then_only_counts():
+    # Rule (the switch's plain steps behind vLLM's drafters): the plain step that follows a drafted one
+    # closes it as ever (its drafts counted as verified); the next plain step only counts its rows.
+    gate = GoodputGate(WIDTH, clock=lambda: 0.0)
+    ids = ["a", "b"]
+    assert gate.gate(ids, [1, 1], [0, 0], [[7, 7], [7]]) == [[7, 7], [7]]  # no fit yet: drafts pass
+    assert gate.plain(ids, [3, 1], [3, 1]) == [[], []]  # a took both draft tokens, b none
+    assert (gate.stats.steps, gate.stats.drafted, gate.stats.accepted, gate.stats.tokens) == (2, 3, 2, 4)
+    assert gate.plain(ids, [1, 1], [4, 2]) == [[], []]
+    assert (gate.stats.steps, gate.stats.drafted, gate.stats.tokens) == (4, 3, 6)

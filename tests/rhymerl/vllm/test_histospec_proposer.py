@@ -61,6 +61,40 @@ def test_batch_drafter_drafts_from_history_and_adapts_the_budget():
     assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (2, 6, 3)
 
 
+class ScriptedSwitch:
+    """A `SpecSwitch` stand-in answering `start` from a script (True: the step drafts)."""
+
+    def __init__(self, modes):
+        self.modes, self.calls = list(modes), []
+
+    def start(self, rows, emitted):
+        self.calls.append((rows, emitted))
+        return self.modes.pop(0)
+
+
+def test_steps_the_switch_runs_plainly_draft_nothing_and_drafting_resumes_after():
+    # Rule: a plain step (the switch's choice) returns no draft and does none of the drafter's work;
+    # when drafting resumes, the request is found again by its prompt and drafts from its history.
+    prompt, hist = (50, 51, 52), tuple(range(1, 13))
+    bundle = HistoryBundle.of((PromptHistory(prompt, (hist,), (1.0,)),))
+    switch = ScriptedSwitch([True, False, False, True])
+    bd = BatchDrafter(bundle, tree_rules(siblings=False, budget_rule="fixed", max_budget=3, max_spec_factor=0),
+                      k=8, max_model_len=64, switch=switch)
+    batch = FakeBatch([prompt + (1,)])
+    assert bd.propose([[1]], batch.num, batch.tokens) == [[2, 3, 4]]
+    batch.append(0, [2, 3, 4, 5])  # the draft accepted, plus the bonus token
+    assert bd.propose([[2, 3, 4, 5]], batch.num, batch.tokens) == [[]]
+    assert (bd.stats.steps, bd.stats.drafted, bd.stats.accepted) == (1, 3, 3)  # the verified draft counted
+    step = bd.step
+    batch.append(0, [6])
+    assert bd.propose([[6]], batch.num, batch.tokens) == [[]]
+    # after a plain step, a plain step does no work: its request's step is only counted
+    assert (bd.step, bd.stats.steps, bd.stats.tokens, bd.stats.drafted) == (step, 2, 5, 3)
+    batch.append(0, [7])
+    assert bd.propose([[7]], batch.num, batch.tokens) == [[8, 9, 10]]
+    assert switch.calls == [(1, 1), (1, 4), (1, 1), (1, 1)]  # rows decoding, tokens they sampled
+
+
 def test_batch_drafter_tracks_requests_that_move_rows_and_shares_siblings():
     # Rows are identified by content, so a request moved to another row keeps its state; an
     # unknown prompt gets no draft; a sibling that is ahead drafts for the one behind.
@@ -148,6 +182,7 @@ def test_a_new_bundle_keeps_what_the_drafter_learnt_about_the_engine(tmp_path, m
     new = proposer._batch
     assert new is not old and len(new.bundle) == 1 and new.bundle.prompt(0).tolist() == [60]
     assert new.recent is old.recent and new.cost is old.cost and new.lifetime is old.lifetime
+    assert new.switch is old.switch and new.switch is not None  # the run's defaults switch per band
 
 
 def test_a_large_history_builds_in_the_background_and_the_step_drafts_from_siblings_meanwhile(monkeypatch):

@@ -213,7 +213,8 @@ def _method_run(tiny: Setup, method: str) -> MethodRuns:
         engine.spec_stats()  # count the second pass alone
         second = engine.generate(tiny.prompts, GREEDY)
         second_stats = engine.spec_stats()
-        assert engine.llm.collective_rpc("rhymerl_install_goodput", args=(100,)) == [True]
+        # The controller alone (no switch to plain steps): these passes test its forecasts.
+        assert engine.llm.collective_rpc("rhymerl_install_goodput", args=(100, True, False)) == [True]
         # A pass of this batch is only a few engine steps, fewer than the controller's cost fit
         # needs before it prices (and forecasts) a step: one pass fits it, the next is measured.
         fitting = engine.generate(tiny.prompts, GREEDY)
