@@ -84,6 +84,7 @@ class BatchDrafter:
         self.left = {"side": SIDE_CATCH_UP, "tree": TREE_CATCH_UP}  # this step's catch-up allowances
         self.lagging = 0  # tokens of this step's requests not yet in the siblings or the tree
         self._gave = False  # whether the last step was given a draft (its verification is to be counted)
+        self._resuming = False  # whether the last step was a plain one (`_plain`)
         group(np.zeros(1, np.int64), np.full(1, -1, np.int64))
         step_pass.warm()
 
@@ -122,7 +123,7 @@ class BatchDrafter:
             self._observe(len(live), processed, t0 - self._stamp, bool(rows.drafted.any()))
         if self.spec.cost_aware and drafts:
             self._trim(out, live, slots)
-        self._gave = any(out)
+        self._gave, self._resuming = any(out), False
         req.keep(rows.kept, slots, self.step, STATE_GRACE_STEPS)
         self._drop_idle()
         self._stamp = time.perf_counter()
@@ -135,7 +136,7 @@ class BatchDrafter:
         nothing, so that the drafts verified are counted.)"""
         self._stats.steps += int(np.count_nonzero(sizes))
         self._stats.tokens += int(sizes.sum())
-        self._stamp = None  # the next drafting step follows plain ones: no observation of its cost
+        self._stamp, self._resuming = None, True  # the next drafting step's cost is not observed
         return out
 
     @property
@@ -313,6 +314,10 @@ class BatchDrafter:
                 prompt = self.prompts[k] = self._open(k)
             prompts.append(prompt)
         plen = np.fromiter((p.plen for p in prompts), np.int64, len(prompts))
+        if self._resuming:  # after plain steps one found again sampled this step's tokens plainly: counted
+            back = ends - sizes > plen  # (one new since its prefill has written none before them)
+            self._stats.steps += int(np.count_nonzero(back))
+            self._stats.tokens += int(sizes[back].sum())
         req.prompt[slots], req.plen[slots] = keys, plen
         req.forecast[slots] = np.fromiter((p.forecast for p in prompts), np.int64, len(prompts))
         due = np.maximum(ends - plen, 0)

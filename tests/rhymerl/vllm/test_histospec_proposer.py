@@ -92,6 +92,7 @@ def test_steps_the_switch_runs_plainly_draft_nothing_and_drafting_resumes_after(
     assert (bd.step, bd.stats.steps, bd.stats.tokens, bd.stats.drafted) == (step, 2, 5, 3)
     batch.append(0, [7])
     assert bd.propose([[7]], batch.num, batch.tokens) == [[8, 9, 10]]
+    assert (bd.stats.steps, bd.stats.tokens) == (3, 6)  # the step it was found again in counted too
     assert switch.calls == [(1, 1), (1, 4), (1, 1), (1, 1)]  # rows decoding, tokens they sampled
 
 
