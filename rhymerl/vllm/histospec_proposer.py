@@ -93,8 +93,9 @@ class HistoSpecProposer:
 
     def _make(self, bundle: HistoryBundle, stats: SpecStats | None = None) -> BatchDrafter:
         # A new bundle comes every step (each worker gets its step's prompts), so what the drafter
-        # learnt about the engine outlives it: the recent responses, the step cost model and the
-        # acceptance per draft position and per estimated probability (same engine, same settings).
+        # learnt about the engine outlives it: the recent responses, the step cost model, the
+        # acceptance per draft position and per estimated probability, and the switch's rates per
+        # band of running requests (same engine, same settings).
         old = getattr(self, "_batch", None)
         switch = old.switch if old is not None else (SpecSwitch() if self.spec.cost_aware and self.spec.switch
                                                      else None)
